@@ -1,0 +1,103 @@
+# Monarch for Lua. `make` builds into build/ (a prefix laid out like an
+# install); `make test`, `make bench`, `make install PREFIX=...`.
+PREFIX ?= /usr/local
+BUILD  ?= build
+CC     ?= gcc
+PKGS   := luajit libuv msgpack libsodium
+DEPS_OK := $(shell pkg-config --exists $(PKGS) openblas && echo yes)
+ifneq ($(DEPS_OK),yes)
+$(error missing build dependencies: run ./configure (or: apt-get install build-essential pkg-config libluajit-5.1-dev libuv1-dev libmsgpack-dev libsodium-dev libopenblas-dev libcmocka-dev lua-busted))
+endif
+
+SAN    ?=
+OPT    ?= -O2
+WARN   := -Wall -Wextra -Werror -Wno-unused-parameter -Wshadow -Wformat=2
+CFLAGS_BASE := -std=gnu11 -g $(OPT) $(WARN) -fPIC -D_GNU_SOURCE $(SAN)
+INC    := -Ihost/core -Ihost/controller -Ihost/worker -Ihost/lua -Ikernels
+PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS))
+PKG_LIBS   := $(shell pkg-config --libs $(PKGS))
+CFLAGS := $(CFLAGS_BASE) $(INC) $(PKG_CFLAGS)
+LDLIBS := $(PKG_LIBS) -lpthread -ldl -lm
+EDIT_LIBS := $(shell pkg-config --libs libedit 2>/dev/null)
+
+CORE_SRC := $(wildcard host/core/*.c)
+CTL_SRC  := $(wildcard host/controller/*.c) $(wildcard host/lua/*.c)
+WRK_SRC  := $(wildcard host/worker/*.c)
+OBJ = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
+
+BIN    := $(BUILD)/bin
+KDIR   := $(BUILD)/lib/monarch
+LUAMOD := $(BUILD)/lib/monarch/lua/monarch/core.so
+KERNELS := $(KDIR)/basic.so $(KDIR)/faulty.so
+
+NVCC ?= $(shell command -v nvcc 2>/dev/null)
+
+all: $(BIN)/monarch-run $(BIN)/monarch-worker $(LUAMOD) $(KERNELS) $(BUILD)/share/monarch/lua
+
+$(BUILD)/obj/%.o: %.c $(wildcard host/*/*.h) kernels/monarch_kernel.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BIN)/monarch-worker: $(call OBJ,host/cli/monarch-worker.c $(WRK_SRC) $(CORE_SRC))
+	@mkdir -p $(BIN)
+	$(CC) $(SAN) $^ -o $@ $(LDLIBS) -rdynamic
+
+$(BIN)/monarch-run: $(call OBJ,host/cli/monarch-run.c $(CTL_SRC) $(CORE_SRC))
+	@mkdir -p $(BIN)
+	$(CC) $(SAN) $^ -o $@ $(LDLIBS) $(EDIT_LIBS) -rdynamic
+
+# The same controller core as a Lua C module, so plain luajit (and busted) can drive a cluster.
+$(LUAMOD): $(call OBJ,$(CTL_SRC) $(CORE_SRC))
+	@mkdir -p $(dir $@)
+	$(CC) $(SAN) -shared $^ -o $@ $(filter-out -lluajit-5.1,$(LDLIBS))
+
+$(KDIR)/basic.so: kernels/cpu/basic.c kernels/monarch_kernel.h
+	@mkdir -p $(KDIR)
+	$(CC) $(CFLAGS_BASE) -fvisibility=hidden -shared -Ikernels $< $(shell pkg-config --cflags --libs openblas) -lm -o $@
+
+$(KDIR)/%.so: kernels/test/%.c kernels/monarch_kernel.h
+	@mkdir -p $(KDIR)
+	$(CC) $(CFLAGS_BASE) -fvisibility=hidden -shared -Ikernels $< -o $@
+
+$(BUILD)/share/monarch/lua:
+	@mkdir -p $(BUILD)/share/monarch
+	ln -sfn ../../../lua $@
+
+# ---- tests ----------------------------------------------------------------
+C_TESTS := $(patsubst tests/c/%.c,$(BUILD)/tests/%,$(wildcard tests/c/test_*.c))
+
+$(BUILD)/tests/%: tests/c/%.c $(call OBJ,$(CORE_SRC) $(WRK_SRC))
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -O0 $^ -o $@ $(shell pkg-config --cflags --libs cmocka) $(LDLIBS)
+
+tests: all $(C_TESTS)
+
+test: tests
+	@tests/run.sh
+
+test-asan:
+	$(MAKE) BUILD=build-asan SAN="-fsanitize=address,undefined -fno-omit-frame-pointer" OPT=-O1 test
+
+valgrind: tests
+	@for t in $(C_TESTS); do valgrind -q --error-exitcode=1 --leak-check=full $$t >/dev/null || exit 1; done; echo "valgrind: clean"
+
+bench: all $(BUILD)/bench/tcp_pingpong
+	@bench/run.sh
+
+$(BUILD)/bench/%: bench/%.c $(call OBJ,$(CORE_SRC))
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+
+install: all
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/monarch/lua/monarch $(DESTDIR)$(PREFIX)/share/monarch/lua/monarch $(DESTDIR)$(PREFIX)/include
+	install -m 755 $(BIN)/monarch-run $(BIN)/monarch-worker $(DESTDIR)$(PREFIX)/bin/
+	install -m 644 $(KDIR)/basic.so $(DESTDIR)$(PREFIX)/lib/monarch/
+	install -m 644 $(LUAMOD) $(DESTDIR)$(PREFIX)/lib/monarch/lua/monarch/
+	install -m 644 lua/monarch/*.lua $(DESTDIR)$(PREFIX)/share/monarch/lua/monarch/
+	install -m 644 kernels/monarch_kernel.h $(DESTDIR)$(PREFIX)/include/
+
+clean:
+	rm -rf build build-asan
+
+.PHONY: all tests test test-asan valgrind bench install clean
+.SECONDARY:

@@ -1,0 +1,80 @@
+/* monarch-worker: the host agent, or with --proc a proc. Argument parsing only. */
+#include "agent.h"
+#include "path.h"
+#include "proc.h"
+#include "sock.h"
+
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char usage[] =
+    "usage: monarch-worker [--listen HOST:PORT] [--once] [--parent PID] [--port-fd FD]\n"
+    "       monarch-worker --proc --rank R --world W --bind HOST [--parent PID] [--port-fd FD]\n"
+    "\n"
+    "Runs a Monarch host agent: it authenticates controllers with the cluster\n"
+    "token (MONARCH_TOKEN, or the file in MONARCH_TOKEN_FILE) and spawns procs.\n"
+    "  --listen HOST:PORT   address to listen on (default 127.0.0.1:0; a\n"
+    "                       non-loopback address needs a token configured)\n"
+    "  --once               exit when the first controller disconnects\n"
+    "  --orphan-timeout S   procs exit S seconds after losing their controller (default 10)\n"
+    "  --version            print the version\n";
+
+static int parse_int(const char *s, const char *flag, int *out) {
+  char *end;
+  long v = strtol(s ? s : "", &end, 10);
+  if (s == NULL || *end != '\0' || end == s || v < INT_MIN || v > INT_MAX) {
+    fprintf(stderr, "monarch-worker: %s wants an integer, got '%s'\n", flag, s ? s : "");
+    return -1;
+  }
+  *out = (int)v;
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  static char prefix[PATH_MAX], exe[PATH_MAX + 32], host[256] = "127.0.0.1";
+  int proc = 0, rank = 0, world = 1, parent = 0, port_fd = -1, port = 0, once = 0;
+  double orphan = 10.0;
+  const char *bind = "127.0.0.1";
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    int rc = 0;
+    if (strcmp(a, "--proc") == 0) proc = 1;
+    else if (strcmp(a, "--once") == 0) once = 1;
+    else if (strcmp(a, "--rank") == 0) rc = parse_int(v, a, &rank), i++;
+    else if (strcmp(a, "--world") == 0) rc = parse_int(v, a, &world), i++;
+    else if (strcmp(a, "--parent") == 0) rc = parse_int(v, a, &parent), i++;
+    else if (strcmp(a, "--port-fd") == 0) rc = parse_int(v, a, &port_fd), i++;
+    else if (strcmp(a, "--bind") == 0 && v) bind = v, i++;
+    else if (strcmp(a, "--orphan-timeout") == 0 && v) orphan = atof(v), i++;
+    else if (strcmp(a, "--listen") == 0 && v) {
+      if (mn_parse_addr(v, host, sizeof(host), &port) != 0) {
+        fprintf(stderr, "monarch-worker: --listen wants HOST:PORT, got '%s'\n", v);
+        return 2;
+      }
+      i++;
+    } else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+      fputs(usage, stdout);
+      return 0;
+    } else if (strcmp(a, "--version") == 0) {
+      puts("monarch-worker 0.1.0");
+      return 0;
+    } else {
+      fprintf(stderr, "monarch-worker: unknown or incomplete option '%s'\n%s", a, usage);
+      return 2;
+    }
+    if (rc != 0) return 2;
+  }
+  if (mn_prefix((const void *)main, prefix, sizeof(prefix)) != 0) {
+    fprintf(stderr, "monarch-worker: cannot find my own install prefix\n");
+    return 2;
+  }
+  if (proc) {
+    mn_proc_opts_t o = {bind, rank, world, parent, port_fd, orphan, prefix};
+    return mn_proc_main(&o);
+  }
+  snprintf(exe, sizeof(exe), "%s/bin/monarch-worker", prefix);
+  mn_agent_opts_t o = {host, port, port_fd, parent, once, exe, orphan};
+  return mn_agent_main(&o);
+}

@@ -1,0 +1,113 @@
+/*
+ * ctl.h - the controller's connections, in C.
+ *
+ * One libuv loop and a table of connections (host agents and procs), each a
+ * client that authenticates with the cluster token. Calls are appended to a
+ * connection's output buffer and flushed once per loop turn; replies stay
+ * in the connection's input buffer until the Lua side drains them, so libuv
+ * never calls into Lua. Each connection keeps a FIFO of the calls in flight:
+ * a proc answers in order, so a RESULT always matches the oldest entry.
+ */
+#ifndef MN_CTL_H
+#define MN_CTL_H
+
+#include "auth.h"
+#include "wire.h"
+
+#include <uv.h>
+
+#define MN_MAX_CONNS 65536 /* most connections one controller may open */
+
+typedef enum { MN_CONN_AGENT = 0, MN_CONN_PROC = 1 } mn_conn_kind_t;
+typedef enum {
+  MN_CS_CONNECTING = 0,
+  MN_CS_HELLO,   /* TCP up, waiting for HELLO */
+  MN_CS_WELCOME, /* AUTH sent, waiting for WELCOME */
+  MN_CS_READY,
+  MN_CS_CLOSED
+} mn_conn_state_t;
+
+typedef enum { MN_EV_CONNECTED = 1, MN_EV_CLOSED, MN_EV_AGENT_EXIT } mn_ev_kind_t;
+
+typedef struct {
+  double call;  /* Lua call id */
+  int32_t slot; /* index of this proc in the call's targets */
+} mn_pending_t;
+
+typedef struct mn_ctl_s mn_ctl_t;
+
+typedef struct mn_conn_s {
+  uv_tcp_t tcp;
+  uv_connect_t creq;
+  mn_ctl_t *ctl;
+  int id;
+  mn_conn_kind_t kind;
+  mn_conn_state_t state;
+  int handle_open;
+  uint8_t ns[MN_NONCE_LEN], nc[MN_NONCE_LEN];
+  mn_buf_t in;       /* bytes read, not yet drained */
+  mn_buf_t out;      /* frames queued, not yet written */
+  mn_buf_t inflight; /* bytes owned by the uv_write in progress */
+  uv_write_t wreq;
+  int writing;
+  int dirty;         /* on ctl's dirty list */
+  int readable;      /* on ctl's readable list */
+  uint64_t seq;      /* last CALL sequence number sent */
+  mn_pending_t *ring;
+  size_t rhead, rcount, rcap;
+  char info_host[256];
+  int64_t info_pid;
+  char reason[256];  /* why it closed */
+  void *data;
+} mn_conn_t;
+
+typedef struct {
+  mn_ev_kind_t kind;
+  int conn;
+  int64_t a, b;
+} mn_event_t;
+
+struct mn_ctl_s {
+  uv_loop_t loop;
+  mn_auth_t auth;
+  mn_conn_t **conns; /* by id; index 0 unused */
+  int nconns;
+  int *dirty, ndirty;
+  int *readable, nreadable;
+  mn_event_t *events;
+  size_t nevents, evcap;
+  uv_timer_t timer;
+  uv_process_t agent;   /* the embedded local agent, when started */
+  int agent_running;
+  int agent_port;
+  uv_pipe_t agent_pipe;
+  char agent_buf[32];
+  size_t agent_blen;
+  int closing;
+};
+
+int mn_ctl_init(mn_ctl_t *c, const char *token, size_t toklen);
+/* Closes every connection, stops the local agent and frees everything. */
+void mn_ctl_close(mn_ctl_t *c);
+
+/* Starts connecting; returns the new connection id (> 0) or a negative code. */
+int mn_ctl_connect(mn_ctl_t *c, const char *host, int port, mn_conn_kind_t kind);
+void mn_ctl_disconnect(mn_ctl_t *c, int id, const char *reason);
+mn_conn_t *mn_ctl_conn(mn_ctl_t *c, int id);
+
+/* Reserves space for a frame of n bytes at the end of conn->out and marks it dirty. */
+char *mn_ctl_reserve(mn_ctl_t *c, mn_conn_t *conn, size_t n);
+int mn_ctl_push_pending(mn_conn_t *conn, double call, int32_t slot);
+/* Writes every dirty connection's output (one syscall each, where possible). */
+void mn_ctl_flush(mn_ctl_t *c);
+/*
+ * Runs the loop until something arrives or timeout_ms passes (<0: no limit,
+ * 0: just poll). Returns 1 if frames or events are waiting to be drained.
+ */
+int mn_ctl_wait(mn_ctl_t *c, int timeout_ms);
+int mn_ctl_has_work(const mn_ctl_t *c);
+
+/* Starts `exe --listen 127.0.0.1:0 --once --parent <us> --port-fd 3`; returns its port or <0. */
+int mn_ctl_start_agent(mn_ctl_t *c, const char *exe, const char *token, char *err, size_t errlen);
+
+#endif

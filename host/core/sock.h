@@ -1,0 +1,23 @@
+/* sock.h - blocking socket helpers for the proc runtime, tests and benchmarks. */
+#ifndef MN_SOCK_H
+#define MN_SOCK_H
+
+#include "wire.h"
+
+/* Listens on host:port (port 0 picks one); returns the fd or -errno and sets *bound. */
+int mn_sock_listen(const char *host, int port, int *bound);
+/* Connects to host:port; returns the fd or -errno. TCP_NODELAY is set. */
+int mn_sock_connect(const char *host, int port);
+void mn_sock_nodelay(int fd);
+/* Writes all n bytes, retrying on EINTR and short writes; returns 0 or -errno. */
+int mn_write_all(int fd, const void *p, size_t n);
+/*
+ * Reads until `in` holds one complete frame; returns its body length and
+ * sets *body (pointing into in), or MN_ECLOSED / MN_ETIMEDOUT / MN_EFRAME /
+ * -errno. The caller consumes MN_FRAME_HEADER + length bytes when done.
+ */
+int64_t mn_read_frame(int fd, mn_buf_t *in, const char **body, int timeout_ms);
+/* Splits "host:port"; returns 0 or -EINVAL. */
+int mn_parse_addr(const char *addr, char *host, size_t hostlen, int *port);
+
+#endif

@@ -1,0 +1,124 @@
+/*
+ * wire.h - framing, the msgpack codec glue and the protocol's named limits.
+ *
+ * A frame is a 4-byte big-endian body length followed by one msgpack array
+ * whose first element is a message type (mn_msg_t). docs/protocol.md is the
+ * specification; this header is its C mirror.
+ */
+#ifndef MN_WIRE_H
+#define MN_WIRE_H
+
+#include <msgpack.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define MN_PROTOCOL_VERSION 1
+#define MN_FRAME_HEADER 4            /* bytes of length prefix */
+#define MN_MAX_FRAME (1u << 30)      /* largest frame body accepted, bytes */
+#define MN_MAX_DEPTH 16              /* deepest nesting of arrays/maps in a frame */
+#define MN_MAX_STR (1u << 30)        /* longest str/bin in a frame, bytes */
+#define MN_MAX_ITEMS (1u << 20)      /* most elements of one array or map */
+#define MN_MAX_ARGS 64               /* most arguments of one call */
+#define MN_MAX_NAME 256              /* longest kernel or library name */
+
+typedef enum {
+  MN_MSG_HELLO = 1,       /* server -> client: version, nonce, role */
+  MN_MSG_AUTH = 2,        /* client -> server: version, nonce, mac */
+  MN_MSG_WELCOME = 3,     /* server -> client: mac, info */
+  MN_MSG_ERROR = 4,       /* either way: code, message; then the sender closes */
+  MN_MSG_PING = 5,        /* either way: id */
+  MN_MSG_PONG = 6,        /* reply: id */
+  MN_MSG_SPAWN = 10,      /* controller -> agent: req, spec */
+  MN_MSG_SPAWNED = 11,    /* agent -> controller: req, index, pid, port */
+  MN_MSG_SPAWN_FAILED = 12, /* agent -> controller: req, index, message */
+  MN_MSG_PROC_EXIT = 13,  /* agent -> controller: pid, exit code, signal name */
+  MN_MSG_KILL = 14,       /* controller -> agent: pid, signal number */
+  MN_MSG_CALL = 20,       /* controller -> proc: seq, kernel, args */
+  MN_MSG_RESULT = 21,     /* proc -> controller: seq, ok, value */
+} mn_msg_t;
+
+/* Error codes: negative, errno-style; mn_strerror() names them. */
+enum {
+  MN_OK = 0,
+  MN_EAGAIN = -1001,      /* need more bytes */
+  MN_EFRAME = -1002,      /* frame larger than MN_MAX_FRAME */
+  MN_EMSGPACK = -1003,    /* body is not exactly one valid msgpack object */
+  MN_ELIMIT = -1004,      /* depth, length or count limit crossed */
+  MN_EPROTO = -1005,      /* valid msgpack, but not a message we know */
+  MN_EAUTH = -1006,       /* authentication failed */
+  MN_EVERSION = -1007,    /* protocol version mismatch */
+  MN_ENOMEM = -1008,
+  MN_ECLOSED = -1009,     /* peer closed the connection */
+  MN_ETIMEDOUT = -1010,
+};
+
+const char *mn_strerror(int code);
+
+/* ---- growable byte buffer ---------------------------------------------- */
+
+typedef struct {
+  char *data;
+  size_t len;
+  size_t cap;
+} mn_buf_t;
+
+void mn_buf_init(mn_buf_t *b);
+void mn_buf_free(mn_buf_t *b);
+/* Makes room for `extra` more bytes; returns 0 or MN_ENOMEM. */
+int mn_buf_reserve(mn_buf_t *b, size_t extra);
+int mn_buf_append(mn_buf_t *b, const void *p, size_t n);
+/* Drops the first n bytes. */
+void mn_buf_consume(mn_buf_t *b, size_t n);
+/* msgpack_packer write callback whose data is an mn_buf_t*. */
+int mn_buf_write_cb(void *data, const char *p, size_t n);
+
+/* ---- framing ------------------------------------------------------------ */
+
+/* Reserves the length prefix of a new frame; returns its offset in b. */
+size_t mn_frame_begin(mn_buf_t *b);
+/* Patches the length prefix once the body has been packed after `start`. */
+void mn_frame_end(mn_buf_t *b, size_t start);
+
+static inline uint32_t mn_be32(const char *p) {
+  const unsigned char *u = (const unsigned char *)p;
+  return ((uint32_t)u[0] << 24) | ((uint32_t)u[1] << 16) | ((uint32_t)u[2] << 8) | u[3];
+}
+
+static inline void mn_put_be32(char *p, uint32_t v) {
+  p[0] = (char)(v >> 24); p[1] = (char)(v >> 16); p[2] = (char)(v >> 8); p[3] = (char)v;
+}
+
+/*
+ * Finds the next complete frame in data[0..len). Returns the body length and
+ * sets *body when one is there, MN_EAGAIN when more bytes are needed, or
+ * MN_EFRAME when the prefix announces more than `max` bytes.
+ */
+int64_t mn_frame_peek(const char *data, size_t len, size_t max, const char **body);
+
+/*
+ * Decodes one frame body into *obj, allocating in `zone` (the caller owns
+ * the zone and clears it when done with obj). Checks that the body is one
+ * msgpack array of at least one element starting with a positive integer
+ * type, and every named limit. Returns 0 or an MN_E* code and writes a
+ * message naming what was wrong into err.
+ */
+int mn_decode(const char *body, size_t len, msgpack_zone *zone, msgpack_object *obj,
+              char *err, size_t errlen);
+
+/* Type of a decoded message (its first element). */
+static inline int mn_msg_type(const msgpack_object *o) { return (int)o->via.array.ptr[0].via.u64; }
+
+/* Small accessors that return 0 on success, MN_EPROTO if the element is
+ * missing or of another type. */
+int mn_get_u64(const msgpack_object *arr, uint32_t i, uint64_t *out);
+int mn_get_i64(const msgpack_object *arr, uint32_t i, int64_t *out);
+int mn_get_str(const msgpack_object *arr, uint32_t i, const char **p, size_t *n);
+int mn_get_bin(const msgpack_object *arr, uint32_t i, const char **p, size_t *n);
+/* Looks a key up in a map object; NULL if absent. */
+const msgpack_object *mn_map_get(const msgpack_object *map, const char *key);
+
+/* Packs [ERROR, code, message] as a whole frame into b. */
+int mn_pack_error(mn_buf_t *b, int code, const char *msg);
+void mn_pack_cstr(msgpack_packer *pk, const char *s);
+
+#endif /* MN_WIRE_H */

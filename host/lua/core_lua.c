@@ -1,0 +1,512 @@
+/*
+ * core_lua.c - the C<->Lua bridge: the `monarch.core` module.
+ *
+ * Lua owns futures and meshes; C owns sockets and bytes. Lua calls in to
+ * queue calls (encoded here, once per call, whatever the number of
+ * targets) and to drain completions; libuv callbacks never call Lua.
+ * The controller state is one userdata kept in the registry under the
+ * address of a static key.
+ */
+#include "ctl.h"
+#include "path.h"
+
+#include <lauxlib.h>
+#include <lua.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MN_EXT_TENSOR 1      /* msgpack ext type of a tensor handle */
+#define MN_SEQ_OFFSET 7      /* len(4) + fixarray(1) + type(1) + 0xcf(1) */
+
+static char ctl_key;
+
+typedef struct {
+  mn_ctl_t ctl;
+  int open;
+  mn_buf_t scratch;
+  msgpack_zone zone;
+} lctl_t;
+
+static lctl_t *get_ctl(lua_State *L) {
+  lua_pushlightuserdata(L, &ctl_key);
+  lua_rawget(L, LUA_REGISTRYINDEX);
+  lctl_t *c = lua_touserdata(L, -1);
+  lua_pop(L, 1);
+  if (c == NULL || !c->open) luaL_error(L, "monarch.core is not initialized (call core.init first)");
+  return c;
+}
+
+/* ---- Lua value -> msgpack --------------------------------------------------- */
+
+static void encode(lua_State *L, msgpack_packer *pk, int idx, int depth, int argn) {
+  if (depth > MN_MAX_DEPTH) luaL_error(L, "argument %d: tables nest deeper than %d", argn, MN_MAX_DEPTH);
+  switch (lua_type(L, idx)) {
+  case LUA_TNIL: msgpack_pack_nil(pk); break;
+  case LUA_TBOOLEAN:
+    if (lua_toboolean(L, idx)) msgpack_pack_true(pk);
+    else msgpack_pack_false(pk);
+    break;
+  case LUA_TNUMBER: {
+    double d = lua_tonumber(L, idx);
+    if (d == floor(d) && fabs(d) < 9.2e18) msgpack_pack_int64(pk, (int64_t)d);
+    else msgpack_pack_double(pk, d);
+    break;
+  }
+  case LUA_TSTRING: {
+    size_t n;
+    const char *s = lua_tolstring(L, idx, &n);
+    msgpack_pack_str(pk, n);
+    msgpack_pack_str_body(pk, s, n);
+    break;
+  }
+  case LUA_TTABLE: {
+    if (idx < 0) idx = lua_gettop(L) + idx + 1;
+    lua_getfield(L, idx, "__mn_tensor");
+    if (lua_type(L, -1) == LUA_TNUMBER) {
+      uint64_t id = (uint64_t)lua_tonumber(L, -1);
+      unsigned char b[8];
+      for (int i = 7; i >= 0; i--, id >>= 8) b[i] = (unsigned char)id;
+      lua_pop(L, 1);
+      msgpack_pack_ext(pk, 8, MN_EXT_TENSOR);
+      msgpack_pack_ext_body(pk, b, 8);
+      break;
+    }
+    lua_pop(L, 1);
+    size_t n = lua_objlen(L, idx);
+    if (n > 0 || lua_next(L, (lua_pushnil(L), idx)) == 0) {
+      if (n > MN_MAX_ITEMS) luaL_error(L, "argument %d: table of %d items exceeds MN_MAX_ITEMS", argn, (int)n);
+      msgpack_pack_array(pk, n);
+      for (size_t i = 1; i <= n; i++) {
+        lua_rawgeti(L, idx, (int)i);
+        encode(L, pk, -1, depth + 1, argn);
+        lua_pop(L, 1);
+      }
+      break;
+    }
+    lua_pop(L, 2); /* the key and value lua_next left */
+    uint32_t count = 0;
+    lua_pushnil(L);
+    while (lua_next(L, idx) != 0) {
+      count++;
+      lua_pop(L, 1);
+    }
+    msgpack_pack_map(pk, count);
+    lua_pushnil(L);
+    while (lua_next(L, idx) != 0) {
+      encode(L, pk, -2, depth + 1, argn);
+      encode(L, pk, -1, depth + 1, argn);
+      lua_pop(L, 1);
+    }
+    break;
+  }
+  default:
+    luaL_error(L, "argument %d: a %s cannot be sent to a proc", argn, luaL_typename(L, idx));
+  }
+}
+
+/* ---- msgpack -> Lua value ---------------------------------------------------- */
+
+static void push_obj(lua_State *L, const msgpack_object *o) {
+  switch (o->type) {
+  case MSGPACK_OBJECT_NIL: lua_pushnil(L); break;
+  case MSGPACK_OBJECT_BOOLEAN: lua_pushboolean(L, o->via.boolean); break;
+  case MSGPACK_OBJECT_POSITIVE_INTEGER: lua_pushnumber(L, (lua_Number)o->via.u64); break;
+  case MSGPACK_OBJECT_NEGATIVE_INTEGER: lua_pushnumber(L, (lua_Number)o->via.i64); break;
+  case MSGPACK_OBJECT_FLOAT32:
+  case MSGPACK_OBJECT_FLOAT64: lua_pushnumber(L, o->via.f64); break;
+  case MSGPACK_OBJECT_STR: lua_pushlstring(L, o->via.str.ptr, o->via.str.size); break;
+  case MSGPACK_OBJECT_BIN: lua_pushlstring(L, o->via.bin.ptr, o->via.bin.size); break;
+  case MSGPACK_OBJECT_ARRAY:
+    lua_createtable(L, (int)o->via.array.size, 0);
+    for (uint32_t i = 0; i < o->via.array.size; i++) {
+      push_obj(L, &o->via.array.ptr[i]);
+      lua_rawseti(L, -2, (int)i + 1);
+    }
+    break;
+  case MSGPACK_OBJECT_MAP:
+    lua_createtable(L, 0, (int)o->via.map.size);
+    for (uint32_t i = 0; i < o->via.map.size; i++) {
+      push_obj(L, &o->via.map.ptr[i].key);
+      push_obj(L, &o->via.map.ptr[i].val);
+      if (lua_isnil(L, -2)) lua_pop(L, 2);
+      else lua_rawset(L, -3);
+    }
+    break;
+  case MSGPACK_OBJECT_EXT: {
+    uint64_t id = 0;
+    for (uint32_t i = 0; i < o->via.ext.size && i < 8; i++) id = (id << 8) | (unsigned char)o->via.ext.ptr[i];
+    lua_pushnumber(L, (lua_Number)id);
+    break;
+  }
+  default: lua_pushnil(L);
+  }
+}
+
+/* ---- module functions ------------------------------------------------------- */
+
+static int l_gc(lua_State *L) {
+  lctl_t *c = lua_touserdata(L, 1);
+  if (c->open) {
+    c->open = 0;
+    mn_ctl_close(&c->ctl);
+    mn_buf_free(&c->scratch);
+    msgpack_zone_destroy(&c->zone);
+  }
+  return 0;
+}
+
+/* core.init(token) */
+static int l_init(lua_State *L) {
+  size_t tl;
+  const char *tok = luaL_checklstring(L, 1, &tl);
+  lua_pushlightuserdata(L, &ctl_key);
+  lua_rawget(L, LUA_REGISTRYINDEX);
+  lctl_t *old = lua_touserdata(L, -1);
+  lua_pop(L, 1);
+  if (old != NULL && old->open) return luaL_error(L, "monarch.core is already initialized");
+  lctl_t *c = lua_newuserdata(L, sizeof(*c));
+  memset(c, 0, sizeof(*c));
+  lua_createtable(L, 0, 1);
+  lua_pushcfunction(L, l_gc);
+  lua_setfield(L, -2, "__gc");
+  lua_setmetatable(L, -2);
+  if (mn_ctl_init(&c->ctl, tok, tl) != 0) return luaL_error(L, "cannot initialize the controller");
+  msgpack_zone_init(&c->zone, 64 * 1024);
+  c->open = 1;
+  lua_pushlightuserdata(L, &ctl_key);
+  lua_pushvalue(L, -2);
+  lua_rawset(L, LUA_REGISTRYINDEX);
+  return 0;
+}
+
+static int l_shutdown(lua_State *L) {
+  lua_pushlightuserdata(L, &ctl_key);
+  lua_rawget(L, LUA_REGISTRYINDEX);
+  if (lua_touserdata(L, -1) != NULL) {
+    lua_pushcfunction(L, l_gc);
+    lua_pushvalue(L, -2);
+    lua_call(L, 1, 0);
+  }
+  return 0;
+}
+
+/* core.start_agent(exe, token) -> port | nil, err */
+static int l_start_agent(lua_State *L) {
+  lctl_t *c = get_ctl(L);
+  char err[512];
+  int port = mn_ctl_start_agent(&c->ctl, luaL_checkstring(L, 1), luaL_checkstring(L, 2), err, sizeof(err));
+  if (port < 0) {
+    lua_pushnil(L);
+    lua_pushstring(L, err);
+    return 2;
+  }
+  lua_pushinteger(L, port);
+  lua_pushinteger(L, c->ctl.agent.pid);
+  return 2;
+}
+
+/* core.connect(host, port, "agent"|"proc") -> id */
+static int l_connect(lua_State *L) {
+  lctl_t *c = get_ctl(L);
+  const char *kind = luaL_checkstring(L, 3);
+  int id = mn_ctl_connect(&c->ctl, luaL_checkstring(L, 1), (int)luaL_checkinteger(L, 2),
+                          strcmp(kind, "agent") == 0 ? MN_CONN_AGENT : MN_CONN_PROC);
+  if (id < 0) return luaL_error(L, "cannot open a connection: %s", mn_strerror(id));
+  lua_pushinteger(L, id);
+  return 1;
+}
+
+static int l_disconnect(lua_State *L) {
+  lctl_t *c = get_ctl(L);
+  mn_ctl_disconnect(&c->ctl, (int)luaL_checkinteger(L, 1), luaL_optstring(L, 2, "closed by the script"));
+  return 0;
+}
+
+static const char *const state_names[] = {"connecting", "handshake", "handshake", "ready", "closed"};
+
+/* core.info(id) -> state, host, pid, reason, inflight */
+static int l_info(lua_State *L) {
+  lctl_t *c = get_ctl(L);
+  mn_conn_t *k = mn_ctl_conn(&c->ctl, (int)luaL_checkinteger(L, 1));
+  if (k == NULL) return luaL_argerror(L, 1, "no such connection");
+  lua_pushstring(L, state_names[k->state]);
+  lua_pushstring(L, k->info_host);
+  lua_pushnumber(L, (lua_Number)k->info_pid);
+  lua_pushstring(L, k->reason);
+  lua_pushnumber(L, (lua_Number)k->rcount);
+  return 5;
+}
+
+static mn_conn_t *ready_conn(lua_State *L, lctl_t *c, int id) {
+  mn_conn_t *k = mn_ctl_conn(&c->ctl, id);
+  if (k == NULL) luaL_error(L, "no connection %d", id);
+  if (k->state != MN_CS_READY) luaL_error(L, "connection %d is not ready (%s: %s)", id, state_names[k->state], k->reason);
+  return k;
+}
+
+/* core.send(id, array) : a whole message, e.g. {10, req, spec} */
+static int l_send(lua_State *L) {
+  lctl_t *c = get_ctl(L);
+  mn_conn_t *k = ready_conn(L, c, (int)luaL_checkinteger(L, 1));
+  luaL_checktype(L, 2, LUA_TTABLE);
+  msgpack_packer pk;
+  c->scratch.len = 0;
+  msgpack_packer_init(&pk, &c->scratch, mn_buf_write_cb);
+  size_t s = mn_frame_begin(&c->scratch);
+  encode(L, &pk, 2, 0, 1);
+  mn_frame_end(&c->scratch, s);
+  char *p = mn_ctl_reserve(&c->ctl, k, c->scratch.len);
+  if (p == NULL) return luaL_error(L, "out of memory");
+  memcpy(p, c->scratch.data, c->scratch.len);
+  return 0;
+}
+
+/*
+ * core.call(call_id, targets, kernel, ...) : queues [CALL, seq, kernel, args]
+ * to each connection in targets (a number, or an array of numbers); slot i
+ * of the call is targets[i]. The body is encoded once and copied per target.
+ */
+static int l_call(lua_State *L) {
+  lctl_t *c = get_ctl(L);
+  double call = luaL_checknumber(L, 1);
+  size_t kl;
+  const char *kernel = luaL_checklstring(L, 3, &kl);
+  int nargs = lua_gettop(L) - 3;
+  if (nargs > MN_MAX_ARGS) return luaL_error(L, "%d arguments exceed MN_MAX_ARGS (%d)", nargs, MN_MAX_ARGS);
+  msgpack_packer pk;
+  mn_buf_t *b = &c->scratch;
+  b->len = 0;
+  msgpack_packer_init(&pk, b, mn_buf_write_cb);
+  size_t s = mn_frame_begin(b);
+  static const unsigned char head[11] = {0x94, MN_MSG_CALL, 0xcf, 0, 0, 0, 0, 0, 0, 0, 0};
+  mn_buf_append(b, head, sizeof(head));
+  msgpack_pack_str(&pk, kl);
+  msgpack_pack_str_body(&pk, kernel, kl);
+  msgpack_pack_array(&pk, (size_t)nargs);
+  for (int i = 0; i < nargs; i++) encode(L, &pk, 4 + i, 0, i + 1);
+  mn_frame_end(b, s);
+  if (b->len - MN_FRAME_HEADER > MN_MAX_FRAME) return luaL_error(L, "call of %d bytes exceeds MN_MAX_FRAME", (int)b->len);
+  int single = lua_type(L, 2) == LUA_TNUMBER;
+  int n = single ? 1 : (int)lua_objlen(L, 2);
+  for (int i = 1; i <= n; i++) {
+    int id;
+    if (single) id = (int)lua_tointeger(L, 2);
+    else {
+      lua_rawgeti(L, 2, i);
+      id = (int)lua_tointeger(L, -1);
+      lua_pop(L, 1);
+    }
+    mn_conn_t *k = ready_conn(L, c, id);
+    char *p = mn_ctl_reserve(&c->ctl, k, b->len);
+    if (p == NULL || mn_ctl_push_pending(k, call, i) != 0) return luaL_error(L, "out of memory queueing a call");
+    memcpy(p, b->data, b->len);
+    uint64_t seq = ++k->seq;
+    for (int j = 7; j >= 0; j--, seq >>= 8) p[MN_SEQ_OFFSET + j] = (char)seq;
+  }
+  return 0;
+}
+
+/* Decodes the frames waiting on conn k into ev; returns the new count. */
+static int drain_conn(lua_State *L, lctl_t *c, mn_conn_t *k, int ev, int n) {
+  size_t off = 0;
+  while (off < k->in.len) {
+    const char *body;
+    char err[300];
+    msgpack_object m;
+    int64_t len = mn_frame_peek(k->in.data + off, k->in.len - off, MN_MAX_FRAME, &body);
+    if (len == MN_EAGAIN) break;
+    if (len < 0) {
+      mn_ctl_disconnect(&c->ctl, k->id, "peer sent a frame larger than MN_MAX_FRAME");
+      off = k->in.len;
+      break;
+    }
+    off += MN_FRAME_HEADER + (size_t)len;
+    msgpack_zone_clear(&c->zone);
+    int rc = mn_decode(body, (size_t)len, &c->zone, &m, err, sizeof(err));
+    if (rc != 0) {
+      mn_ctl_disconnect(&c->ctl, k->id, err);
+      off = k->in.len;
+      break;
+    }
+    if (mn_msg_type(&m) == MN_MSG_RESULT && k->kind == MN_CONN_PROC) {
+      uint64_t seq;
+      if (m.via.array.size != 4 || mn_get_u64(&m, 1, &seq) != 0 || k->rcount == 0 ||
+          seq != k->seq - k->rcount + 1 || m.via.array.ptr[2].type != MSGPACK_OBJECT_BOOLEAN) {
+        mn_ctl_disconnect(&c->ctl, k->id, "proc sent a RESULT that matches no call in flight");
+        off = k->in.len;
+        break;
+      }
+      mn_pending_t p = k->ring[k->rhead];
+      k->rhead = (k->rhead + 1) % k->rcap;
+      k->rcount--;
+      int ok = m.via.array.ptr[2].via.boolean;
+      const msgpack_object *v = &m.via.array.ptr[3];
+      lua_pushnumber(L, p.call);
+      lua_rawseti(L, ev, ++n);
+      lua_pushinteger(L, p.slot);
+      lua_rawseti(L, ev, ++n);
+      lua_pushboolean(L, ok);
+      lua_rawseti(L, ev, ++n);
+      if (ok && v->type == MSGPACK_OBJECT_ARRAY && v->via.array.size <= 1) {
+        if (v->via.array.size == 1) push_obj(L, &v->via.array.ptr[0]);
+        else lua_pushnil(L);
+      } else {
+        push_obj(L, v);
+      }
+      lua_rawseti(L, ev, ++n);
+    } else {
+      lua_pushnumber(L, 0);
+      lua_rawseti(L, ev, ++n);
+      lua_pushinteger(L, k->id);
+      lua_rawseti(L, ev, ++n);
+      lua_pushliteral(L, "message");
+      lua_rawseti(L, ev, ++n);
+      push_obj(L, &m);
+      lua_rawseti(L, ev, ++n);
+    }
+  }
+  mn_buf_consume(&k->in, off);
+  return n;
+}
+
+static int push_event(lua_State *L, int ev, int n, int conn, const char *kind) {
+  lua_pushnumber(L, 0);
+  lua_rawseti(L, ev, ++n);
+  lua_pushinteger(L, conn);
+  lua_rawseti(L, ev, ++n);
+  lua_pushstring(L, kind);
+  lua_rawseti(L, ev, ++n);
+  return n;
+}
+
+/*
+ * core.poll(ev, timeout_ms) -> n. Fills ev[1..n] with entries of four:
+ *   call_id, slot, ok, value            a RESULT
+ *   0, conn, "message", msg             another message (agent events, PONG, ERROR)
+ *   0, conn, "connected", {host, pid}   handshake done
+ *   0, conn, "closed", reason           connection gone
+ *   0, 0, "agent_exit", {status, signal}  the embedded agent died
+ */
+static int l_poll(lua_State *L) {
+  lctl_t *c = get_ctl(L);
+  luaL_checktype(L, 1, LUA_TTABLE);
+  int timeout = (int)luaL_optinteger(L, 2, -1);
+  mn_ctl_t *ctl = &c->ctl;
+  mn_ctl_wait(ctl, timeout);
+  int n = 0;
+  /* Connected events first, then data, then closures: a proc's last results precede its death. */
+  for (size_t i = 0; i < ctl->nevents; i++) {
+    mn_event_t *e = &ctl->events[i];
+    if (e->kind != MN_EV_CONNECTED) continue;
+    mn_conn_t *k = mn_ctl_conn(ctl, e->conn);
+    n = push_event(L, 1, n, e->conn, "connected");
+    lua_createtable(L, 0, 2);
+    lua_pushstring(L, k->info_host);
+    lua_setfield(L, -2, "host");
+    lua_pushnumber(L, (lua_Number)k->info_pid);
+    lua_setfield(L, -2, "pid");
+    lua_rawseti(L, 1, ++n);
+  }
+  for (int i = 0; i < ctl->nreadable; i++) {
+    mn_conn_t *k = mn_ctl_conn(ctl, ctl->readable[i]);
+    k->readable = 0;
+    n = drain_conn(L, c, k, 1, n);
+  }
+  ctl->nreadable = 0;
+  for (size_t i = 0; i < ctl->nevents; i++) {
+    mn_event_t *e = &ctl->events[i];
+    if (e->kind == MN_EV_CLOSED) {
+      n = push_event(L, 1, n, e->conn, "closed");
+      lua_pushstring(L, mn_ctl_conn(ctl, e->conn)->reason);
+      lua_rawseti(L, 1, ++n);
+    } else if (e->kind == MN_EV_AGENT_EXIT) {
+      n = push_event(L, 1, n, 0, "agent_exit");
+      lua_createtable(L, 0, 2);
+      lua_pushnumber(L, (lua_Number)e->a);
+      lua_setfield(L, -2, "status");
+      lua_pushnumber(L, (lua_Number)e->b);
+      lua_setfield(L, -2, "signal");
+      lua_rawseti(L, 1, ++n);
+    }
+  }
+  ctl->nevents = 0;
+  lua_pushinteger(L, n);
+  return 1;
+}
+
+/* core.take_pending(id) -> {call, slot, call, slot, ...} of calls never answered */
+static int l_take_pending(lua_State *L) {
+  lctl_t *c = get_ctl(L);
+  mn_conn_t *k = mn_ctl_conn(&c->ctl, (int)luaL_checkinteger(L, 1));
+  if (k == NULL) return luaL_argerror(L, 1, "no such connection");
+  lua_createtable(L, (int)k->rcount * 2, 0);
+  int n = 0;
+  while (k->rcount > 0) {
+    mn_pending_t p = k->ring[k->rhead];
+    k->rhead = (k->rhead + 1) % k->rcap;
+    k->rcount--;
+    lua_pushnumber(L, p.call);
+    lua_rawseti(L, -2, ++n);
+    lua_pushinteger(L, p.slot);
+    lua_rawseti(L, -2, ++n);
+  }
+  return 1;
+}
+
+/* core.oldest_pending(id) -> call id of the call now running there, or nil */
+static int l_oldest_pending(lua_State *L) {
+  lctl_t *c = get_ctl(L);
+  mn_conn_t *k = mn_ctl_conn(&c->ctl, (int)luaL_checkinteger(L, 1));
+  if (k == NULL || k->rcount == 0) return 0;
+  lua_pushnumber(L, k->ring[k->rhead].call);
+  return 1;
+}
+
+static int l_flush(lua_State *L) {
+  mn_ctl_flush(&get_ctl(L)->ctl);
+  return 0;
+}
+
+static int l_now(lua_State *L) {
+  lua_pushnumber(L, (lua_Number)uv_hrtime() / 1e9);
+  return 1;
+}
+
+static int l_generate_token(lua_State *L) {
+  char tok[49];
+  mn_auth_generate(tok, 48);
+  lua_pushstring(L, tok);
+  return 1;
+}
+
+/* core.prefix() -> install prefix of this build */
+static int l_prefix(lua_State *L) {
+  char p[4096];
+  if (mn_prefix((const void *)l_prefix, p, sizeof(p)) != 0) return 0;
+  lua_pushstring(L, p);
+  return 1;
+}
+
+static int l_sleep(lua_State *L) {
+  double s = luaL_checknumber(L, 1);
+  if (s > 0) usleep((useconds_t)(s * 1e6));
+  return 0;
+}
+
+int luaopen_monarch_core(lua_State *L) {
+  static const luaL_Reg fns[] = {
+      {"init", l_init},           {"shutdown", l_shutdown},   {"start_agent", l_start_agent},
+      {"connect", l_connect},     {"disconnect", l_disconnect}, {"info", l_info},
+      {"send", l_send},           {"call", l_call},           {"poll", l_poll},
+      {"take_pending", l_take_pending}, {"oldest_pending", l_oldest_pending},
+      {"flush", l_flush},         {"now", l_now},             {"generate_token", l_generate_token},
+      {"prefix", l_prefix},       {"sleep", l_sleep},         {NULL, NULL}};
+  lua_createtable(L, 0, 20);
+  luaL_register(L, NULL, fns);
+  lua_pushinteger(L, MN_PROTOCOL_VERSION);
+  lua_setfield(L, -2, "protocol_version");
+  lua_pushinteger(L, MN_MAX_ARGS);
+  lua_setfield(L, -2, "max_args");
+  return 1;
+}

@@ -1,0 +1,517 @@
+/*
+ * agent.c - the host agent.
+ *
+ * One libuv loop. A controller connects, proves it holds the cluster token,
+ * and asks for procs with SPAWN. The agent execs `monarch-worker --proc`
+ * once per proc, learns each proc's port from a pipe on its fd 3, and tells
+ * the controller where to connect. SIGCHLD (via uv_process exit callbacks)
+ * turns a dying proc into a PROC_EXIT at once. When a controller leaves,
+ * its procs are killed: no orphans.
+ */
+#include "agent.h"
+
+#include "handshake.h"
+#include "wire.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+#include <uv.h>
+
+#define MN_MAX_SPAWN 4096 /* most procs one SPAWN may ask for */
+
+typedef struct aconn_s aconn_t;
+
+typedef struct {
+  uv_loop_t *loop;
+  uv_tcp_t server;
+  mn_auth_t auth;
+  const mn_agent_opts_t *o;
+  char host[256];
+  aconn_t *conns;
+  int nconns;
+  int nprocs;
+  int served;
+  int stopping;
+} agent_t;
+
+struct aconn_s {
+  uv_tcp_t tcp;
+  agent_t *a;
+  int ready;
+  int closing;
+  uint8_t ns[MN_NONCE_LEN];
+  mn_buf_t in;
+  msgpack_zone zone;
+  uv_timer_t hs_timer;
+  aconn_t *next;
+};
+
+typedef struct {
+  uv_process_t proc;
+  uv_pipe_t pipe;
+  agent_t *a;
+  aconn_t *owner;
+  uint64_t req;
+  int index;
+  int rank;
+  char buf[32];
+  size_t blen;
+  int reported;
+  int open_handles;
+} aproc_t;
+
+static void on_write(uv_write_t *w, int status) {
+  (void)status; /* a failed write shows up as a read error on the same conn */
+  free(w->data);
+  free(w);
+}
+
+/* Sends b's bytes to c (copied; b stays the caller's). */
+static void send_buf(aconn_t *c, const mn_buf_t *b) {
+  if (c == NULL || c->closing || b->len == 0) return;
+  uv_write_t *w = malloc(sizeof(*w));
+  char *copy = malloc(b->len);
+  if (w == NULL || copy == NULL) {
+    free(w);
+    free(copy);
+    return;
+  }
+  memcpy(copy, b->data, b->len);
+  w->data = copy;
+  uv_buf_t ub = uv_buf_init(copy, (unsigned)b->len);
+  if (uv_write(w, (uv_stream_t *)&c->tcp, &ub, 1, on_write) != 0) on_write(w, -1);
+}
+
+static void maybe_exit(agent_t *a) {
+  if (a->o->once && a->served && a->nconns == 0 && a->nprocs == 0 && !a->stopping) {
+    a->stopping = 1;
+    uv_stop(a->loop);
+  }
+}
+
+/* ---- procs ----------------------------------------------------------------- */
+
+static void proc_handle_closed(uv_handle_t *h) {
+  aproc_t *p = h->data;
+  if (--p->open_handles == 0) {
+    agent_t *a = p->a;
+    free(p);
+    a->nprocs--;
+    maybe_exit(a);
+  }
+}
+
+static void send_spawn_failed(aconn_t *c, uint64_t req, int index, const char *msg) {
+  mn_buf_t b;
+  msgpack_packer pk;
+  mn_buf_init(&b);
+  msgpack_packer_init(&pk, &b, mn_buf_write_cb);
+  size_t s = mn_frame_begin(&b);
+  msgpack_pack_array(&pk, 4);
+  msgpack_pack_int(&pk, MN_MSG_SPAWN_FAILED);
+  msgpack_pack_uint64(&pk, req);
+  msgpack_pack_int(&pk, index);
+  mn_pack_cstr(&pk, msg);
+  mn_frame_end(&b, s);
+  send_buf(c, &b);
+  mn_buf_free(&b);
+}
+
+static void on_proc_exit(uv_process_t *h, int64_t status, int sig) {
+  aproc_t *p = h->data;
+  char msg[160];
+  if (p->owner != NULL) {
+    if (!p->reported) {
+      snprintf(msg, sizeof(msg), "proc rank %d exited (%s %d) before it was ready", p->rank,
+               sig ? "signal" : "code", sig ? sig : (int)status);
+      send_spawn_failed(p->owner, p->req, p->index, msg);
+    } else {
+      mn_buf_t b;
+      msgpack_packer pk;
+      mn_buf_init(&b);
+      msgpack_packer_init(&pk, &b, mn_buf_write_cb);
+      size_t s = mn_frame_begin(&b);
+      msgpack_pack_array(&pk, 5);
+      msgpack_pack_int(&pk, MN_MSG_PROC_EXIT);
+      msgpack_pack_int64(&pk, h->pid);
+      msgpack_pack_int64(&pk, status);
+      mn_pack_cstr(&pk, sig ? sigabbrev_np(sig) ? sigabbrev_np(sig) : "?" : "");
+      msgpack_pack_int(&pk, p->rank);
+      mn_frame_end(&b, s);
+      send_buf(p->owner, &b);
+      mn_buf_free(&b);
+    }
+  }
+  uv_close((uv_handle_t *)&p->proc, proc_handle_closed);
+  if (!uv_is_closing((uv_handle_t *)&p->pipe)) uv_close((uv_handle_t *)&p->pipe, proc_handle_closed);
+}
+
+static void pipe_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf) {
+  aproc_t *p = h->data;
+  (void)hint;
+  *buf = uv_buf_init(p->buf + p->blen, (unsigned)(sizeof(p->buf) - 1 - p->blen));
+}
+
+static void on_port(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
+  aproc_t *p = s->data;
+  (void)buf;
+  if (n > 0) p->blen += (size_t)n;
+  p->buf[p->blen] = '\0';
+  if (strchr(p->buf, '\n') == NULL && n >= 0 && p->blen < sizeof(p->buf) - 1) return;
+  int port = atoi(p->buf);
+  if (port > 0 && p->owner != NULL && !p->reported) {
+    mn_buf_t b;
+    msgpack_packer pk;
+    mn_buf_init(&b);
+    msgpack_packer_init(&pk, &b, mn_buf_write_cb);
+    size_t st = mn_frame_begin(&b);
+    msgpack_pack_array(&pk, 5);
+    msgpack_pack_int(&pk, MN_MSG_SPAWNED);
+    msgpack_pack_uint64(&pk, p->req);
+    msgpack_pack_int(&pk, p->index);
+    msgpack_pack_int64(&pk, p->proc.pid);
+    msgpack_pack_int(&pk, port);
+    mn_frame_end(&b, st);
+    send_buf(p->owner, &b);
+    mn_buf_free(&b);
+    p->reported = 1;
+  }
+  uv_close((uv_handle_t *)&p->pipe, proc_handle_closed);
+}
+
+static int spawn_one(aconn_t *c, uint64_t req, int index, int rank, int world) {
+  agent_t *a = c->a;
+  aproc_t *p = calloc(1, sizeof(*p));
+  char srank[16], sworld[16], sparent[16], sorphan[32];
+  if (p == NULL) return UV_ENOMEM;
+  p->a = a;
+  p->owner = c;
+  p->req = req;
+  p->index = index;
+  p->rank = rank;
+  snprintf(srank, sizeof(srank), "%d", rank);
+  snprintf(sworld, sizeof(sworld), "%d", world);
+  snprintf(sparent, sizeof(sparent), "%d", (int)getpid());
+  snprintf(sorphan, sizeof(sorphan), "%g", a->o->orphan_timeout);
+  char *args[] = {(char *)a->o->exe, "--proc", "--rank", srank, "--world", sworld, "--bind", a->host,
+                  "--parent", sparent, "--port-fd", "3", "--orphan-timeout", sorphan, NULL};
+  uv_pipe_init(a->loop, &p->pipe, 0);
+  p->pipe.data = p;
+  p->proc.data = p;
+  uv_stdio_container_t stdio[4];
+  stdio[0].flags = UV_IGNORE;
+  stdio[1].flags = UV_INHERIT_FD;
+  stdio[1].data.fd = 1;
+  stdio[2].flags = UV_INHERIT_FD;
+  stdio[2].data.fd = 2;
+  stdio[3].flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE;
+  stdio[3].data.stream = (uv_stream_t *)&p->pipe;
+  uv_process_options_t po;
+  memset(&po, 0, sizeof(po));
+  po.file = a->o->exe;
+  po.args = args;
+  po.exit_cb = on_proc_exit;
+  po.stdio = stdio;
+  po.stdio_count = 4;
+  int rc = uv_spawn(a->loop, &p->proc, &po);
+  if (rc != 0) {
+    p->open_handles = 1;
+    p->owner = NULL;
+    a->nprocs++;
+    uv_close((uv_handle_t *)&p->pipe, proc_handle_closed);
+    return rc;
+  }
+  p->open_handles = 2;
+  a->nprocs++;
+  uv_read_start((uv_stream_t *)&p->pipe, pipe_alloc, on_port);
+  return 0;
+}
+
+/* ---- controller connections -------------------------------------------------- */
+
+static void conn_closed(uv_handle_t *h) {
+  aconn_t *c = h->data;
+  agent_t *a = c->a;
+  aconn_t **pp = &a->conns;
+  while (*pp && *pp != c) pp = &(*pp)->next;
+  if (*pp) *pp = c->next;
+  mn_buf_free(&c->in);
+  msgpack_zone_destroy(&c->zone);
+  free(c);
+  a->nconns--;
+  maybe_exit(a);
+}
+
+static void timer_closed(uv_handle_t *h) {
+  aconn_t *c = h->data;
+  uv_close((uv_handle_t *)&c->tcp, conn_closed);
+}
+
+static void walk_kill(uv_handle_t *h, void *arg) {
+  if (h->type != UV_PROCESS || uv_is_closing(h)) return;
+  aproc_t *p = h->data;
+  if (p->owner == arg) {
+    p->owner = NULL;
+    uv_process_kill((uv_process_t *)h, SIGKILL);
+  }
+}
+
+static void conn_close(aconn_t *c) {
+  if (c->closing) return;
+  c->closing = 1;
+  uv_walk(c->a->loop, walk_kill, c);
+  uv_read_stop((uv_stream_t *)&c->tcp);
+  uv_timer_stop(&c->hs_timer);
+  uv_close((uv_handle_t *)&c->hs_timer, timer_closed);
+}
+
+static void refuse(aconn_t *c, int code, const char *msg) {
+  mn_buf_t b;
+  mn_buf_init(&b);
+  mn_pack_error(&b, code, msg);
+  send_buf(c, &b);
+  mn_buf_free(&b);
+  conn_close(c);
+}
+
+static void on_hs_timeout(uv_timer_t *t) {
+  aconn_t *c = t->data;
+  if (!c->ready) refuse(c, MN_ETIMEDOUT, "handshake not completed in time");
+}
+
+static void handle_spawn(aconn_t *c, const msgpack_object *m) {
+  uint64_t req;
+  const msgpack_object *spec = m->via.array.size > 2 ? &m->via.array.ptr[2] : NULL;
+  const msgpack_object *cnt = mn_map_get(spec, "count"), *base = mn_map_get(spec, "rank_base"),
+                       *world = mn_map_get(spec, "world");
+  if (mn_get_u64(m, 1, &req) != 0 || cnt == NULL || cnt->type != MSGPACK_OBJECT_POSITIVE_INTEGER) {
+    refuse(c, MN_EPROTO, "malformed SPAWN: want [10, req, {count=, rank_base=, world=}]");
+    return;
+  }
+  if (cnt->via.u64 > MN_MAX_SPAWN) {
+    send_spawn_failed(c, req, 0, "SPAWN count exceeds MN_MAX_SPAWN (4096)");
+    return;
+  }
+  int n = (int)cnt->via.u64;
+  int rb = base && base->type == MSGPACK_OBJECT_POSITIVE_INTEGER ? (int)base->via.u64 : 0;
+  int w = world && world->type == MSGPACK_OBJECT_POSITIVE_INTEGER ? (int)world->via.u64 : n;
+  for (int i = 0; i < n; i++) {
+    int rc = spawn_one(c, req, i, rb + i, w);
+    if (rc != 0) {
+      char msg[200];
+      snprintf(msg, sizeof(msg), "cannot start %s: %s", c->a->o->exe, uv_strerror(rc));
+      send_spawn_failed(c, req, i, msg);
+    }
+  }
+}
+
+typedef struct {
+  int64_t pid;
+  int sig;
+  aconn_t *owner;
+} kill_req_t;
+
+static void walk_signal(uv_handle_t *h, void *arg) {
+  kill_req_t *k = arg;
+  if (h->type != UV_PROCESS || uv_is_closing(h)) return;
+  aproc_t *p = h->data;
+  if (p->owner == k->owner && ((uv_process_t *)h)->pid == k->pid && k->sig > 0)
+    uv_process_kill((uv_process_t *)h, k->sig);
+}
+
+static void handle_kill(aconn_t *c, const msgpack_object *m) {
+  int64_t pid, sig;
+  if (mn_get_i64(m, 1, &pid) != 0 || mn_get_i64(m, 2, &sig) != 0 || sig < 0 || sig > 64) {
+    refuse(c, MN_EPROTO, "malformed KILL: want [14, pid, signal]");
+    return;
+  }
+  /* Only this controller's own procs: it cannot signal arbitrary pids. */
+  kill_req_t k = {pid, (int)sig, c};
+  uv_walk(c->a->loop, walk_signal, &k);
+}
+
+static void handle(aconn_t *c, const msgpack_object *m) {
+  char err[256];
+  mn_buf_t out;
+  mn_buf_init(&out);
+  if (!c->ready) {
+    uint8_t nc[MN_NONCE_LEN];
+    int rc = mn_hs_check_auth(&c->a->auth, m, c->ns, nc, err, sizeof(err));
+    if (rc != 0) {
+      refuse(c, rc, err);
+    } else {
+      c->ready = 1;
+      c->a->served = 1;
+      uv_timer_stop(&c->hs_timer);
+      mn_hs_welcome(&out, &c->a->auth, c->ns, nc, "agent");
+      send_buf(c, &out);
+    }
+    mn_buf_free(&out);
+    return;
+  }
+  switch (mn_msg_type(m)) {
+  case MN_MSG_SPAWN: handle_spawn(c, m); break;
+  case MN_MSG_KILL: handle_kill(c, m); break;
+  case MN_MSG_PING:
+    if (m->via.array.size == 2) {
+      msgpack_packer pk;
+      msgpack_packer_init(&pk, &out, mn_buf_write_cb);
+      size_t s = mn_frame_begin(&out);
+      msgpack_pack_array(&pk, 2);
+      msgpack_pack_int(&pk, MN_MSG_PONG);
+      msgpack_pack_object(&pk, m->via.array.ptr[1]);
+      mn_frame_end(&out, s);
+      send_buf(c, &out);
+    }
+    break;
+  default:
+    snprintf(err, sizeof(err), "agent does not accept message type %d", mn_msg_type(m));
+    refuse(c, MN_EPROTO, err);
+  }
+  mn_buf_free(&out);
+}
+
+static void conn_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf) {
+  aconn_t *c = h->data;
+  (void)hint;
+  if (mn_buf_reserve(&c->in, 64 * 1024) != 0) {
+    *buf = uv_buf_init(NULL, 0);
+    return;
+  }
+  *buf = uv_buf_init(c->in.data + c->in.len, (unsigned)(c->in.cap - c->in.len));
+}
+
+static void conn_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
+  aconn_t *c = s->data;
+  (void)buf;
+  if (n < 0) {
+    conn_close(c);
+    return;
+  }
+  c->in.len += (size_t)n;
+  size_t off = 0;
+  while (!c->closing) {
+    const char *body;
+    char err[256];
+    msgpack_object m;
+    /* Before authentication only a small frame is acceptable. */
+    int64_t len = mn_frame_peek(c->in.data + off, c->in.len - off, c->ready ? (1u << 20) : 4096, &body);
+    if (len == MN_EAGAIN) break;
+    if (len < 0) {
+      refuse(c, MN_EFRAME, c->ready ? "frame exceeds the agent's limit (1 MiB)" : "handshake frame too large");
+      return;
+    }
+    off += MN_FRAME_HEADER + (size_t)len;
+    msgpack_zone_clear(&c->zone);
+    int rc = mn_decode(body, (size_t)len, &c->zone, &m, err, sizeof(err));
+    if (rc != 0) {
+      refuse(c, rc, err);
+      return;
+    }
+    handle(c, &m);
+  }
+  if (!c->closing) mn_buf_consume(&c->in, off);
+}
+
+static void on_connection(uv_stream_t *server, int status) {
+  agent_t *a = server->data;
+  if (status != 0) return;
+  aconn_t *c = calloc(1, sizeof(*c));
+  if (c == NULL) return;
+  c->a = a;
+  if (!msgpack_zone_init(&c->zone, 4096)) {
+    free(c);
+    return;
+  }
+  uv_tcp_init(a->loop, &c->tcp);
+  c->tcp.data = c;
+  uv_timer_init(a->loop, &c->hs_timer);
+  c->hs_timer.data = c;
+  c->next = a->conns;
+  a->conns = c;
+  a->nconns++;
+  if (uv_accept(server, (uv_stream_t *)&c->tcp) != 0) {
+    conn_close(c);
+    return;
+  }
+  uv_tcp_nodelay(&c->tcp, 1);
+  mn_buf_t b;
+  mn_buf_init(&b);
+  mn_hs_hello(&b, "agent", c->ns);
+  send_buf(c, &b);
+  mn_buf_free(&b);
+  uv_timer_start(&c->hs_timer, on_hs_timeout, MN_HANDSHAKE_TIMEOUT_MS, 0);
+  uv_read_start((uv_stream_t *)&c->tcp, conn_alloc, conn_read);
+}
+
+static void on_signal(uv_signal_t *s, int sig) {
+  agent_t *a = s->data;
+  (void)sig;
+  for (aconn_t *c = a->conns; c; c = c->next) conn_close(c);
+  a->stopping = 1;
+  uv_stop(a->loop);
+}
+
+int mn_agent_main(const mn_agent_opts_t *o) {
+  static agent_t A;
+  agent_t *a = &A;
+  char err[256];
+  struct sockaddr_storage ss;
+  memset(a, 0, sizeof(*a));
+  a->o = o;
+  a->loop = uv_default_loop();
+  signal(SIGPIPE, SIG_IGN);
+  if (o->parent > 0 && (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || getppid() != o->parent)) return 3;
+  if (mn_auth_load(&a->auth, NULL, err, sizeof(err)) != 0) {
+    fprintf(stderr, "monarch-worker: %s\n", err);
+    return 2;
+  }
+  snprintf(a->host, sizeof(a->host), "%s", o->listen_host);
+  if (uv_ip4_addr(o->listen_host, o->listen_port, (struct sockaddr_in *)&ss) != 0 &&
+      uv_ip6_addr(o->listen_host, o->listen_port, (struct sockaddr_in6 *)&ss) != 0) {
+    fprintf(stderr, "monarch-worker: --listen wants a numeric address, got '%s'\n", o->listen_host);
+    return 2;
+  }
+  uv_tcp_init(a->loop, &a->server);
+  a->server.data = a;
+  int rc = uv_tcp_bind(&a->server, (struct sockaddr *)&ss, 0);
+  if (rc == 0) rc = uv_listen((uv_stream_t *)&a->server, 128, on_connection);
+  if (rc != 0) {
+    fprintf(stderr, "monarch-worker: cannot listen on %s:%d: %s\n", o->listen_host, o->listen_port,
+            uv_strerror(rc));
+    return 2;
+  }
+  int len = sizeof(ss);
+  uv_tcp_getsockname(&a->server, (struct sockaddr *)&ss, &len);
+  int port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                            : ((struct sockaddr_in *)&ss)->sin_port);
+  char line[64];
+  if (o->port_fd >= 0) {
+    int n = snprintf(line, sizeof(line), "%d\n", port);
+    if (write(o->port_fd, line, (size_t)n) != n) return 2;
+    close(o->port_fd);
+  } else {
+    printf("monarch-worker: host agent listening on %s:%d\n", o->listen_host, port);
+    fflush(stdout);
+  }
+  uv_signal_t sigterm, sigint;
+  uv_signal_init(a->loop, &sigterm);
+  uv_signal_init(a->loop, &sigint);
+  sigterm.data = sigint.data = a;
+  uv_signal_start(&sigterm, on_signal, SIGTERM);
+  uv_signal_start(&sigint, on_signal, SIGINT);
+  uv_unref((uv_handle_t *)&sigterm);
+  uv_unref((uv_handle_t *)&sigint);
+  uv_run(a->loop, UV_RUN_DEFAULT);
+  /* Stopped: kill what is left and let the close callbacks run. */
+  for (aconn_t *c = a->conns; c; c = c->next) conn_close(c);
+  uv_close((uv_handle_t *)&a->server, NULL);
+  uv_close((uv_handle_t *)&sigterm, NULL);
+  uv_close((uv_handle_t *)&sigint, NULL);
+  uv_run(a->loop, UV_RUN_DEFAULT);
+  return 0;
+}

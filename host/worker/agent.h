@@ -1,0 +1,19 @@
+/* agent.h - the host agent: authenticates controllers, spawns and watches procs. */
+#ifndef MN_AGENT_H
+#define MN_AGENT_H
+
+#include <sys/types.h>
+
+typedef struct {
+  const char *listen_host;
+  int listen_port;
+  int port_fd;            /* write "port\n" here once listening; -1: print a banner */
+  pid_t parent;           /* exit when this process dies (0: don't watch) */
+  int once;               /* exit after the first controller leaves */
+  const char *exe;        /* path of monarch-worker, exec'd for procs */
+  double orphan_timeout;  /* passed to procs */
+} mn_agent_opts_t;
+
+int mn_agent_main(const mn_agent_opts_t *o);
+
+#endif

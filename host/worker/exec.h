@@ -1,0 +1,45 @@
+/*
+ * exec.h - runs CALL messages on a proc: built-ins (library loading,
+ * tensors) and kernels, with signature checks, producing RESULT frames.
+ * One mn_exec_t belongs to the proc's executor thread.
+ */
+#ifndef MN_EXEC_H
+#define MN_EXEC_H
+
+#include "registry.h"
+#include "wire.h"
+
+#include <stdatomic.h>
+
+#define MN_MAX_RESULTS 4096 /* most values one kernel may return */
+#define MN_MAX_ERRMSG 1024  /* longest error message a kernel may set */
+
+typedef struct {
+  mn_registry_t reg;
+  int rank;
+  int world;
+  const char *host;       /* hostname, for error messages */
+  mn_buf_t out;           /* reply frames waiting to be written */
+  mn_buf_t rbuf;          /* the running kernel's packed results */
+  msgpack_packer rpk;
+  uint32_t nresults;
+  int failed;
+  char errmsg[MN_MAX_ERRMSG];
+  void *scratch;
+  size_t scratch_cap;
+  atomic_int *cancel;     /* set by the I/O thread when work should stop */
+  uint64_t last_seq;      /* highest CALL sequence number executed */
+  msgpack_zone zone;
+  const char *running;    /* kernel now running, for crash reports */
+} mn_exec_t;
+
+int mn_exec_init(mn_exec_t *x, const char *prefix, int rank, int world, atomic_int *cancel);
+void mn_exec_close(mn_exec_t *x);
+/*
+ * Executes one frame. Appends a RESULT (or, for a protocol violation, an
+ * ERROR) frame to x->out. Returns 0, or a negative MN_E* code when the
+ * connection should be closed after the ERROR is written.
+ */
+int mn_exec_frame(mn_exec_t *x, const char *body, size_t len);
+
+#endif

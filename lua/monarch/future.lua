@@ -1,0 +1,110 @@
+--- Future: the result of a call, delivered later.
+--   fut:get([timeout])  blocks (running the event loop) and returns the value
+--                       or raises the call's MonarchError
+--   fut:await()         the same inside a task (monarch.spawn): yields instead
+--   fut:done()          true once a value or error is in
+local errors = require "monarch.errors"
+
+local M = {}
+local Future = {}
+Future.__index = Future
+
+local runtime -- set by runtime.lua, which drives the loop
+
+function M.set_runtime(r) runtime = r end
+
+--- Makes a pending future. `what` names it in messages ("call 'axpy'").
+function M.new(what)
+  return setmetatable({ state = "pending", what = what }, Future)
+end
+
+--- Resolves a pending future with a value.
+function Future:resolve(v)
+  if self.state ~= "pending" then return end
+  self.state, self.value = "ok", v
+  self:_wake()
+end
+
+--- Fails a pending future with an error.
+function Future:fail(e)
+  if self.state ~= "pending" then return end
+  self.state, self.err = "error", e
+  self:_wake()
+end
+
+function Future:_wake()
+  local cbs = self._callbacks
+  self._callbacks = nil
+  if cbs then
+    for _, cb in ipairs(cbs) do cb(self) end
+  end
+end
+
+--- Runs cb(self) once the future is done (at once if it already is).
+function Future:on_done(cb)
+  if self.state ~= "pending" then
+    cb(self)
+  else
+    self._callbacks = self._callbacks or {}
+    self._callbacks[#self._callbacks + 1] = cb
+  end
+end
+
+function Future:done() return self.state ~= "pending" end
+
+--- Value or error without raising: ok, value_or_error.
+function Future:result()
+  if self.state == "pending" then return nil, "pending" end
+  if self.state == "ok" then return true, self.value end
+  return false, self.err
+end
+
+local function raise(self)
+  self.observed = true
+  if self.state == "error" then error(self.err, 0) end
+  return self.value
+end
+
+--- Waits for the value. timeout (seconds) bounds the wait, not the call:
+-- a get that times out raises a "timeout" error and the call goes on.
+function Future:get(timeout)
+  if self.state == "pending" then
+    if runtime.in_task() then return self:await() end
+    local deadline = timeout and runtime.now() + timeout
+    while self.state == "pending" do
+      local left = deadline and deadline - runtime.now()
+      if left and left <= 0 then
+        error(errors.new { kind = "timeout", message = string.format("%s not done after %gs (get timeout; the call continues)",
+          self.what or "future", timeout) }, 2)
+      end
+      runtime.pump(left)
+    end
+  end
+  return raise(self)
+end
+
+--- Inside a task: yields until done, then returns like get(). Outside: get().
+function Future:await()
+  if self.state == "pending" then
+    if not runtime.in_task() then return self:get() end
+    runtime.wait_for(self)
+  end
+  return raise(self)
+end
+
+Future.__tostring = function(f)
+  local s = "Future(" .. (f.what or "?") .. "): " .. f.state
+  if f.state == "ok" then
+    local v = f.value
+    s = s .. " " .. (type(v) == "table" and "<" .. (getmetatable(v) and "value" or "table") .. ">" or tostring(v))
+  elseif f.state == "error" then
+    s = s .. " " .. tostring(f.err)
+  end
+  return s
+end
+
+--- True if v is a Future.
+function M.is(v) return getmetatable(v) == Future end
+
+M.Future = Future
+return M

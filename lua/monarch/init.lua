@@ -1,0 +1,127 @@
+--- monarch: one Lua script drives meshes of processes.
+--   local monarch = require "monarch"
+--   local procs = monarch.hosts():spawn_procs{ procs = 4 }
+--   procs:load "basic"
+--   print(procs:call("rank"):get())
+local core = require "monarch.core"
+local errors = require "monarch.errors"
+local future = require "monarch.future"
+local runtime = require "monarch.runtime"
+local mesh = require "monarch.mesh"
+local value_mesh = require "monarch.value_mesh"
+local tensor = require "monarch.tensor"
+
+local M = { _VERSION = "0.1.0" }
+
+--- Settings monarch-run fills in from its command line: hosts ({"h:p", ...}).
+M.config = M.config or {}
+
+local host_mesh -- the HostMesh of this script, made once
+
+local function read_file(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local s = f:read("*a")
+  f:close()
+  return (s:gsub("%s+$", ""))
+end
+
+local function token_from_env()
+  local t = os.getenv("MONARCH_TOKEN")
+  if t and t ~= "" then return t end
+  local file = os.getenv("MONARCH_TOKEN_FILE")
+  if file and file ~= "" then
+    return read_file(file) or error("cannot read MONARCH_TOKEN_FILE " .. file, 0)
+  end
+end
+
+local function worker_path()
+  local w = os.getenv("MONARCH_WORKER")
+  if w and w ~= "" then return w end
+  local prefix = core.prefix() or error("cannot locate the monarch install prefix", 0)
+  return prefix .. "/bin/monarch-worker"
+end
+
+--- The hosts of this job as a HostMesh: from monarch-run --hosts (or the
+-- MONARCH_HOSTS variable, "h1:port,h2:port"), else this machine, with a host
+-- agent started as a child process.
+function M.hosts()
+  if host_mesh then return host_mesh end
+  local addrs = M.config.hosts
+  local env = os.getenv("MONARCH_HOSTS")
+  if not addrs and env and env ~= "" then
+    addrs = {}
+    for a in env:gmatch("[^,%s]+") do addrs[#addrs + 1] = a end
+  end
+  if addrs and #addrs > 0 then
+    local tok = token_from_env()
+    if not tok then
+      error("connecting to --hosts needs the cluster token: set MONARCH_TOKEN or MONARCH_TOKEN_FILE", 2)
+    end
+    runtime.init(tok)
+  else
+    runtime.init(token_from_env() or core.generate_token())
+    local port, err = core.start_agent(worker_path(), runtime.token)
+    if not port then error("cannot start the local host agent: " .. tostring(err), 2) end
+    addrs = { "127.0.0.1:" .. port }
+    runtime.on_agent_exit = function(st)
+      if not mesh.shutting_down then
+        io.stderr:write(string.format("monarch: the local host agent exited (status %s, signal %s)\n",
+          tostring(st.status), tostring(st.signal)))
+      end
+    end
+  end
+  host_mesh = mesh.host_mesh(mesh.connect_agents(addrs))
+  return host_mesh
+end
+
+--- Runs fn(...) as a task; inside it, future:await() yields to other tasks.
+-- Returns a Future of fn's return value.
+M.spawn = runtime.spawn
+
+--- A Future of the list of values of futs, failing with the first error.
+function M.all(futs)
+  local f = future.new("all")
+  local n, left, values = #futs, #futs, {}
+  if n == 0 then f:resolve(values) end
+  for i, x in ipairs(futs) do
+    x:on_done(function(d)
+      local ok, v = d:result()
+      d.observed = true
+      if not ok then return f:fail(v) end
+      values[i] = v
+      left = left - 1
+      if left == 0 then f:resolve(values) end
+    end)
+  end
+  return f
+end
+
+--- Sleeps s seconds while the loop runs (yields inside a task).
+function M.sleep(s)
+  local f = future.new("sleep")
+  local deadline = runtime.now() + s
+  local stop
+  stop = runtime.tick(function(now)
+    if now >= deadline then stop() f:resolve(true) end
+  end)
+  return f:await()
+end
+
+--- Seconds on a monotonic clock.
+M.now = core.now
+
+--- Waits for every task, then stops all procs and host agents this script started.
+function M.shutdown()
+  local ok, err = true, nil
+  if runtime.initialized then
+    ok, err = pcall(runtime.drain_tasks)
+  end
+  mesh.shutting_down = true
+  core.shutdown()
+  if not ok then error(err, 0) end
+end
+
+M.errors, M.future, M.value_mesh, M.tensor, M.runtime = errors, future, value_mesh, tensor, runtime
+M.Future, M.ValueMesh = future.Future, value_mesh.ValueMesh
+return M

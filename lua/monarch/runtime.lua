@@ -1,0 +1,308 @@
+--- The controller's event loop, seen from Lua: calls in flight, tasks, and
+-- the dispatch of what monarch.core drains from the sockets. Nothing here
+-- is called by libuv; Lua asks C for events (core.poll) and handles them.
+local core = require "monarch.core"
+local errors = require "monarch.errors"
+local future = require "monarch.future"
+
+local R = {}
+local unpack = unpack or table.unpack
+
+local ev = {}             -- reused by core.poll
+local calls = {}          -- call id -> record
+local next_call = 0
+local handlers = {}       -- conn id -> { on_connected, on_message, on_closed }
+local timed = {}          -- records with a deadline
+local ready = {}          -- tasks to resume: { co, ... }
+local current = nil       -- the task running now
+local tasks = {}          -- every task's future, for the end of the script
+local live_tasks = 0
+local unhandled = {}      -- failures nobody waits for (broadcast), raised at the next pump
+local tickers = {}        -- functions run on every pump (proc supervision)
+R.initialized = false
+
+--- Starts the controller core once; token is the cluster token.
+function R.init(token)
+  if R.initialized then return end
+  core.init(token)
+  R.token = token
+  R.initialized = true
+end
+
+function R.now() return core.now() end
+function R.in_task() return current ~= nil and coroutine.running() == current end
+
+--- Routes a connection's events to handler fields on_connected(info),
+-- on_message(msg), on_closed(reason).
+function R.handle(conn, handler) handlers[conn] = handler end
+
+--- Adds fn(now) to what every pump runs; returns a function that removes it.
+function R.tick(fn)
+  tickers[fn] = true
+  return function() tickers[fn] = nil end
+end
+
+--- Queues a failure that nobody waits for; the next pump raises it.
+function R.unhandled(err) unhandled[#unhandled + 1] = err end
+
+-- ---- calls -----------------------------------------------------------------
+
+local function finish(rec)
+  if rec.done then return end
+  rec.done = true
+  if rec.mode == "broadcast" then
+    if rec.failures then R.unhandled(rec.failures[1]) end
+    return
+  end
+  if rec.failures then
+    local first = rec.failures[1]
+    first.others = #rec.failures - 1
+    first.failures = rec.failures
+    rec.future:fail(first)
+  elseif rec.mode == "one" then
+    rec.future:resolve(rec.values[1])
+  else
+    rec.future:resolve(rec.make_result(rec.values, rec.n))
+  end
+end
+
+local function slot_done(rec, slot, ok, v)
+  if ok then
+    rec.values[slot] = v
+  else
+    rec.failures = rec.failures or {}
+    rec.failures[#rec.failures + 1] = v
+  end
+  if rec.on_slot then rec.on_slot(slot, ok, v) end
+  rec.remaining = rec.remaining - 1
+  if rec.remaining == 0 then
+    calls[rec.id] = nil
+    finish(rec)
+  end
+end
+
+--- Fails slot `slot` of call `id` with err (a MonarchError).
+function R.fail_slot(id, slot, err)
+  local rec = calls[id]
+  if rec then slot_done(rec, rec.slotmap and rec.slotmap[slot] or slot, false, err) end
+end
+
+--- The record of a call in flight, or nil.
+function R.call_record(id) return calls[id] end
+
+--[[ Submits kernel(args) to procs (a list of proc objects).
+  opts: mode ("mesh" | "one" | "broadcast"), timeout (seconds), make_result
+  (values, n) -> value, on_slot(slot, ok, v), what (a name for messages).
+  Returns the record; rec.future is the Future (nil for broadcast). ]]
+function R.submit(procs, kernel, args, nargs, opts)
+  next_call = next_call + 1
+  local id = next_call
+  local rec = {
+    id = id, kernel = kernel, n = #procs, remaining = #procs, values = {}, procs = procs,
+    mode = opts.mode or "mesh", make_result = opts.make_result, on_slot = opts.on_slot,
+  }
+  if rec.mode ~= "broadcast" then rec.future = future.new(opts.what or ("call '" .. kernel .. "'")) end
+  local targets, dead = {}, nil
+  for i, p in ipairs(procs) do
+    if p.state == "ready" then
+      targets[#targets + 1] = p.conn
+      if dead then rec.slotmap[#targets] = i end
+    else
+      if not dead then
+        dead = {}
+        rec.slotmap = {}
+        for j = 1, #targets do rec.slotmap[j] = j end
+      end
+      dead[#dead + 1] = i
+    end
+  end
+  calls[id] = rec
+  if #targets > 0 then core.call(id, targets, kernel, unpack(args, 1, nargs)) end
+  if dead then
+    for _, i in ipairs(dead) do
+      local p = procs[i]
+      slot_done(rec, i, false, errors.new {
+        kind = "proc_failed", kernel = kernel, rank = p.rank, host = p.host, pid = p.pid,
+        message = "proc is " .. (p.state == "dead" and "dead" or p.state) .. (p.cause and (" (" .. p.cause .. ")") or ""),
+        cause = p.cause,
+      })
+    end
+  end
+  if #procs == 0 then
+    calls[id] = nil
+    finish(rec)
+  end
+  if opts.timeout and not rec.done then
+    rec.deadline = R.now() + opts.timeout
+    rec.timeout = opts.timeout
+    timed[#timed + 1] = rec
+  end
+  return rec
+end
+
+local function check_deadlines(now)
+  local keep = {}
+  for _, rec in ipairs(timed) do
+    if not rec.done then
+      if now >= rec.deadline then
+        -- Fail the whole call; late results are dropped when they come.
+        local slot
+        for i = 1, rec.n do
+          if rec.values[i] == nil then slot = i break end
+        end
+        local p = rec.procs[slot or 1]
+        rec.failures = rec.failures or {}
+        table.insert(rec.failures, 1, errors.new {
+          kind = "timeout", kernel = rec.kernel, rank = p and p.rank, host = p and p.host, pid = p and p.pid,
+          message = string.format("no result within %gs (call timeout)", rec.timeout), cause = "timeout",
+        })
+        finish(rec)
+      else
+        keep[#keep + 1] = rec
+      end
+    end
+  end
+  timed = keep
+end
+
+local function next_deadline()
+  local d
+  for _, rec in ipairs(timed) do
+    if not rec.done and (not d or rec.deadline < d) then d = rec.deadline end
+  end
+  return d
+end
+
+-- ---- tasks -----------------------------------------------------------------
+
+local function run_task(t)
+  local prev = current
+  current = t.co
+  local ok, a, b = coroutine.resume(t.co, unpack(t.args or {}, 1, t.nargs or 0))
+  t.args = nil
+  current = prev
+  if coroutine.status(t.co) == "dead" then
+    live_tasks = live_tasks - 1
+    if not ok then
+      t.future:fail(a)
+    elseif a then
+      t.future:resolve(b)
+    else
+      t.future:fail(b)
+    end
+  end
+end
+
+local function traceback(e)
+  if errors.is(e) then return e end
+  return debug.traceback(tostring(e), 2)
+end
+
+local task_of = setmetatable({}, { __mode = "k" })
+
+--- Runs fn(...) as a task (a coroutine the loop resumes); returns its Future.
+function R.spawn(fn, ...)
+  if type(fn) ~= "function" then error("monarch.spawn wants a function, got " .. type(fn), 2) end
+  local f = future.new("task")
+  local co = coroutine.create(function(...) return xpcall(fn, traceback, ...) end)
+  local t = { co = co, future = f, args = { ... }, nargs = select("#", ...) }
+  task_of[co] = t
+  live_tasks = live_tasks + 1
+  tasks[#tasks + 1] = f
+  ready[#ready + 1] = t
+  return f
+end
+
+--- Suspends the running task until fut is done.
+function R.wait_for(fut)
+  local t = task_of[coroutine.running()]
+  fut:on_done(function() ready[#ready + 1] = t end)
+  coroutine.yield()
+end
+
+local function run_ready()
+  while #ready > 0 do
+    local batch = ready
+    ready = {}
+    for _, t in ipairs(batch) do run_task(t) end
+  end
+end
+
+-- ---- the pump --------------------------------------------------------------
+
+local function dispatch(n)
+  for i = 1, n, 4 do
+    local id, a, b, c = ev[i], ev[i + 1], ev[i + 2], ev[i + 3]
+    ev[i], ev[i + 3] = nil, nil
+    if id ~= 0 then
+      local rec = calls[id]
+      if rec then
+        local slot = rec.slotmap and rec.slotmap[a] or a
+        if b then
+          slot_done(rec, slot, true, c)
+        else
+          local p = rec.procs[slot]
+          slot_done(rec, slot, false, errors.new {
+            kind = c and c.kind or "kernel", message = c and c.message or "unknown error",
+            kernel = c and c.kernel or rec.kernel, rank = p and p.rank, host = p and p.host, pid = p and p.pid,
+          })
+        end
+      end
+    else
+      local h = handlers[a]
+      if b == "message" then
+        if h and h.on_message then h.on_message(c) end
+      elseif b == "connected" then
+        if h and h.on_connected then h.on_connected(c) end
+      elseif b == "closed" then
+        if h and h.on_closed then h.on_closed(c) end
+      elseif b == "agent_exit" then
+        if R.on_agent_exit then R.on_agent_exit(c) end
+      end
+    end
+  end
+end
+
+--- Waits up to `timeout` seconds (nil: until something happens) for events,
+-- handles them, runs ready tasks, and raises any unhandled failure.
+function R.pump(timeout)
+  local wait = timeout
+  local d = next_deadline()
+  local now = R.now()
+  if d and (not wait or d - now < wait) then wait = math.max(0, d - now) end
+  if #ready > 0 then wait = 0 end
+  if not wait or wait > 0.25 then wait = 0.25 end -- supervisors tick at least 4 times a second
+  local n = core.poll(ev, math.floor(wait * 1000 + 0.5))
+  dispatch(n)
+  now = R.now()
+  for fn in pairs(tickers) do fn(now) end
+  check_deadlines(now)
+  run_ready()
+  if #unhandled > 0 then
+    local e = table.remove(unhandled, 1)
+    error(e, 0)
+  end
+end
+
+--- Runs the loop until every task has finished; raises the first task
+-- failure nobody observed.
+function R.drain_tasks()
+  while live_tasks > 0 do R.pump(nil) end
+  for _, f in ipairs(tasks) do
+    if f.state == "error" and not f.observed then
+      f.observed = true
+      error(f.err, 0)
+    end
+  end
+  tasks = {}
+end
+
+--- Counts, for progress and tests.
+function R.stats()
+  local n = 0
+  for _ in pairs(calls) do n = n + 1 end
+  return { calls_in_flight = n, tasks = live_tasks }
+end
+
+future.set_runtime(R)
+return R
