@@ -81,6 +81,15 @@ local function proc_handler(p)
     on_connected = function(info)
       p.state = "ready"
     end,
+    on_message = function(m)
+      if m[1] == MSG.PONG and p.pings and p.pings[m[2]] then
+        local cb = p.pings[m[2]]
+        p.pings[m[2]] = nil
+        cb()
+      elseif m[1] == MSG.ERROR then
+        p.close_reason = "proc refused the connection: " .. tostring(m[3])
+      end
+    end,
     on_closed = function(reason)
       if p.state == "connecting" then
         p.state = "dead"
@@ -458,6 +467,32 @@ function ProcMesh:on_failure(fn)
     p.listeners[#p.listeners + 1] = fn
   end
   return self
+end
+
+local next_ping = 0
+
+--- Pings every proc's I/O thread (answered even while a kernel runs).
+-- Returns a Future of a ValueMesh of round-trip seconds.
+function ProcMesh:ping()
+  local fut = require("monarch.future").new("ping")
+  local n, left, values = #self._procs, #self._procs, {}
+  local shape = self.shape
+  for i, p in ipairs(self._procs) do
+    if p.state ~= "ready" then
+      fut:fail(errors.new { kind = "proc_failed", rank = p.rank, host = p.host, pid = p.pid, message = "proc is " .. p.state })
+      return fut
+    end
+    next_ping = next_ping + 1
+    local t0 = runtime.now()
+    p.pings = p.pings or {}
+    p.pings[next_ping] = function()
+      values[i] = runtime.now() - t0
+      left = left - 1
+      if left == 0 then fut:resolve(value_mesh.new(shape, values, n)) end
+    end
+    core.send(p.conn, { 5, next_ping })
+  end
+  return fut
 end
 
 --- Stops the procs of this mesh.

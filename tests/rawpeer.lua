@@ -1,0 +1,121 @@
+-- rawpeer: a hand-driven peer for tests that speak the wire protocol badly
+-- on purpose. Raw TCP through LuaJIT's FFI, HMAC through libsodium, so a
+-- test can authenticate correctly and then misbehave.
+local ffi = require "ffi"
+ffi.cdef [[
+  typedef uint32_t socklen_t;
+  struct sockaddr_in { uint16_t sin_family; uint16_t sin_port; uint32_t sin_addr; char zero[8]; };
+  struct pollfd { int fd; short events; short revents; };
+  int socket(int, int, int);
+  int connect(int, const void *, socklen_t);
+  long send(int, const void *, size_t, int);
+  long recv(int, void *, size_t, int);
+  int poll(struct pollfd *, unsigned long, int);
+  int close(int);
+  int inet_pton(int, const char *, void *);
+  int sodium_init(void);
+  int crypto_generichash(unsigned char *, size_t, const unsigned char *, unsigned long long, const unsigned char *, size_t);
+  int crypto_auth_hmacsha256(unsigned char *, const unsigned char *, unsigned long long, const unsigned char *);
+]]
+local C = ffi.C
+local sodium = ffi.load("sodium")
+assert(sodium.sodium_init() >= 0)
+
+local M = {}
+local Peer = {}
+Peer.__index = Peer
+
+--- Connects to 127.0.0.1:port; returns a Peer or raises.
+function M.connect(port)
+  local fd = C.socket(2, 1, 0)
+  assert(fd >= 0, "socket failed")
+  local sa = ffi.new("struct sockaddr_in")
+  sa.sin_family = 2
+  sa.sin_port = bit.bor(bit.rshift(port, 8), bit.lshift(bit.band(port, 0xff), 8))
+  C.inet_pton(2, "127.0.0.1", ffi.cast("void *", ffi.cast("char *", sa) + 4))
+  assert(C.connect(fd, sa, ffi.sizeof(sa)) == 0, "connect failed")
+  return setmetatable({ fd = fd, buf = "" }, Peer)
+end
+
+function Peer:send(bytes)
+  return tonumber(C.send(self.fd, bytes, #bytes, 0x4000)) -- MSG_NOSIGNAL
+end
+
+--- Reads one frame body within timeout seconds; nil, "closed" | "timeout".
+function Peer:read_frame(timeout)
+  local deadline = os.clock() + (timeout or 2)
+  local tmp = ffi.new("char[65536]")
+  while true do
+    if #self.buf >= 4 then
+      local b1, b2, b3, b4 = self.buf:byte(1, 4)
+      local n = ((b1 * 256 + b2) * 256 + b3) * 256 + b4
+      if #self.buf >= 4 + n then
+        local body = self.buf:sub(5, 4 + n)
+        self.buf = self.buf:sub(5 + n)
+        return body
+      end
+    end
+    local pfd = ffi.new("struct pollfd", { fd = self.fd, events = 1 })
+    local r = C.poll(pfd, 1, math.max(0, math.floor((deadline - os.clock()) * 1000)))
+    if r == 0 then return nil, "timeout" end
+    local got = tonumber(C.recv(self.fd, tmp, 65536, 0))
+    if got <= 0 then return nil, "closed" end
+    self.buf = self.buf .. ffi.string(tmp, got)
+  end
+end
+
+--- True once the peer has closed the connection (within timeout seconds).
+function Peer:closed(timeout)
+  local body, why = self:read_frame(timeout or 2)
+  while body do body, why = self:read_frame(timeout or 2) end
+  return why == "closed"
+end
+
+function Peer:close() C.close(self.fd) end
+
+-- ---- encoding helpers (just what the tests need) ----------------------------
+
+function M.frame(body)
+  local n = #body
+  return string.char(bit.band(bit.rshift(n, 24), 255), bit.band(bit.rshift(n, 16), 255),
+    bit.band(bit.rshift(n, 8), 255), bit.band(n, 255)) .. body
+end
+
+function M.bin32(s)
+  assert(#s == 32)
+  return "\xc4\x20" .. s
+end
+
+--- Extracts the 32-byte nonce of a HELLO body: [1, version, bin32 nonce, role].
+function M.hello_nonce(body)
+  assert(body:byte(1) == 0x94 and body:byte(2) == 1, "not a HELLO")
+  local i = body:find("\xc4\x20", 3, true)
+  return body:sub(i + 2, i + 33)
+end
+
+local function mac(token, role, a, b)
+  local key = ffi.new("unsigned char[32]")
+  sodium.crypto_generichash(key, 32, token, #token, nil, 0)
+  local out = ffi.new("unsigned char[32]")
+  local msg = role .. a .. b
+  sodium.crypto_auth_hmacsha256(out, msg, #msg, key)
+  return ffi.string(out, 32)
+end
+
+--- AUTH frame answering a HELLO nonce with `token` (right or wrong).
+function M.auth_frame(token, server_nonce, client_nonce)
+  client_nonce = client_nonce or string.rep("n", 32)
+  return M.frame("\x94\x02\x01" .. M.bin32(client_nonce) .. M.bin32(mac(token, "c", server_nonce, client_nonce)))
+end
+
+--- Returns the error message of an ERROR body [4, code, msg], or nil.
+function M.error_message(body)
+  if not body or body:byte(2) ~= 4 then return nil end
+  local i = body:find("[\xa0-\xbf\xd9]", 4)
+  if not i then return "" end
+  local b = body:byte(i)
+  if b == 0xd9 then return body:sub(i + 2, i + 1 + body:byte(i + 1)) end
+  return body:sub(i + 1, i + b - 0xa0)
+end
+
+return M
