@@ -35,10 +35,13 @@ int mn_auth_load(mn_auth_t *a, const char *file, char *err, size_t errlen) {
     snprintf(err, errlen, "cannot read token file %s", file);
     return MN_EAUTH;
   }
-  char buf[MN_MAX_TOKEN + 2];
+  char buf[MN_MAX_TOKEN + 64];
   size_t n = fread(buf, 1, sizeof(buf), f);
+  int more = fgetc(f) != EOF;
   fclose(f);
-  while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r' || buf[n - 1] == ' ')) n--;
+  if (more) n = sizeof(buf); /* too long: rejected below */
+  /* Trailing whitespace is not part of the token (the Lua side trims the same way). */
+  while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r' || buf[n - 1] == ' ' || buf[n - 1] == '\t')) n--;
   if (n == 0 || n > MN_MAX_TOKEN) {
     snprintf(err, errlen, "token file %s is empty or longer than %d bytes", file, MN_MAX_TOKEN);
     return MN_EAUTH;

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 void mn_sock_nodelay(int fd) {
@@ -92,13 +93,22 @@ int mn_write_all(int fd, const void *p, size_t n) {
   return 0;
 }
 
-int64_t mn_read_frame(int fd, mn_buf_t *in, const char **body, int timeout_ms) {
+static int64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int64_t mn_read_frame(int fd, mn_buf_t *in, const char **body, size_t max, int timeout_ms) {
+  int64_t deadline = timeout_ms >= 0 ? now_ms() + timeout_ms : 0;
   for (;;) {
-    int64_t n = mn_frame_peek(in->data, in->len, MN_MAX_FRAME, body);
+    int64_t n = mn_frame_peek(in->data, in->len, max, body);
     if (n != MN_EAGAIN) return n;
     if (timeout_ms >= 0) {
       struct pollfd pfd = {.fd = fd, .events = POLLIN};
-      int r = poll(&pfd, 1, timeout_ms);
+      int64_t left = deadline - now_ms();
+      if (left <= 0) return MN_ETIMEDOUT;
+      int r = poll(&pfd, 1, (int)left);
       if (r == 0) return MN_ETIMEDOUT;
       if (r < 0 && errno != EINTR) return -errno;
       if (r < 0) continue;
@@ -118,6 +128,7 @@ int mn_parse_addr(const char *addr, char *host, size_t hostlen, int *port) {
   const char *colon = strrchr(addr, ':');
   char *end;
   if (colon == NULL || (size_t)(colon - addr) >= hostlen) return -EINVAL;
+  if (colon[1] < '0' || colon[1] > '9') return -EINVAL;
   long p = strtol(colon + 1, &end, 10);
   if (*end != '\0' || p < 0 || p > 65535 || end == colon + 1) return -EINVAL;
   memcpy(host, addr, (size_t)(colon - addr));

@@ -12,11 +12,12 @@ void mn_sock_nodelay(int fd);
 /* Writes all n bytes, retrying on EINTR and short writes; returns 0 or -errno. */
 int mn_write_all(int fd, const void *p, size_t n);
 /*
- * Reads until `in` holds one complete frame; returns its body length and
- * sets *body (pointing into in), or MN_ECLOSED / MN_ETIMEDOUT / MN_EFRAME /
- * -errno. The caller consumes MN_FRAME_HEADER + length bytes when done.
+ * Reads until `in` holds one complete frame of at most `max` bytes; returns
+ * its body length and sets *body (pointing into in), or MN_ECLOSED /
+ * MN_ETIMEDOUT (timeout_ms is a total, not per read) / MN_EFRAME / -errno.
+ * The caller consumes MN_FRAME_HEADER + length bytes when done.
  */
-int64_t mn_read_frame(int fd, mn_buf_t *in, const char **body, int timeout_ms);
+int64_t mn_read_frame(int fd, mn_buf_t *in, const char **body, size_t max, int timeout_ms);
 /* Splits "host:port"; returns 0 or -EINVAL. */
 int mn_parse_addr(const char *addr, char *host, size_t hostlen, int *port);
 

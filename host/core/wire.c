@@ -46,6 +46,7 @@ int mn_buf_reserve(mn_buf_t *b, size_t extra) {
 }
 
 int mn_buf_append(mn_buf_t *b, const void *p, size_t n) {
+  if (n == 0) return 0;
   if (mn_buf_reserve(b, n) != 0) return MN_ENOMEM;
   memcpy(b->data + b->len, p, n);
   b->len += n;
@@ -135,8 +136,11 @@ int mn_decode(const char *body, size_t len, msgpack_zone *zone, msgpack_object *
   size_t off = 0;
   msgpack_unpack_return r = msgpack_unpack(body, len, &off, zone, obj);
   if (r == MSGPACK_UNPACK_NOMEM_ERROR) {
-    snprintf(err, errlen, "out of memory decoding a %zu-byte frame", len);
-    return MN_ENOMEM;
+    /* msgpack-c reports its fixed parser stack (32 levels) running out as
+     * NOMEM; a frame that small is a nesting violation, not memory trouble. */
+    snprintf(err, errlen, "frame of %zu bytes nests deeper than MN_MAX_DEPTH (%d) or is too large to decode",
+             len, MN_MAX_DEPTH);
+    return MN_ELIMIT;
   }
   if (r != MSGPACK_UNPACK_SUCCESS && r != MSGPACK_UNPACK_EXTRA_BYTES) {
     snprintf(err, errlen, "frame of %zu bytes is not valid msgpack (or nests deeper than %d)",

@@ -40,7 +40,8 @@ static lctl_t *get_ctl(lua_State *L) {
 /* ---- Lua value -> msgpack --------------------------------------------------- */
 
 static void encode(lua_State *L, msgpack_packer *pk, int idx, int depth, int argn) {
-  if (depth > MN_MAX_DEPTH) luaL_error(L, "argument %d: tables nest deeper than %d", argn, MN_MAX_DEPTH);
+  /* The CALL array and its argument array take two of the frame's levels. */
+  if (depth > MN_MAX_DEPTH - 2) luaL_error(L, "argument %d: tables nest deeper than %d", argn, MN_MAX_DEPTH - 2);
   switch (lua_type(L, idx)) {
   case LUA_TNIL: msgpack_pack_nil(pk); break;
   case LUA_TBOOLEAN:
@@ -91,6 +92,7 @@ static void encode(lua_State *L, msgpack_packer *pk, int idx, int depth, int arg
       count++;
       lua_pop(L, 1);
     }
+    if (count > MN_MAX_ITEMS) luaL_error(L, "argument %d: table of %d entries exceeds MN_MAX_ITEMS", argn, (int)count);
     msgpack_pack_map(pk, count);
     lua_pushnil(L);
     while (lua_next(L, idx) != 0) {

@@ -58,16 +58,30 @@ static int api_error(mk_ctx_t *c, const char *fmt, ...) {
   X(c)->failed = 1;
   return -1;
 }
+/* The first request of a call reuses a cached block; later ones in the same
+ * call get blocks of their own, so every pointer stays valid until return. */
 static void *api_scratch(mk_ctx_t *c, size_t n) {
   mn_exec_t *x = X(c);
-  if (n > x->scratch_cap) {
-    void *p = NULL;
-    if (posix_memalign(&p, 64, n) != 0) return NULL;
-    free(x->scratch);
-    x->scratch = p;
-    x->scratch_cap = n;
+  void *p = NULL;
+  if (!x->scratch_used) {
+    if (n > x->scratch_cap) {
+      if (posix_memalign(&p, 64, n ? n : 64) != 0) return NULL;
+      free(x->scratch);
+      x->scratch = p;
+      x->scratch_cap = n;
+    }
+    x->scratch_used = 1;
+    return x->scratch;
   }
-  return x->scratch;
+  if (x->nextra == MN_MAX_SCRATCH || posix_memalign(&p, 64, n ? n : 64) != 0) return NULL;
+  x->extra[x->nextra++] = p;
+  return p;
+}
+
+static void scratch_release(mn_exec_t *x) {
+  for (int i = 0; i < x->nextra; i++) free(x->extra[i]);
+  x->nextra = 0;
+  x->scratch_used = 0;
 }
 static int api_cancelled(mk_ctx_t *c) { return atomic_load(X(c)->cancel) != 0; }
 
@@ -76,8 +90,18 @@ static const mk_api_t api = {api_nil, api_bool, api_int, api_number, api_string,
 
 /* ---- replies ------------------------------------------------------------ */
 
+static void reply_err(mn_exec_t *x, uint64_t seq, const char *kind, const char *kernel,
+                      size_t klen, const char *msg);
+
 /* [RESULT, seq, true, [values...]] from the packed results in x->rbuf. */
-static void reply_ok(mn_exec_t *x, uint64_t seq) {
+static void reply_ok(mn_exec_t *x, uint64_t seq, const char *kernel, size_t klen) {
+  if (x->rbuf.len > MN_MAX_FRAME - 64) {
+    char msg[160];
+    snprintf(msg, sizeof(msg), "results of %zu bytes do not fit in one frame (MN_MAX_FRAME is %u)",
+             x->rbuf.len, MN_MAX_FRAME);
+    reply_err(x, seq, "kernel", kernel, klen, msg);
+    return;
+  }
   msgpack_packer pk;
   msgpack_packer_init(&pk, &x->out, mn_buf_write_cb);
   size_t start = mn_frame_begin(&x->out);
@@ -200,7 +224,9 @@ static int convert_arg(mn_exec_t *x, const msgpack_object *o, char want, int i, 
     ok = a->type == MK_ARG_NUMBER;
     break;
   case 'i':
-    if (a->type == MK_ARG_NUMBER && a->v.num == (double)(int64_t)a->v.num) {
+    /* Range check first: casting NaN or a huge double to int64 is undefined. */
+    if (a->type == MK_ARG_NUMBER && a->v.num >= -9.2e18 && a->v.num <= 9.2e18 &&
+        a->v.num == (double)(int64_t)a->v.num) {
       a->type = MK_ARG_INT; a->v.i = (int64_t)a->v.num;
     }
     ok = a->type == MK_ARG_INT;
@@ -314,12 +340,22 @@ static int run_builtin(mn_exec_t *x, mk_ctx_t *ctx, const char *name, size_t nl,
     return 0;
   }
   if (IS("__tensor_fetch") || IS("__tensor_put")) {
-    mk_tensor_t *t = get_arg_u64(args, 0, &id) == 0 ? mn_tensor_get(&x->reg, id) : NULL;
+    if (get_arg_u64(args, 0, &id) != 0) {
+      snprintf(err, errlen, "%.*s takes a tensor (or tensor id) first", (int)nl, name);
+      return -1;
+    }
+    mk_tensor_t *t = mn_tensor_get(&x->reg, id);
     if (t == NULL) {
       snprintf(err, errlen, "tensor %llu does not exist on this proc", (unsigned long long)id);
       return -1;
     }
-    if (IS("__tensor_fetch")) return api_bytes(ctx, t->data, t->nbytes);
+    if (IS("__tensor_fetch")) {
+      if (t->nbytes > MN_MAX_FRAME - 64) {
+        snprintf(err, errlen, "tensor of %zu bytes is larger than one frame (MN_MAX_FRAME)", t->nbytes);
+        return -1;
+      }
+      return api_bytes(ctx, t->data, t->nbytes);
+    }
     if (mn_get_bin(args, 1, &s, &sl) != 0 && mn_get_str(args, 1, &s, &sl) != 0) {
       snprintf(err, errlen, "__tensor_put takes (tensor, bytes)");
       return -1;
@@ -374,6 +410,7 @@ void mn_exec_close(mn_exec_t *x) {
   mn_registry_close(&x->reg);
   mn_buf_free(&x->out);
   mn_buf_free(&x->rbuf);
+  scratch_release(x);
   free(x->scratch);
   msgpack_zone_destroy(&x->zone);
 }
@@ -431,7 +468,7 @@ int mn_exec_frame(mn_exec_t *x, const char *body, size_t len) {
     if (run_builtin(x, &ctx, kname, kl, args, err, sizeof(err)) != 0 || x->failed)
       reply_err(x, seq, "bad_args", kname, kl, err[0] ? err : x->errmsg);
     else
-      reply_ok(x, seq);
+      reply_ok(x, seq, kname, kl);
     return 0;
   }
   const mk_kernel_t *k = mn_registry_find(&x->reg, kname, kl);
@@ -449,9 +486,10 @@ int mn_exec_frame(mn_exec_t *x, const char *body, size_t len) {
   x->running = k->name;
   rc = k->fn(&ctx, (int)args->via.array.size, argv);
   x->running = NULL;
+  scratch_release(x);
   if (rc != 0 || x->failed)
     reply_err(x, seq, "kernel", kname, kl, x->errmsg[0] ? x->errmsg : "kernel failed without a message");
   else
-    reply_ok(x, seq);
+    reply_ok(x, seq, kname, kl);
   return 0;
 }

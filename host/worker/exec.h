@@ -13,6 +13,7 @@
 
 #define MN_MAX_RESULTS 4096 /* most values one kernel may return */
 #define MN_MAX_ERRMSG 1024  /* longest error message a kernel may set */
+#define MN_MAX_SCRATCH 16   /* most scratch blocks one kernel call may hold */
 
 typedef struct {
   mn_registry_t reg;
@@ -25,8 +26,11 @@ typedef struct {
   uint32_t nresults;
   int failed;
   char errmsg[MN_MAX_ERRMSG];
-  void *scratch;
+  void *scratch;          /* cached first scratch block */
   size_t scratch_cap;
+  int scratch_used;
+  void *extra[MN_MAX_SCRATCH];
+  int nextra;
   atomic_int *cancel;     /* set by the I/O thread when work should stop */
   uint64_t last_seq;      /* highest CALL sequence number executed */
   msgpack_zone zone;
@@ -41,5 +45,7 @@ void mn_exec_close(mn_exec_t *x);
  * connection should be closed after the ERROR is written.
  */
 int mn_exec_frame(mn_exec_t *x, const char *body, size_t len);
+/* Starts a new controller session: CALL sequence numbers restart at 1. */
+static inline void mn_exec_new_session(mn_exec_t *x) { x->last_seq = 0; }
 
 #endif

@@ -32,6 +32,7 @@
 
 typedef struct item_s {
   struct item_s *next;
+  unsigned gen; /* session the call arrived on */
   size_t len;
   char data[];
 } item_t;
@@ -46,6 +47,7 @@ typedef struct {
   int stop;
   pthread_mutex_t wlock;    /* serializes writes to fd */
   int fd;                   /* the controller connection, -1 when none */
+  unsigned gen;             /* session number of fd; bumped per connection, under wlock */
   atomic_int cancel;
   mn_exec_t exec;
   long spin_ns;
@@ -57,10 +59,11 @@ static int64_t now_ns(void) {
   return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-/* Writes bytes to the current connection; drops them when there is none. */
-static void send_bytes(proc_t *p, const char *data, size_t n) {
+/* Writes bytes to session `gen`'s connection; drops them if that session is over,
+ * so a late result never reaches a controller that did not ask for it. */
+static void send_bytes(proc_t *p, unsigned gen, const char *data, size_t n) {
   pthread_mutex_lock(&p->wlock);
-  if (p->fd >= 0 && mn_write_all(p->fd, data, n) != 0) {
+  if (p->fd >= 0 && p->gen == gen && mn_write_all(p->fd, data, n) != 0) {
     /* The reader sees the broken connection too and handles it. */
     shutdown(p->fd, SHUT_RDWR);
   }
@@ -83,25 +86,41 @@ static item_t *take_all(proc_t *p) {
   return all;
 }
 
+static unsigned current_gen(proc_t *p) {
+  pthread_mutex_lock(&p->wlock);
+  unsigned g = p->gen;
+  pthread_mutex_unlock(&p->wlock);
+  return g;
+}
+
 static void *executor(void *arg) {
   proc_t *p = arg;
   mn_exec_t *x = &p->exec;
+  unsigned xgen = 0; /* session whose sequence numbers x tracks */
   for (;;) {
     item_t *it = take_all(p);
     if (it == NULL) break;
     while (it != NULL) {
       item_t *next = it->next;
-      int rc = mn_exec_frame(x, it->data, it->len);
+      int rc = 0;
+      if (it->gen != xgen) {
+        /* A new controller session: drop what the old one left unflushed. */
+        x->out.len = 0;
+        mn_exec_new_session(x);
+        xgen = it->gen;
+      }
+      /* Calls of a session that already ended have nobody to answer to. */
+      if (it->gen == current_gen(p)) rc = mn_exec_frame(x, it->data, it->len);
       free(it);
       it = next;
       /* Flush when the burst is done, when the batch is large, or before closing. */
       if (it == NULL || x->out.len > (1u << 18) || rc < 0) {
-        send_bytes(p, x->out.data, x->out.len);
+        send_bytes(p, xgen, x->out.data, x->out.len);
         x->out.len = 0;
       }
       if (rc < 0) {
         pthread_mutex_lock(&p->wlock);
-        if (p->fd >= 0) shutdown(p->fd, SHUT_RDWR);
+        if (p->fd >= 0 && p->gen == xgen) shutdown(p->fd, SHUT_RDWR);
         pthread_mutex_unlock(&p->wlock);
       }
     }
@@ -122,7 +141,7 @@ static void enqueue(proc_t *p, item_t *first, item_t *last, size_t bytes, int n)
 }
 
 /* Answers a PING inline: body is [5, id]. */
-static int try_pong(proc_t *p, const char *body, size_t len) {
+static int try_pong(proc_t *p, unsigned gen, const char *body, size_t len) {
   if (len < 2 || (unsigned char)body[0] != 0x92 || body[1] != MN_MSG_PING) return 0;
   char frame[32];
   if (len - 2 > sizeof(frame) - 6) return 0;
@@ -130,23 +149,27 @@ static int try_pong(proc_t *p, const char *body, size_t len) {
   frame[5] = MN_MSG_PONG;
   memcpy(frame + 6, body + 2, len - 2);
   mn_put_be32(frame, (uint32_t)len);
-  send_bytes(p, frame, len + 4);
+  send_bytes(p, gen, frame, len + 4);
   return 1;
 }
 
-/* Serves one authenticated connection until it closes. */
-static void serve(proc_t *p, int fd) {
-  mn_buf_t in;
-  mn_buf_init(&in);
+/* Serves one authenticated connection until it closes; `in` may already
+ * hold bytes that arrived right behind the handshake. */
+static void serve(proc_t *p, int fd, unsigned gen, mn_buf_t *inbuf) {
+  mn_buf_t in = *inbuf;
+  int pending = in.len > 0;
   for (;;) {
-    if (mn_buf_reserve(&in, 256 * 1024) != 0) break;
-    ssize_t r = recv(fd, in.data + in.len, in.cap - in.len, 0);
-    if (r == 0) break;
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      break;
+    if (!pending) {
+      if (mn_buf_reserve(&in, 256 * 1024) != 0) break;
+      ssize_t r = recv(fd, in.data + in.len, in.cap - in.len, 0);
+      if (r == 0) break;
+      if (r < 0) {
+        if (errno == EINTR) continue;
+        break;
+      }
+      in.len += (size_t)r;
     }
-    in.len += (size_t)r;
+    pending = 0;
     size_t off = 0;
     item_t *first = NULL, *last = NULL;
     size_t bytes = 0;
@@ -161,15 +184,16 @@ static void serve(proc_t *p, int fd) {
         mn_buf_init(&e);
         snprintf(msg, sizeof(msg), "frame length exceeds MN_MAX_FRAME (%u bytes) or is zero", MN_MAX_FRAME);
         mn_pack_error(&e, MN_EFRAME, msg);
-        send_bytes(p, e.data, e.len);
+        send_bytes(p, gen, e.data, e.len);
         mn_buf_free(&e);
         goto out;
       }
       off += MN_FRAME_HEADER + (size_t)len;
-      if (try_pong(p, body, (size_t)len)) continue;
+      if (try_pong(p, gen, body, (size_t)len)) continue;
       item_t *it = malloc(sizeof(*it) + (size_t)len);
       if (it == NULL) goto out;
       it->next = NULL;
+      it->gen = gen;
       it->len = (size_t)len;
       memcpy(it->data, body, (size_t)len);
       if (last) last->next = it;
@@ -182,31 +206,39 @@ static void serve(proc_t *p, int fd) {
     mn_buf_consume(&in, off);
   }
 out:
-  mn_buf_free(&in);
+  *inbuf = in;
 }
 
-/* Runs the server side of the handshake on a fresh connection; 0 when authenticated. */
-static int handshake(const mn_auth_t *auth, int fd) {
+/*
+ * Runs the server side of the handshake on a fresh connection; 0 when
+ * authenticated. Bytes after the AUTH frame stay in `in` for serve().
+ */
+static int handshake(const mn_auth_t *auth, int fd, mn_buf_t *in) {
   uint8_t ns[MN_NONCE_LEN], nc[MN_NONCE_LEN];
-  mn_buf_t out, in;
+  mn_buf_t out;
   msgpack_zone zone;
   msgpack_object msg;
   char err[256];
   const char *body;
   int rc = -1;
   mn_buf_init(&out);
-  mn_buf_init(&in);
   if (!msgpack_zone_init(&zone, 1024)) return -1;
   mn_hs_hello(&out, "proc", ns);
   if (mn_write_all(fd, out.data, out.len) != 0) goto done;
   out.len = 0;
-  int64_t n = mn_read_frame(fd, &in, &body, MN_HANDSHAKE_TIMEOUT_MS);
-  if (n < 0) goto done;
-  /* A HELLO-sized exchange only: anything big before auth is refused. */
-  if (n > 4096 || mn_decode(body, (size_t)n, &zone, &msg, err, sizeof(err)) != 0 ||
-      mn_hs_check_auth(auth, &msg, ns, nc, err, sizeof(err)) != 0) {
-    if (n > 4096) snprintf(err, sizeof(err), "handshake frame too large");
-    mn_pack_error(&out, MN_EAUTH, err);
+  /* Only a HELLO-sized frame is read before authentication. */
+  int64_t n = mn_read_frame(fd, in, &body, 4096, MN_HANDSHAKE_TIMEOUT_MS);
+  if (n == MN_ECLOSED || n < 0) {
+    if (n == MN_ETIMEDOUT) mn_pack_error(&out, MN_ETIMEDOUT, "handshake not completed in time");
+    else if (n == MN_EFRAME) mn_pack_error(&out, MN_EFRAME, "handshake frame too large");
+    if (out.len > 0 && mn_write_all(fd, out.data, out.len) != 0) goto done;
+    goto done;
+  }
+  int code = mn_decode(body, (size_t)n, &zone, &msg, err, sizeof(err));
+  if (code == 0) code = mn_hs_check_auth(auth, &msg, ns, nc, err, sizeof(err));
+  mn_buf_consume(in, MN_FRAME_HEADER + (size_t)n);
+  if (code != 0) {
+    mn_pack_error(&out, code, err);
     if (mn_write_all(fd, out.data, out.len) != 0) goto done;
     goto done;
   }
@@ -214,7 +246,6 @@ static int handshake(const mn_auth_t *auth, int fd) {
   rc = mn_write_all(fd, out.data, out.len) == 0 ? 0 : -1;
 done:
   mn_buf_free(&out);
-  mn_buf_free(&in);
   msgpack_zone_destroy(&zone);
   return rc;
 }
@@ -267,15 +298,20 @@ int mn_proc_main(const mn_proc_opts_t *o) {
     int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
     if (fd < 0) continue;
     mn_sock_nodelay(fd);
-    if (handshake(&auth, fd) != 0) {
+    mn_buf_t in;
+    mn_buf_init(&in);
+    if (handshake(&auth, fd, &in) != 0) {
+      mn_buf_free(&in);
       close(fd);
       continue;
     }
     pthread_mutex_lock(&p->wlock);
     p->fd = fd;
+    unsigned gen = ++p->gen;
     pthread_mutex_unlock(&p->wlock);
     atomic_store(&p->cancel, 0);
-    serve(p, fd);
+    serve(p, fd, gen, &in);
+    mn_buf_free(&in);
     pthread_mutex_lock(&p->wlock);
     p->fd = -1;
     close(fd);

@@ -89,10 +89,11 @@ const mk_kernel_t *mn_registry_find(const mn_registry_t *r, const char *name, si
   return NULL;
 }
 
-/* Finds the file for a library name; returns a malloc'd path or NULL. */
+/* Finds the file for a library name; returns a malloc'd canonical path (so
+ * two spellings of one file load it once) or NULL. */
 static char *locate(const mn_registry_t *r, const char *name) {
   char path[4096];
-  if (strchr(name, '/') != NULL) return access(name, R_OK) == 0 ? strdup(name) : NULL;
+  if (strchr(name, '/') != NULL) return access(name, R_OK) == 0 ? realpath(name, NULL) : NULL;
   const char *env = getenv("MONARCH_KERNEL_PATH");
   if (env != NULL) {
     const char *p = env;
@@ -101,14 +102,14 @@ static char *locate(const mn_registry_t *r, const char *name) {
       size_t n = colon ? (size_t)(colon - p) : strlen(p);
       if (n > 0) {
         snprintf(path, sizeof(path), "%.*s/%s.so", (int)n, p, name);
-        if (access(path, R_OK) == 0) return strdup(path);
+        if (access(path, R_OK) == 0) return realpath(path, NULL);
       }
       p += n + (colon ? 1 : 0);
     }
   }
   if (r->prefix != NULL) {
     snprintf(path, sizeof(path), "%s/lib/monarch/%s.so", r->prefix, name);
-    if (access(path, R_OK) == 0) return strdup(path);
+    if (access(path, R_OK) == 0) return realpath(path, NULL);
   }
   return NULL;
 }
@@ -191,8 +192,10 @@ const char *mn_dtype_name(mk_dtype_t d) {
 
 static size_t slot_of(uint64_t id, size_t cap) { return (size_t)(id * 0x9E3779B97F4A7C15ull) & (cap - 1); }
 
+/* Rehashes into a table sized for the live tensors, dropping freed slots. */
 static int grow_tensors(mn_registry_t *r) {
-  size_t cap = r->tcap ? r->tcap * 2 : 256;
+  size_t cap = 256;
+  while (cap < (r->ntensors + 1) * 4) cap *= 2;
   mk_tensor_t **s = calloc(cap, sizeof(*s));
   if (s == NULL) return -1;
   for (size_t i = 0; i < r->tcap; i++) {
@@ -205,6 +208,7 @@ static int grow_tensors(mn_registry_t *r) {
   free(r->tslots);
   r->tslots = s;
   r->tcap = cap;
+  r->ntombs = 0;
   return 0;
 }
 
@@ -240,7 +244,7 @@ mk_tensor_t *mn_tensor_new(mn_registry_t *r, uint64_t id, mk_dtype_t dtype, int 
     snprintf(err, errlen, "MN_MAX_TENSORS (%d) tensors already live on this proc", MN_MAX_TENSORS);
     return NULL;
   }
-  if ((r->ntensors + 1) * 2 > r->tcap && grow_tensors(r) != 0) goto nomem;
+  if ((r->ntensors + r->ntombs + 1) * 2 > r->tcap && grow_tensors(r) != 0) goto nomem;
   mk_tensor_t *t = calloc(1, sizeof(*t));
   if (t == NULL) goto nomem;
   t->nbytes = (size_t)numel * mk_dtype_size(dtype);
@@ -258,6 +262,7 @@ mk_tensor_t *mn_tensor_new(mn_registry_t *r, uint64_t id, mk_dtype_t dtype, int 
   t->id = id;
   size_t j = slot_of(id, r->tcap);
   while (r->tslots[j] != NULL && r->tslots[j] != TOMB(r)) j = (j + 1) & (r->tcap - 1);
+  if (r->tslots[j] == TOMB(r)) r->ntombs--;
   r->tslots[j] = t;
   r->ntensors++;
   r->tensor_bytes += t->nbytes;
@@ -279,6 +284,7 @@ int mn_tensor_free(mn_registry_t *r, uint64_t id) {
       free(t);
       r->tslots[j] = TOMB(r);
       r->ntensors--;
+      r->ntombs++;
       return 0;
     }
   }

@@ -26,6 +26,7 @@ typedef struct {
   mk_tensor_t **tslots;  /* id -> tensor, open addressing keyed by id */
   size_t tcap;
   size_t ntensors;
+  size_t ntombs;         /* freed slots, counted so lookups never scan a full table */
   size_t tensor_bytes;
   const char *prefix;    /* install prefix, for lib/monarch */
 } mn_registry_t;

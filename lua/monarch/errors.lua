@@ -9,7 +9,7 @@ MonarchError.__tostring = function(e)
   local where = {}
   if e.rank then where[#where + 1] = "rank " .. tostring(e.rank) end
   if e.host then where[#where + 1] = "host " .. tostring(e.host) end
-  if e.pid and e.pid > 0 then where[#where + 1] = "pid " .. string.format("%d", e.pid) end
+  if type(e.pid) == "number" and e.pid > 0 then where[#where + 1] = "pid " .. string.format("%d", e.pid) end
   local s = "monarch: " .. tostring(e.kind)
   if e.kernel then s = s .. " in '" .. tostring(e.kernel) .. "'" end
   if #where > 0 then s = s .. " on " .. table.concat(where, ", ") end

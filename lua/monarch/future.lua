@@ -36,7 +36,11 @@ function Future:_wake()
   local cbs = self._callbacks
   self._callbacks = nil
   if cbs then
-    for _, cb in ipairs(cbs) do cb(self) end
+    -- One failing callback must not starve the others (a waiting task among them).
+    for _, cb in ipairs(cbs) do
+      local ok, err = pcall(cb, self)
+      if not ok then runtime.unhandled(err) end
+    end
   end
 end
 
@@ -55,6 +59,7 @@ function Future:done() return self.state ~= "pending" end
 --- Value or error without raising: ok, value_or_error.
 function Future:result()
   if self.state == "pending" then return nil, "pending" end
+  self.observed = true
   if self.state == "ok" then return true, self.value end
   return false, self.err
 end
@@ -68,8 +73,12 @@ end
 --- Waits for the value. timeout (seconds) bounds the wait, not the call:
 -- a get that times out raises a "timeout" error and the call goes on.
 function Future:get(timeout)
-  if self.state == "pending" then
-    if runtime.in_task() then return self:await() end
+  if self.state == "pending" and runtime.in_task() then
+    if not runtime.wait_for(self, timeout) then
+      error(errors.new { kind = "timeout", message = string.format("%s not done after %gs (get timeout; the call continues)",
+        self.what or "future", timeout) }, 2)
+    end
+  elseif self.state == "pending" then
     local deadline = timeout and runtime.now() + timeout
     while self.state == "pending" do
       local left = deadline and deadline - runtime.now()

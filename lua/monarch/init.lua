@@ -23,7 +23,7 @@ local function read_file(path)
   if not f then return nil end
   local s = f:read("*a")
   f:close()
-  return (s:gsub("%s+$", ""))
+  return (s:gsub("[ \t\r\n]+$", "")) -- trimmed like auth.c trims token files
 end
 
 local function token_from_env()
@@ -99,12 +99,9 @@ end
 
 --- Sleeps s seconds while the loop runs (yields inside a task).
 function M.sleep(s)
+  if type(s) ~= "number" or s < 0 then error("monarch.sleep wants a non-negative number of seconds", 2) end
   local f = future.new("sleep")
-  local deadline = runtime.now() + s
-  local stop
-  stop = runtime.tick(function(now)
-    if now >= deadline then stop() f:resolve(true) end
-  end)
+  runtime.at(runtime.now() + s, function() f:resolve(true) end)
   return f:await()
 end
 

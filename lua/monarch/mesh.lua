@@ -37,10 +37,10 @@ local function describe_exit(p)
 end
 
 local function finalize_death(p)
-  if p.state == "dead" then return end
+  if p.state == "dead" or p.state == "stopped" then return end
   dying[p] = nil
-  p.state = "dead"
-  p.cause = describe_exit(p)
+  p.state = p.stopping and "stopped" or "dead"
+  p.cause = p.stopping and "stopped by the script" or describe_exit(p)
   local pending = core.take_pending(p.conn)
   core.disconnect(p.conn, "proc died")
   local first_kernel
@@ -59,6 +59,7 @@ local function finalize_death(p)
     kind = "proc_failed", rank = p.rank, host = p.host, pid = p.pid, cause = p.cause, kernel = first_kernel,
     message = "proc " .. p.cause .. (first_kernel and (" while running '" .. first_kernel .. "'") or ""),
   }
+  if p.stopping then return end
   local handled = false
   for _, fn in ipairs(p.listeners or {}) do
     handled = true
@@ -87,7 +88,7 @@ local function proc_handler(p)
         p.pings[m[2]] = nil
         cb()
       elseif m[1] == MSG.ERROR then
-        p.close_reason = "proc refused the connection: " .. tostring(m[3])
+        p.refused = "proc refused the connection: " .. tostring(m[3])
       end
     end,
     on_closed = function(reason)
@@ -97,7 +98,7 @@ local function proc_handler(p)
       elseif p.state == "ready" then
         p.state = "dying"
         p.closed_at = runtime.now()
-        p.close_reason = "connection lost: " .. tostring(reason)
+        p.close_reason = p.refused or ("connection lost: " .. tostring(reason))
         dying[p] = true
       end
     end,
@@ -208,13 +209,16 @@ local function parse_dims(spec)
     end
   end
   if #names == 0 then names, sizes = { "procs" }, { 1 } end
+  local per_host = 1
   for i, n in ipairs(names) do
     if n == "hosts" then error("spawn_procs: 'hosts' is the host dimension; name yours differently", 4) end
     local s = sizes[i]
     if type(s) ~= "number" or s < 1 or s ~= math.floor(s) or s > 4096 then
       error("spawn_procs: dimension '" .. n .. "' wants an integer size 1..4096, got " .. tostring(s), 4)
     end
+    per_host = per_host * s
   end
+  if per_host > 4096 then error("spawn_procs: " .. per_host .. " procs per host exceeds the agent's limit of 4096", 4) end
   return names, sizes
 end
 
@@ -407,7 +411,7 @@ function ProcMesh:call_one(kernel, ...)
 end
 
 --- Calls kernel(...) on every proc without waiting for results. A failure
--- stops the script at its next wait unless handled by mesh:on_failure.
+-- stops the script at its next wait (use call() to handle errors yourself).
 function ProcMesh:broadcast(kernel, ...)
   check_kernel(kernel, 2)
   tensor.flush_frees()
@@ -437,18 +441,29 @@ end
 -- A failed proc raises its error from the loop.
 function ProcMesh:stream(kernel, ...)
   check_kernel(kernel, 2)
-  local queue, head, total, seen = {}, 1, #self._procs, 0
-  local shape = self.shape
-  self:_submit(kernel, { ... }, select("#", ...), {
-    on_slot = function(slot, ok, v) queue[#queue + 1] = { slot, ok, v } end,
+  local queue, head, tail, total, seen = {}, 1, 0, #self._procs, 0
+  local fut = self:_submit(kernel, { ... }, select("#", ...), {
+    on_slot = function(slot, ok, v)
+      tail = tail + 1
+      queue[tail] = { slot, ok, v }
+    end,
   })
+  local shape = self.shape
   return function()
     if seen == total then return nil end
-    while queue[head] == nil do runtime.pump(nil) end
+    while head > tail do
+      -- A call timeout fails the future without delivering the missing slots.
+      if fut.state == "error" and fut.err.kind == "timeout" then
+        seen = total
+        error(fut.err, 2)
+      end
+      runtime.pump(nil)
+    end
     local e = queue[head]
     queue[head] = nil
     head = head + 1
     seen = seen + 1
+    if seen == total then fut.observed = true end
     if not e[2] then error(e[3], 2) end
     return shape:coords(e[1]), e[3]
   end
@@ -498,7 +513,10 @@ end
 --- Stops the procs of this mesh.
 function ProcMesh:stop()
   for _, p in ipairs(self._procs) do
-    if p.state ~= "dead" and p.agent.state == "ready" then core.send(p.agent.conn, { MSG.KILL, p.pid, 15 }) end
+    if p.state == "ready" and p.agent.state == "ready" then
+      p.stopping = true
+      core.send(p.agent.conn, { MSG.KILL, p.pid, 15 })
+    end
   end
 end
 

@@ -42,6 +42,33 @@ function R.tick(fn)
   return function() tickers[fn] = nil end
 end
 
+local timers = {}         -- { at = seconds, fn = function } run by pump when due
+
+--- Runs fn() once, at `at` seconds (runtime.now() clock); pump wakes for it.
+-- Returns a function that cancels it.
+function R.at(at, fn)
+  local t = { at = at, fn = fn }
+  timers[t] = true
+  return function() timers[t] = nil end
+end
+
+local function run_timers(now)
+  local due
+  for t in pairs(timers) do
+    if t.at <= now then
+      due = due or {}
+      due[#due + 1] = t
+    end
+  end
+  if due then
+    table.sort(due, function(a, b) return a.at < b.at end)
+    for _, t in ipairs(due) do
+      timers[t] = nil
+      t.fn()
+    end
+  end
+end
+
 --- Queues a failure that nobody waits for; the next pump raises it.
 function R.unhandled(err) unhandled[#unhandled + 1] = err end
 
@@ -123,7 +150,7 @@ function R.submit(procs, kernel, args, nargs, opts)
       local p = procs[i]
       slot_done(rec, i, false, errors.new {
         kind = "proc_failed", kernel = kernel, rank = p.rank, host = p.host, pid = p.pid,
-        message = "proc is " .. (p.state == "dead" and "dead" or p.state) .. (p.cause and (" (" .. p.cause .. ")") or ""),
+        message = "proc is " .. p.state .. (p.cause and (" (" .. p.cause .. ")") or ""),
         cause = p.cause,
       })
     end
@@ -170,6 +197,9 @@ local function next_deadline()
   for _, rec in ipairs(timed) do
     if not rec.done and (not d or rec.deadline < d) then d = rec.deadline end
   end
+  for t in pairs(timers) do
+    if not d or t.at < d then d = t.at end
+  end
   return d
 end
 
@@ -213,11 +243,22 @@ function R.spawn(fn, ...)
   return f
 end
 
---- Suspends the running task until fut is done.
-function R.wait_for(fut)
+--- Suspends the running task until fut is done, or until `timeout`
+-- seconds pass (then returns false with fut still pending).
+function R.wait_for(fut, timeout)
   local t = task_of[coroutine.running()]
-  fut:on_done(function() ready[#ready + 1] = t end)
+  local woken = false
+  local function wake()
+    if not woken then
+      woken = true
+      ready[#ready + 1] = t
+    end
+  end
+  local cancel = timeout and R.at(R.now() + timeout, wake)
+  fut:on_done(wake)
   coroutine.yield()
+  if cancel then cancel() end
+  return fut.state ~= "pending"
 end
 
 local function run_ready()
@@ -276,6 +317,7 @@ function R.pump(timeout)
   dispatch(n)
   now = R.now()
   for fn in pairs(tickers) do fn(now) end
+  run_timers(now)
   check_deadlines(now)
   run_ready()
   if #unhandled > 0 then
@@ -284,10 +326,18 @@ function R.pump(timeout)
   end
 end
 
---- Runs the loop until every task has finished; raises the first task
--- failure nobody observed.
+local function calls_outstanding()
+  for _, rec in pairs(calls) do
+    if not rec.done then return true end
+  end
+  return false
+end
+
+--- Runs the loop until every task has finished and every call sent has
+-- been answered (broadcasts included: no work is dropped at exit); raises
+-- the first failure nobody observed.
 function R.drain_tasks()
-  while live_tasks > 0 do R.pump(nil) end
+  while live_tasks > 0 or calls_outstanding() do R.pump(nil) end
   for _, f in ipairs(tasks) do
     if f.state == "error" and not f.observed then
       f.observed = true

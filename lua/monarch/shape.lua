@@ -18,7 +18,9 @@ function M.new(names, sizes)
       error("shape: dimension '" .. n .. "' needs a positive integer size, got " .. tostring(s), 2)
     end
   end
-  return setmetatable({ names = names, sizes = sizes }, Shape)
+  local n, z = {}, {}
+  for i = 1, #names do n[i], z[i] = names[i], sizes[i] end
+  return setmetatable({ names = n, sizes = z }, Shape)
 end
 
 --- Number of elements.
@@ -54,6 +56,8 @@ function Shape:index(coords)
   for k in pairs(coords) do
     if type(k) == "string" and not self:dim(k) then
       error("no dimension named '" .. k .. "' in " .. tostring(self), 3)
+    elseif type(k) == "number" and (k < 1 or k > #self.names) then
+      error(string.format("%d coordinates given for a shape of %d dimensions %s", #coords, #self.names, tostring(self)), 3)
     end
   end
   return idx + 1
@@ -61,6 +65,9 @@ end
 
 --- Coordinates {name = i} of a flat 1-based index.
 function Shape:coords(index)
+  if type(index) ~= "number" or index < 1 or index > self:size() or index ~= math.floor(index) then
+    error(string.format("flat index %s is outside 1..%d", tostring(index), self:size()), 2)
+  end
   local c, rem = {}, index - 1
   for d = #self.names, 1, -1 do
     c[self.names[d]] = rem % self.sizes[d]
@@ -87,7 +94,8 @@ function Shape:slice(spec)
       keep[d] = { s, s + 1, true }
     elseif type(s) == "table" then
       local from, to = s[1] or 0, s[2] or size
-      if from < 0 or to > size or from >= to then
+      if type(from) ~= "number" or type(to) ~= "number" or from ~= math.floor(from) or to ~= math.floor(to)
+          or from < 0 or to > size or from >= to then
         error(string.format("slice: %s = {%s, %s} is not a non-empty range within 0..%d", name,
           tostring(s[1]), tostring(s[2]), size), 3)
       end

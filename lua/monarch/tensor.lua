@@ -20,15 +20,43 @@ M.dtypes = {
 
 local HostTensor = {}
 local host_methods = {}
+-- f16 and bf16 are stored as raw 16-bit patterns; reads convert them to numbers.
+local function half_to_number(h)
+  local sign = bit.band(h, 0x8000) ~= 0 and -1 or 1
+  local e, m = bit.band(bit.rshift(h, 10), 0x1f), bit.band(h, 0x3ff)
+  if e == 0 then return sign * m * 2 ^ -24 end
+  if e == 31 then return m == 0 and sign * math.huge or 0 / 0 end
+  return sign * (1 + m / 1024) * 2 ^ (e - 15)
+end
+
+local bf16_buf = ffi.new("union { uint32_t u; float f; }")
+local function bf16_to_number(h)
+  bf16_buf.u = bit.lshift(h, 16)
+  return tonumber(bf16_buf.f)
+end
+
+local function read(t, i)
+  local v = t.data[i]
+  if t.dtype == "f16" then return half_to_number(v) end
+  if t.dtype == "bf16" then return bf16_to_number(v) end
+  return tonumber(v) -- i64 beyond 2^53 loses precision here; read t.data for exact values
+end
+
+local function check_index(t, k)
+  if type(k) ~= "number" or k < 1 or k > t.numel or k ~= math.floor(k) then
+    error(string.format("host tensor index %s is outside 1..%d", tostring(k), t.numel), 3)
+  end
+end
+
 HostTensor.__index = function(t, k)
   if type(k) == "number" then
-    if k < 1 or k > t.numel then error(string.format("index %d outside 1..%d", k, t.numel), 2) end
-    return tonumber(t.data[k - 1])
+    check_index(t, k)
+    return read(t, k - 1)
   end
   return host_methods[k]
 end
 HostTensor.__newindex = function(t, k, v)
-  if type(k) ~= "number" or k < 1 or k > t.numel then error("host tensor index out of range: " .. tostring(k), 2) end
+  check_index(t, k)
   t.data[k - 1] = v
 end
 
@@ -41,6 +69,7 @@ end
 --- Makes a host tensor; bytes (a string) fills it if given.
 function M.host(dtype, shape, bytes)
   local d = M.dtypes[dtype] or error("unknown dtype '" .. tostring(dtype) .. "'", 2)
+  if type(shape) == "number" then shape = { shape } end
   local n = numel_of(shape)
   local data = ffi.new(d.ctype .. "[?]", math.max(n, 1))
   if bytes then
@@ -55,7 +84,7 @@ end
 --- The values as a Lua array.
 function host_methods:totable()
   local out = {}
-  for i = 0, self.numel - 1 do out[i + 1] = tonumber(self.data[i]) end
+  for i = 0, self.numel - 1 do out[i + 1] = read(self, i) end
   return out
 end
 
@@ -66,7 +95,7 @@ end
 
 HostTensor.__tostring = function(t)
   local parts = {}
-  for i = 0, math.min(t.numel, 8) - 1 do parts[#parts + 1] = string.format("%.6g", tonumber(t.data[i])) end
+  for i = 0, math.min(t.numel, 8) - 1 do parts[#parts + 1] = string.format("%.6g", read(t, i)) end
   if t.numel > 8 then parts[#parts + 1] = "..." end
   return string.format("HostTensor(%s, {%s}) [%s]", t.dtype, table.concat(t.shape, ","), table.concat(parts, ", "))
 end

@@ -1,19 +1,21 @@
 --- ValueMesh: one value per proc of a mesh, addressed by coordinates.
 --   vm:get{procs = 1}   vm:get(0, 1)   vm[2] (flat, 1-based)
 --   for coords, v in vm:items() do ... end      vm:values()
+-- Values sit at the table's own integer keys, so ipairs(vm) and #vm work
+-- when no value is nil; vm:size() is always right.
 local M = {}
 
 local methods = {}
 local ValueMesh = {}
 
-ValueMesh.__index = function(t, k)
-  if type(k) == "number" then return rawget(t, "_values")[k] end
-  return methods[k]
-end
+ValueMesh.__index = methods
 
 --- Makes a ValueMesh over `shape` from a flat list of n values (nil allowed).
+-- Takes ownership of `values`.
 function M.new(shape, values, n)
-  return setmetatable({ shape = shape, _values = values, _n = n or shape:size() }, ValueMesh)
+  values.shape = shape
+  values._n = n or shape:size()
+  return setmetatable(values, ValueMesh)
 end
 
 --- Number of values.
@@ -23,7 +25,7 @@ function methods:size() return self._n end
 function methods:get(...)
   local c = ...
   if type(c) ~= "table" then c = { ... } end
-  return self._values[self.shape:index(c)]
+  return self[self.shape:index(c)]
 end
 
 --- Iterates (coords, value) in rank order.
@@ -31,21 +33,21 @@ function methods:items()
   local i = 0
   return function()
     i = i + 1
-    if i <= self._n then return self.shape:coords(i), self._values[i] end
+    if i <= self._n then return self.shape:coords(i), self[i] end
   end
 end
 
 --- A plain Lua array of the values, in rank order.
 function methods:values()
   local out = {}
-  for i = 1, self._n do out[i] = self._values[i] end
+  for i = 1, self._n do out[i] = self[i] end
   return out
 end
 
 --- Applies fn to every value; returns a new ValueMesh of the results.
 function methods:map(fn)
   local out = {}
-  for i = 1, self._n do out[i] = fn(self._values[i], self.shape:coords(i)) end
+  for i = 1, self._n do out[i] = fn(self[i], self.shape:coords(i)) end
   return M.new(self.shape, out, self._n)
 end
 
@@ -67,7 +69,7 @@ ValueMesh.__tostring = function(vm)
     local c = vm.shape:coords(i)
     local cs = {}
     for d, name in ipairs(vm.shape.names) do cs[d] = name .. "=" .. c[name] end
-    parts[#parts + 1] = "  [" .. table.concat(cs, ",") .. "] " .. show(vm._values[i])
+    parts[#parts + 1] = "  [" .. table.concat(cs, ",") .. "] " .. show(vm[i])
   end
   if vm._n > limit then parts[#parts + 1] = string.format("  ... (%d more)", vm._n - limit) end
   return "ValueMesh" .. tostring(vm.shape) .. "\n" .. table.concat(parts, "\n")

@@ -701,21 +701,21 @@ static void test_read_frame_socketpair(void **state) {
 
   const char *body = NULL;
   /* Nothing sent yet: times out. */
-  assert_int_equal(mn_read_frame(sv[1], &in, &body, 20), MN_ETIMEDOUT);
+  assert_int_equal(mn_read_frame(sv[1], &in, &body, MN_MAX_FRAME, 20), MN_ETIMEDOUT);
   /* Half a frame: still times out, keeping what came. */
   assert_int_equal(mn_write_all(sv[0], out.data, 3), 0);
-  assert_int_equal(mn_read_frame(sv[1], &in, &body, 20), MN_ETIMEDOUT);
+  assert_int_equal(mn_read_frame(sv[1], &in, &body, MN_MAX_FRAME, 20), MN_ETIMEDOUT);
   assert_int_equal(in.len, 3);
   /* The rest of both frames. */
   assert_int_equal(mn_write_all(sv[0], out.data + 3, out.len - 3), 0);
-  int64_t n = mn_read_frame(sv[1], &in, &body, 1000);
+  int64_t n = mn_read_frame(sv[1], &in, &body, MN_MAX_FRAME, 1000);
   assert_int_equal(n, n1 - MN_FRAME_HEADER);
   decoded_t d;
   assert_int_equal(decode(&d, body, (size_t)n), 0);
   assert_int_equal(mn_msg_type(&d.obj), MN_MSG_PING);
   decoded_free(&d);
   mn_buf_consume(&in, MN_FRAME_HEADER + (size_t)n);
-  n = mn_read_frame(sv[1], &in, &body, 1000);
+  n = mn_read_frame(sv[1], &in, &body, MN_MAX_FRAME, 1000);
   assert_int_equal(n, n2 - MN_FRAME_HEADER);
   assert_int_equal(decode(&d, body, (size_t)n), 0);
   assert_int_equal(mn_msg_type(&d.obj), MN_MSG_PONG);
@@ -727,13 +727,13 @@ static void test_read_frame_socketpair(void **state) {
   char hdr[MN_FRAME_HEADER];
   mn_put_be32(hdr, MN_MAX_FRAME + 1);
   assert_int_equal(mn_write_all(sv[0], hdr, sizeof(hdr)), 0);
-  assert_int_equal(mn_read_frame(sv[1], &in, &body, 1000), MN_EFRAME);
+  assert_int_equal(mn_read_frame(sv[1], &in, &body, MN_MAX_FRAME, 1000), MN_EFRAME);
   mn_buf_consume(&in, in.len);
 
   /* The peer closes mid-frame. */
   assert_int_equal(mn_write_all(sv[0], out.data, 2), 0);
   close(sv[0]);
-  assert_int_equal(mn_read_frame(sv[1], &in, &body, 1000), MN_ECLOSED);
+  assert_int_equal(mn_read_frame(sv[1], &in, &body, MN_MAX_FRAME, 1000), MN_ECLOSED);
   close(sv[1]);
   mn_buf_free(&in);
   mn_buf_free(&out);
@@ -765,7 +765,7 @@ static void test_tcp_loopback(void **state) {
   free(big);
   assert_int_equal(mn_write_all(cfd, out.data, out.len), 0);
   const char *body;
-  int64_t n = mn_read_frame(sfd, &in, &body, 5000);
+  int64_t n = mn_read_frame(sfd, &in, &body, MN_MAX_FRAME, 5000);
   assert_int_equal(n, n1 - MN_FRAME_HEADER);
   decoded_t d;
   assert_int_equal(decode(&d, body, (size_t)n), 0);

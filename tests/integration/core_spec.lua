@@ -52,7 +52,7 @@ describe("a mesh of real procs", function()
       futs[#futs + 1] = p:call("sum", t)
     end
     for i = 1, 200 do
-      assert.are.equal(8 * i, futs[2 * i]:get():get{ procs = 0 })
+      assert.are.equal(8 * i, futs[2 * i]:get()[1])
     end
     t:free()
   end)
@@ -76,7 +76,9 @@ describe("a mesh of real procs", function()
 
   it("frees tensors that the garbage collector collects", function()
     local p = procs:slice{ procs = 0 }
-    p:load "basic"
+    collectgarbage()
+    collectgarbage()
+    p:call_one("noop"):get() -- frees of tensors earlier specs dropped
     local before = p:call_one("__info"):get()[5]
     for _ = 1, 50 do p:tensor("f32", { 16 }) end
     collectgarbage()
@@ -151,7 +153,7 @@ describe("a mesh of real procs", function()
     assert.are.same({ hosts = 1, dp = 2, tp = 2 }, other:sizes())
     other:load "basic"
     local vm = other:slice{ dp = 1 }:call("rank"):get()
-    assert.are.same({ 6, 8 }, vm:get{ tp = 0 })
+    assert.are.same({ 2, 4 }, vm:get{ tp = 0 }) -- ranks count within each spawn
     other:stop()
   end)
 end)

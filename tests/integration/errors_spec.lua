@@ -71,6 +71,7 @@ end)
 describe("a proc that dies", function()
   it("fails the running call with the signal and the kernel, and later calls too", function()
     local procs = monarch.hosts():spawn_procs{ procs = 2 }
+    procs:load "basic"
     procs:load "faulty"
     local victim = procs:slice{ procs = 0 }
     local running = victim:call_one("segv")

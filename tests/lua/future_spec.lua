@@ -370,7 +370,10 @@ describe("monarch.sleep", function()
     assert.is_true(r[2] >= 0.03, "woke after " .. r[2] .. "s")
   end)
 
-  -- Known bug: the pump's poll timeout ignores sleep deadlines (capped at
-  -- 0.25 s), so an idle monarch.sleep(0.01) takes ~0.25 s.
-  pending("wakes close to its deadline rather than at the next 250 ms poll")
+  -- The pump's wait respects sleep deadlines (it used to poll every 250 ms).
+  it("wakes close to its deadline rather than at the next 250 ms poll", function()
+    local t0 = monarch.now()
+    monarch.sleep(0.01)
+    assert.is_true(monarch.now() - t0 < 0.1)
+  end)
 end)

@@ -99,8 +99,8 @@ describe("host tensor indexing", function()
 
   it("errors below 1 and past the end, giving the range", function()
     local h = h3()
-    assert.matches("index 0 outside 1..3", error_of(function() return h[0] end), 1, true)
-    assert.matches("index 4 outside 1..3", error_of(function() return h[4] end), 1, true)
+    assert.matches("index 0 is outside 1..3", error_of(function() return h[0] end), 1, true)
+    assert.matches("index 4 is outside 1..3", error_of(function() return h[4] end), 1, true)
   end)
 
   it("writes 1-based, visible in totable and bytes", function()
@@ -112,8 +112,8 @@ describe("host tensor indexing", function()
 
   it("errors on a write out of range", function()
     local h = h3()
-    assert.matches("host tensor index out of range: 4", error_of(function() h[4] = 1 end), 1, true)
-    assert.matches("host tensor index out of range: 0", error_of(function() h[0] = 1 end), 1, true)
+    assert.matches("host tensor index 4 is outside 1..3", error_of(function() h[4] = 1 end), 1, true)
+    assert.matches("host tensor index 0 is outside 1..3", error_of(function() h[0] = 1 end), 1, true)
   end)
 
   it("stores f32 with f32 precision", function()
