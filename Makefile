@@ -4,9 +4,16 @@ PREFIX ?= /usr/local
 BUILD  ?= build
 CC     ?= gcc
 PKGS   := luajit libuv msgpack libsodium
-DEPS_OK := $(shell pkg-config --exists $(PKGS) openblas && echo yes)
+DEPS_OK := $(shell pkg-config --exists $(PKGS) openblas 2>/dev/null && echo yes)
+# Compiling targets need the -dev packages; `make deps` installs (as root) or names them.
 ifneq ($(DEPS_OK),yes)
-$(error missing build dependencies: run ./configure (or: apt-get install build-essential pkg-config libluajit-5.1-dev libuv1-dev libmsgpack-dev libsodium-dev libopenblas-dev libcmocka-dev lua-busted))
+ifeq ($(filter deps clean,$(MAKECMDGOALS)),)
+ifneq ($(MAKECMDGOALS),run)
+ifneq ($(MAKECMDGOALS),test)
+$(error missing build dependencies: run `make deps` (or scripts/deps.sh) first)
+endif
+endif
+endif
 endif
 
 SAN    ?=
@@ -72,8 +79,17 @@ $(BUILD)/tests/%: tests/c/%.c $(call OBJ,$(CORE_SRC) $(WRK_SRC))
 
 tests: all $(C_TESTS)
 
-test: tests
+# The README's two commands: `make run` (main job) and `make test`.
+run: deps
+	@$(MAKE) --no-print-directory all
+	$(BIN)/monarch-run examples/train.lua
+
+test: deps
+	@$(MAKE) --no-print-directory tests
 	@tests/run.sh
+
+deps:
+	@scripts/deps.sh
 
 test-asan:
 	$(MAKE) BUILD=build-asan SAN="-fsanitize=address,undefined -fno-omit-frame-pointer" OPT=-O1 test
@@ -99,5 +115,5 @@ install: all
 clean:
 	rm -rf build build-asan
 
-.PHONY: all tests test test-asan valgrind bench install clean
+.PHONY: all run deps tests test test-asan valgrind bench install clean
 .SECONDARY:

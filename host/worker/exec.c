@@ -285,6 +285,32 @@ static int get_arg_u64(const msgpack_object *args, uint32_t i, uint64_t *v) {
   return tensor_id(o, v);
 }
 
+static struct {
+  const char *prefix;
+  mn_builtin_fn fn;
+} modules[MN_MAX_BUILTIN_MODULES];
+static int nmodules;
+
+int mn_exec_register(const char *prefix, mn_builtin_fn fn) {
+  if (nmodules == MN_MAX_BUILTIN_MODULES) return -1;
+  modules[nmodules].prefix = prefix;
+  modules[nmodules].fn = fn;
+  nmodules++;
+  return 0;
+}
+
+mk_tensor_t *mn_exec_tensor_arg(mn_exec_t *x, const msgpack_object *args, uint32_t i, char *err,
+                                size_t errlen) {
+  uint64_t id;
+  if (get_arg_u64(args, i, &id) != 0) {
+    snprintf(err, errlen, "argument %u must be a tensor", i + 1);
+    return NULL;
+  }
+  mk_tensor_t *t = mn_tensor_get(&x->reg, id);
+  if (t == NULL) snprintf(err, errlen, "argument %u: tensor %llu does not exist on this proc", i + 1, (unsigned long long)id);
+  return t;
+}
+
 /* Runs a "__" built-in; returns 0 or -1 with err. Results go to rbuf. */
 static int run_builtin(mn_exec_t *x, mk_ctx_t *ctx, const char *name, size_t nl,
                        const msgpack_object *args, char *err, size_t errlen) {
@@ -389,6 +415,11 @@ static int run_builtin(mn_exec_t *x, mk_ctx_t *ctx, const char *name, size_t nl,
     return 0;
   }
 #undef IS
+  for (int m = 0; m < nmodules; m++) {
+    size_t pl = strlen(modules[m].prefix);
+    if (nl >= pl && memcmp(name, modules[m].prefix, pl) == 0)
+      return modules[m].fn(x, ctx, name, nl, args, err, errlen);
+  }
   snprintf(err, errlen, "unknown built-in '%.*s'", (int)nl, name);
   return -1;
 }
@@ -465,8 +496,9 @@ int mn_exec_frame(mn_exec_t *x, const char *body, size_t len) {
   x->errmsg[0] = '\0';
   err[0] = '\0';
   if (kl >= 2 && kname[0] == '_' && kname[1] == '_') {
+    x->err_kind = "bad_args";
     if (run_builtin(x, &ctx, kname, kl, args, err, sizeof(err)) != 0 || x->failed)
-      reply_err(x, seq, "bad_args", kname, kl, err[0] ? err : x->errmsg);
+      reply_err(x, seq, x->err_kind, kname, kl, err[0] ? err : x->errmsg);
     else
       reply_ok(x, seq, kname, kl);
     return 0;

@@ -35,7 +35,22 @@ typedef struct {
   uint64_t last_seq;      /* highest CALL sequence number executed */
   msgpack_zone zone;
   const char *running;    /* kernel now running, for crash reports */
+  const char *err_kind;   /* a built-in's error kind; "bad_args" unless it sets another */
 } mn_exec_t;
+
+/*
+ * Built-in extension point. A module (collectives, GPU, actors) registers
+ * handlers for built-ins whose names start with `prefix` (e.g. "__coll_").
+ * A handler reads raw msgpack args, writes results through ctx->api (the
+ * mk_return_* helpers) and returns 0, or -1 with a message in err.
+ */
+typedef int (*mn_builtin_fn)(mn_exec_t *x, mk_ctx_t *ctx, const char *name, size_t nl,
+                             const msgpack_object *args, char *err, size_t errlen);
+#define MN_MAX_BUILTIN_MODULES 16 /* most registered built-in prefixes */
+int mn_exec_register(const char *prefix, mn_builtin_fn fn);
+/* Resolves a tensor argument (ext handle or integer id); NULL with err if absent. */
+mk_tensor_t *mn_exec_tensor_arg(mn_exec_t *x, const msgpack_object *args, uint32_t i, char *err,
+                                size_t errlen);
 
 int mn_exec_init(mn_exec_t *x, const char *prefix, int rank, int world, atomic_int *cancel);
 void mn_exec_close(mn_exec_t *x);
