@@ -35,7 +35,7 @@ OBJ = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
 BIN    := $(BUILD)/bin
 KDIR   := $(BUILD)/lib/monarch
 LUAMOD := $(BUILD)/lib/monarch/lua/monarch/core.so
-KERNELS := $(KDIR)/basic.so $(KDIR)/faulty.so
+KERNELS := $(KDIR)/basic.so $(KDIR)/faulty.so $(KDIR)/mlp.so
 
 NVCC ?= $(shell command -v nvcc 2>/dev/null)
 
@@ -61,6 +61,10 @@ $(LUAMOD): $(call OBJ,$(CTL_SRC) $(CORE_SRC))
 $(KDIR)/basic.so: kernels/cpu/basic.c kernels/monarch_kernel.h
 	@mkdir -p $(KDIR)
 	$(CC) $(CFLAGS_BASE) -fvisibility=hidden -shared -Ikernels $< $(shell pkg-config --cflags --libs openblas) -lm -o $@
+
+$(KDIR)/mlp.so: kernels/cpu/mlp.c kernels/monarch_kernel.h
+	@mkdir -p $(KDIR)
+	$(CC) $(CFLAGS_BASE) -fvisibility=hidden -shared -Ikernels $< $(shell pkg-config --cflags --libs openblas zlib) -lm -o $@
 
 $(KDIR)/%.so: kernels/test/%.c kernels/monarch_kernel.h
 	@mkdir -p $(KDIR)

@@ -5,6 +5,7 @@
 #include "sock.h"
 
 #include <netdb.h>
+#include <sodium.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,11 +26,12 @@ static int push_event(mn_ctl_t *c, mn_ev_kind_t k, int conn, int64_t a, int64_t 
   return 0;
 }
 
-static void mark(int **list, int *n, int nconns, int id) {
+static void mark(int **list, int *n, int id) {
   if (*list == NULL) *list = calloc((size_t)MN_MAX_CONNS, sizeof(int));
-  (void)nconns;
   if (*list != NULL) (*list)[(*n)++] = id;
 }
+
+static void on_heartbeat(uv_timer_t *t);
 
 int mn_ctl_init(mn_ctl_t *c, const char *token, size_t toklen) {
   memset(c, 0, sizeof(*c));
@@ -37,19 +39,56 @@ int mn_ctl_init(mn_ctl_t *c, const char *token, size_t toklen) {
   if (mn_auth_init(&c->auth, token, toklen) != 0) return MN_EAUTH;
   if (uv_loop_init(&c->loop) != 0) return MN_ENOMEM;
   uv_timer_init(&c->loop, &c->timer);
+  uv_timer_init(&c->loop, &c->heartbeat);
+  c->heartbeat.data = c;
+  c->hb_ms = MN_HEARTBEAT_MS;
+  c->hb_timeout_ms = MN_HEARTBEAT_TIMEOUT_MS;
+  c->reconnect_ms = MN_RECONNECT_MS;
+  const char *noack = getenv("MONARCH_NO_ACK");
+  c->no_acks = noack && strcmp(noack, "1") == 0;
+  uv_timer_start(&c->heartbeat, on_heartbeat, c->hb_ms, c->hb_ms);
+  uv_unref((uv_handle_t *)&c->heartbeat);
   c->conns = calloc(MN_MAX_CONNS, sizeof(*c->conns));
   return c->conns ? 0 : MN_ENOMEM;
+}
+
+void mn_ctl_configure(mn_ctl_t *c, uint64_t hb_ms, uint64_t hb_timeout_ms, uint64_t reconnect_ms) {
+  if (hb_ms > 0) {
+    c->hb_ms = hb_ms;
+    uv_timer_start(&c->heartbeat, on_heartbeat, hb_ms, hb_ms);
+  }
+  if (hb_timeout_ms > 0) c->hb_timeout_ms = hb_timeout_ms;
+  if (reconnect_ms > 0) c->reconnect_ms = reconnect_ms;
 }
 
 mn_conn_t *mn_ctl_conn(mn_ctl_t *c, int id) {
   return id > 0 && id <= c->nconns ? c->conns[id] : NULL;
 }
 
-/* ---- closing ---------------------------------------------------------------- */
+/* ---- links: one TCP attempt each ---------------------------------------------- */
 
-static void on_tcp_closed(uv_handle_t *h) {
-  mn_conn_t *k = h->data;
-  k->handle_open = 0;
+static void link_closed(uv_handle_t *h) {
+  mn_link_t *l = h->data;
+  mn_buf_free(&l->inflight);
+  free(l);
+}
+
+/* Abandons the current attempt; its callbacks see l->k == NULL and do nothing. */
+static void drop_link(mn_conn_t *k) {
+  mn_link_t *l = k->link;
+  if (l == NULL) return;
+  k->link = NULL;
+  l->k = NULL;
+  if (!uv_is_closing((uv_handle_t *)&l->tcp)) uv_close((uv_handle_t *)&l->tcp, link_closed);
+}
+
+static void retry_closed(uv_handle_t *h) { free(h); }
+
+static void stop_retry(mn_conn_t *k) {
+  if (k->retry != NULL) {
+    uv_close((uv_handle_t *)k->retry, retry_closed);
+    k->retry = NULL;
+  }
 }
 
 void mn_ctl_disconnect(mn_ctl_t *c, int id, const char *reason) {
@@ -57,30 +96,45 @@ void mn_ctl_disconnect(mn_ctl_t *c, int id, const char *reason) {
   if (k == NULL || k->state == MN_CS_CLOSED) return;
   k->state = MN_CS_CLOSED;
   snprintf(k->reason, sizeof(k->reason), "%s", reason);
-  if (k->handle_open && !uv_is_closing((uv_handle_t *)&k->tcp))
-    uv_close((uv_handle_t *)&k->tcp, on_tcp_closed);
+  drop_link(k);
+  stop_retry(k);
   k->out.len = 0;
+  mn_buf_free(&k->unacked);
   push_event(c, MN_EV_CLOSED, id, 0, 0);
 }
 
 static void free_conn(mn_conn_t *k) {
   mn_buf_free(&k->in);
   mn_buf_free(&k->out);
-  mn_buf_free(&k->inflight);
+  mn_buf_free(&k->unacked);
   free(k->ring);
   free(k);
 }
 
 static void on_agent_closed(uv_handle_t *h) { (void)h; }
 
+/* Tells agents we are leaving on purpose, so they stop our procs at once. */
+static void say_goodbye(mn_ctl_t *c) {
+  static const char bye[] = {0, 0, 0, 2, (char)0x91, MN_MSG_GOODBYE};
+  for (int i = 1; i <= c->nconns; i++) {
+    mn_conn_t *k = c->conns[i];
+    if (k->kind != MN_CONN_AGENT || k->state != MN_CS_READY || k->link == NULL || k->link->writing) continue;
+    uv_buf_t b = uv_buf_init((char *)bye, sizeof(bye));
+    if (uv_try_write((uv_stream_t *)&k->link->tcp, &b, 1) != (int)sizeof(bye)) continue; /* it will time out instead */
+  }
+}
+
 void mn_ctl_close(mn_ctl_t *c) {
   c->closing = 1;
+  mn_ctl_flush(c);
+  say_goodbye(c);
   for (int i = 1; i <= c->nconns; i++) mn_ctl_disconnect(c, i, "controller closing");
   if (c->agent_running) {
     /* The agent was started with --once: our goodbye is enough, the signal is a backstop. */
     uv_process_kill(&c->agent, SIGTERM);
   }
   uv_close((uv_handle_t *)&c->timer, NULL);
+  uv_close((uv_handle_t *)&c->heartbeat, NULL);
   if (!uv_is_closing((uv_handle_t *)&c->agent_pipe) && c->agent_pipe.type == UV_NAMED_PIPE)
     uv_close((uv_handle_t *)&c->agent_pipe, on_agent_closed);
   /* Let close callbacks and the agent's exit run, bounded. */
@@ -105,18 +159,20 @@ void mn_ctl_close(mn_ctl_t *c) {
 
 /* ---- writing ------------------------------------------------------------------ */
 
-char *mn_ctl_reserve(mn_ctl_t *c, mn_conn_t *k, size_t n) {
-  if (mn_buf_reserve(&k->out, n) != 0) return NULL;
-  char *p = k->out.data + k->out.len;
-  k->out.len += n;
+static void set_dirty(mn_ctl_t *c, mn_conn_t *k) {
   if (!k->dirty) {
     k->dirty = 1;
-    mark(&c->dirty, &c->ndirty, c->nconns, k->id);
+    mark(&c->dirty, &c->ndirty, k->id);
   }
-  return p;
 }
 
-int mn_ctl_push_pending(mn_conn_t *k, double call, int32_t slot) {
+int mn_ctl_send(mn_ctl_t *c, mn_conn_t *k, const char *frame, size_t n) {
+  if (mn_buf_append(&k->out, frame, n) != 0) return MN_ENOMEM;
+  set_dirty(c, k);
+  return 0;
+}
+
+static int push_pending(mn_conn_t *k, double call, int32_t slot) {
   if (k->rcount == k->rcap) {
     size_t cap = k->rcap ? k->rcap * 2 : 256;
     mn_pending_t *r = malloc(cap * sizeof(*r));
@@ -132,45 +188,69 @@ int mn_ctl_push_pending(mn_conn_t *k, double call, int32_t slot) {
   return 0;
 }
 
+int mn_ctl_call(mn_ctl_t *c, mn_conn_t *k, char *frame, size_t n, size_t seq_off, double call, int32_t slot) {
+  uint64_t seq = k->seq + 1;
+  for (int j = 7; j >= 0; j--, seq >>= 8) frame[seq_off + (size_t)j] = (char)seq;
+  if (push_pending(k, call, slot) != 0) return MN_ENOMEM;
+  if (!c->no_acks && mn_buf_append(&k->unacked, frame, n) != 0) return MN_ENOMEM;
+  /* While reconnecting, the copy in `unacked` goes out once the link is back. */
+  if (k->state == MN_CS_READY && mn_ctl_send(c, k, frame, n) != 0) return MN_ENOMEM;
+  k->seq++;
+  return 0;
+}
+
+void mn_ctl_acked(mn_conn_t *k, uint64_t seq) {
+  k->acked = seq;
+  if (k->unacked.len >= MN_FRAME_HEADER) {
+    /* Frames are in seq order and answered in order: the front one is seq. */
+    size_t n = MN_FRAME_HEADER + mn_be32(k->unacked.data);
+    mn_buf_consume(&k->unacked, n);
+  }
+}
+
 static void flush_conn(mn_conn_t *k);
+static void conn_lost(mn_conn_t *k, const char *why);
 
 static void on_written(uv_write_t *w, int status) {
-  mn_conn_t *k = w->data;
-  k->writing = 0;
-  k->inflight.len = 0;
+  mn_link_t *l = w->data;
+  l->writing = 0;
+  l->inflight.len = 0;
+  mn_conn_t *k = l->k;
+  if (k == NULL) return; /* an abandoned attempt */
   if (status != 0) {
-    mn_ctl_disconnect(k->ctl, k->id, uv_strerror(status));
+    conn_lost(k, uv_strerror(status));
     return;
   }
   if (k->out.len > 0) flush_conn(k);
 }
 
 static void flush_conn(mn_conn_t *k) {
-  if (k->state != MN_CS_READY && k->state != MN_CS_WELCOME && k->state != MN_CS_HELLO) return;
-  if (k->writing || k->out.len == 0) return;
+  mn_link_t *l = k->link;
+  if (l == NULL || k->state == MN_CS_CLOSED || k->state == MN_CS_CONNECTING || k->state == MN_CS_RECONNECTING) return;
+  if (l->writing || k->out.len == 0) return;
   uv_buf_t b = uv_buf_init(k->out.data, (unsigned)k->out.len);
-  int n = uv_try_write((uv_stream_t *)&k->tcp, &b, 1);
+  int n = uv_try_write((uv_stream_t *)&l->tcp, &b, 1);
   if (n == (int)k->out.len) {
     k->out.len = 0;
     return;
   }
   if (n < 0 && n != UV_EAGAIN) {
-    mn_ctl_disconnect(k->ctl, k->id, uv_strerror(n));
+    conn_lost(k, uv_strerror(n));
     return;
   }
   if (n > 0) mn_buf_consume(&k->out, (size_t)n);
   /* Hand the rest to libuv; new frames keep appending to `out`. */
-  mn_buf_t t = k->inflight;
-  k->inflight = k->out;
+  mn_buf_t t = l->inflight;
+  l->inflight = k->out;
   k->out = t;
   k->out.len = 0;
-  k->writing = 1;
-  k->wreq.data = k;
-  b = uv_buf_init(k->inflight.data, (unsigned)k->inflight.len);
-  int rc = uv_write(&k->wreq, (uv_stream_t *)&k->tcp, &b, 1, on_written);
+  l->writing = 1;
+  l->wreq.data = l;
+  b = uv_buf_init(l->inflight.data, (unsigned)l->inflight.len);
+  int rc = uv_write(&l->wreq, (uv_stream_t *)&l->tcp, &b, 1, on_written);
   if (rc != 0) {
-    k->writing = 0;
-    mn_ctl_disconnect(k->ctl, k->id, uv_strerror(rc));
+    l->writing = 0;
+    conn_lost(k, uv_strerror(rc));
   }
 }
 
@@ -184,19 +264,93 @@ void mn_ctl_flush(mn_ctl_t *c) {
   c->ndirty = 0;
 }
 
+/* ---- reconnecting -------------------------------------------------------------- */
+
+static void start_link(mn_conn_t *k);
+
+static void on_retry(uv_timer_t *t) {
+  mn_conn_t *k = t->data;
+  stop_retry(k);
+  if (k->state == MN_CS_RECONNECTING) start_link(k);
+}
+
+/* Schedules the next attempt, or gives up once the window is spent. */
+static void schedule_retry(mn_conn_t *k, const char *why) {
+  mn_ctl_t *c = k->ctl;
+  uint64_t now = uv_now(&c->loop);
+  if (c->closing || now - k->lost_at >= k->reconnect_ms) {
+    char msg[700];
+    snprintf(msg, sizeof(msg), "%.256s; reconnecting failed for %.1f s (last: %.300s)", k->reason,
+             (double)(now - k->lost_at) / 1e3, why);
+    k->state = MN_CS_RECONNECTING; /* disconnect closes it */
+    mn_ctl_disconnect(c, k->id, msg);
+    return;
+  }
+  uint64_t delay = MN_BACKOFF_MIN_MS << (k->attempt < 5 ? k->attempt : 5);
+  if (delay > MN_BACKOFF_MAX_MS) delay = MN_BACKOFF_MAX_MS;
+  k->attempt++;
+  k->retry = malloc(sizeof(uv_timer_t));
+  if (k->retry == NULL) return;
+  uv_timer_init(&c->loop, k->retry);
+  k->retry->data = k;
+  uv_timer_start(k->retry, on_retry, delay, 0);
+}
+
+/* A ready connection broke (error, EOF or heartbeat silence). */
+static void conn_lost(mn_conn_t *k, const char *why) {
+  mn_ctl_t *c = k->ctl;
+  if (k->state == MN_CS_CLOSED || k->state == MN_CS_RECONNECTING) return;
+  drop_link(k);
+  k->out.len = 0;
+  if (!k->ever_ready || k->reconnect_ms == 0 || c->closing) {
+    mn_ctl_disconnect(c, k->id, why);
+    return;
+  }
+  if (k->state == MN_CS_READY) {
+    k->state = MN_CS_RECONNECTING;
+    k->lost_at = uv_now(&c->loop);
+    k->attempt = 0;
+    snprintf(k->reason, sizeof(k->reason), "connection lost: %s", why);
+    push_event(c, MN_EV_RECONNECTING, k->id, 0, 0);
+  }
+  k->state = MN_CS_RECONNECTING;
+  schedule_retry(k, why);
+}
+
 /* ---- reading and the handshake ------------------------------------------------ */
 
 static void on_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf) {
-  mn_conn_t *k = h->data;
+  mn_link_t *l = h->data;
+  mn_conn_t *k = l->k;
   (void)hint;
-  if (mn_buf_reserve(&k->in, MN_READ_CHUNK) != 0) {
+  if (k == NULL || mn_buf_reserve(&k->in, MN_READ_CHUNK) != 0) {
     *buf = uv_buf_init(NULL, 0);
     return;
   }
   *buf = uv_buf_init(k->in.data + k->in.len, (unsigned)(k->in.cap - k->in.len));
 }
 
-/* Runs handshake frames at the front of k->in; returns 0 to go on, -1 if closed. */
+/* Opens the session on a freshly authenticated link: SESSION, then every unanswered CALL. */
+static int open_session(mn_ctl_t *c, mn_conn_t *k) {
+  mn_buf_t b;
+  msgpack_packer pk;
+  mn_buf_init(&b);
+  msgpack_packer_init(&pk, &b, mn_buf_write_cb);
+  size_t s = mn_frame_begin(&b);
+  msgpack_pack_array(&pk, 3);
+  msgpack_pack_int(&pk, MN_MSG_SESSION);
+  msgpack_pack_uint64(&pk, k->session);
+  msgpack_pack_uint64(&pk, k->acked);
+  mn_frame_end(&b, s);
+  /* Whatever was queued for the old link is superseded by this order. */
+  k->out.len = 0;
+  int rc = mn_ctl_send(c, k, b.data, b.len);
+  if (rc == 0 && k->unacked.len > 0) rc = mn_ctl_send(c, k, k->unacked.data, k->unacked.len);
+  mn_buf_free(&b);
+  return rc;
+}
+
+/* Runs handshake frames at the front of k->in; returns 0 to go on, -1 if failed. */
 static int handshake_step(mn_ctl_t *c, mn_conn_t *k) {
   while (k->state == MN_CS_HELLO || k->state == MN_CS_WELCOME) {
     const char *body;
@@ -216,8 +370,7 @@ static int handshake_step(mn_ctl_t *c, mn_conn_t *k) {
       mn_buf_init(&out);
       rc = mn_hs_answer(&out, &c->auth, &m, k->ns, k->nc, err, sizeof(err));
       if (rc == 0) {
-        char *p = mn_ctl_reserve(c, k, out.len);
-        if (p) memcpy(p, out.data, out.len);
+        mn_ctl_send(c, k, out.data, out.len);
         k->state = MN_CS_WELCOME;
         flush_conn(k);
       }
@@ -230,13 +383,18 @@ static int handshake_step(mn_ctl_t *c, mn_conn_t *k) {
         if (h && h->type == MSGPACK_OBJECT_STR)
           snprintf(k->info_host, sizeof(k->info_host), "%.*s", (int)h->via.str.size, h->via.str.ptr);
         if (pid && pid->type == MSGPACK_OBJECT_POSITIVE_INTEGER) k->info_pid = (int64_t)pid->via.u64;
+        int again = k->ever_ready;
         k->state = MN_CS_READY;
-        push_event(c, MN_EV_CONNECTED, k->id, k->info_pid, 0);
+        k->ever_ready = 1;
+        k->attempt = 0;
+        rc = open_session(c, k);
+        push_event(c, again ? MN_EV_RECONNECTED : MN_EV_CONNECTED, k->id, k->info_pid, 0);
       }
     }
     msgpack_zone_destroy(&zone);
     mn_buf_consume(&k->in, MN_FRAME_HEADER + (size_t)n);
     if (rc != 0) {
+      /* A refusal is final: a wrong token does not get better by retrying. */
       mn_ctl_disconnect(c, k->id, err);
       return -1;
     }
@@ -245,42 +403,88 @@ static int handshake_step(mn_ctl_t *c, mn_conn_t *k) {
 }
 
 static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
-  mn_conn_t *k = s->data;
-  mn_ctl_t *c = k->ctl;
+  mn_link_t *l = s->data;
+  mn_conn_t *k = l->k;
   (void)buf;
+  if (k == NULL) return;
+  mn_ctl_t *c = k->ctl;
   if (n < 0) {
-    mn_ctl_disconnect(c, k->id, n == UV_EOF ? "connection closed by peer" : uv_strerror((int)n));
+    const char *why = n == UV_EOF ? "connection closed by peer" : uv_strerror((int)n);
+    if (k->state == MN_CS_READY) {
+      conn_lost(k, why);
+    } else {
+      drop_link(k);
+      if (k->state != MN_CS_CLOSED && k->ever_ready) schedule_retry(k, why);
+      else mn_ctl_disconnect(c, k->id, why);
+    }
     if (!k->readable && k->in.len > 0) {
       k->readable = 1;
-      mark(&c->readable, &c->nreadable, c->nconns, k->id);
+      mark(&c->readable, &c->nreadable, k->id);
     }
     return;
   }
+  k->last_rx = uv_now(&c->loop);
   k->in.len += (size_t)n;
   if (k->state != MN_CS_READY && handshake_step(c, k) != 0) return;
   if (k->state == MN_CS_READY && k->in.len > 0 && !k->readable) {
     k->readable = 1;
-    mark(&c->readable, &c->nreadable, c->nconns, k->id);
+    mark(&c->readable, &c->nreadable, k->id);
   }
 }
 
 static void on_connect(uv_connect_t *req, int status) {
-  mn_conn_t *k = req->data;
-  if (k->state == MN_CS_CLOSED) return;
+  mn_link_t *l = req->data;
+  mn_conn_t *k = l->k;
+  if (k == NULL || k->state == MN_CS_CLOSED) return;
   if (status != 0) {
-    char msg[256];
-    snprintf(msg, sizeof(msg), "cannot connect: %s", uv_strerror(status));
-    mn_ctl_disconnect(k->ctl, k->id, msg);
+    char msg[400];
+    snprintf(msg, sizeof(msg), "cannot connect to %s:%d: %s", k->host, k->port, uv_strerror(status));
+    drop_link(k);
+    if (k->ever_ready) schedule_retry(k, msg);
+    else mn_ctl_disconnect(k->ctl, k->id, msg);
     return;
   }
-  uv_tcp_nodelay(&k->tcp, 1);
+  uv_tcp_nodelay(&l->tcp, 1);
   k->state = MN_CS_HELLO;
-  uv_read_start((uv_stream_t *)&k->tcp, on_alloc, on_read);
+  k->in.len = 0;
+  k->last_rx = uv_now(&k->ctl->loop);
+  uv_read_start((uv_stream_t *)&l->tcp, on_alloc, on_read);
+}
+
+static void start_link(mn_conn_t *k) {
+  mn_ctl_t *c = k->ctl;
+  struct addrinfo hints, *res = NULL;
+  char service[16], msg[400];
+  mn_link_t *l = calloc(1, sizeof(*l));
+  if (l == NULL) {
+    mn_ctl_disconnect(c, k->id, "out of memory");
+    return;
+  }
+  l->k = k;
+  l->tcp.data = l;
+  l->req.data = l;
+  l->started = uv_now(&c->loop);
+  uv_tcp_init(&c->loop, &l->tcp);
+  k->link = l;
+  if (!k->ever_ready) k->state = MN_CS_CONNECTING;
+  memset(&hints, 0, sizeof(hints));
+  hints.ai_socktype = SOCK_STREAM;
+  snprintf(service, sizeof(service), "%d", k->port);
+  int rc = getaddrinfo(k->host, service, &hints, &res);
+  if (rc != 0) {
+    snprintf(msg, sizeof(msg), "cannot resolve %s: %s", k->host, gai_strerror(rc));
+  } else {
+    rc = uv_tcp_connect(&l->req, &l->tcp, res->ai_addr, on_connect);
+    freeaddrinfo(res);
+    if (rc == 0) return;
+    snprintf(msg, sizeof(msg), "cannot connect to %s:%d: %s", k->host, k->port, uv_strerror(rc));
+  }
+  drop_link(k);
+  if (k->ever_ready) schedule_retry(k, msg);
+  else mn_ctl_disconnect(c, k->id, msg);
 }
 
 int mn_ctl_connect(mn_ctl_t *c, const char *host, int port, mn_conn_kind_t kind) {
-  struct addrinfo hints, *res = NULL;
-  char service[16];
   if (c->nconns + 1 >= MN_MAX_CONNS) return MN_ELIMIT;
   mn_conn_t *k = calloc(1, sizeof(*k));
   if (k == NULL) return MN_ENOMEM;
@@ -288,29 +492,62 @@ int mn_ctl_connect(mn_ctl_t *c, const char *host, int port, mn_conn_kind_t kind)
   k->kind = kind;
   k->id = ++c->nconns;
   c->conns[k->id] = k;
-  k->tcp.data = k;
-  k->creq.data = k;
+  k->port = port;
+  k->reconnect_ms = c->reconnect_ms;
+  snprintf(k->host, sizeof(k->host), "%s", host);
   snprintf(k->info_host, sizeof(k->info_host), "%s", host);
-  uv_tcp_init(&c->loop, &k->tcp);
-  k->handle_open = 1;
-  memset(&hints, 0, sizeof(hints));
-  hints.ai_socktype = SOCK_STREAM;
-  snprintf(service, sizeof(service), "%d", port);
-  int rc = getaddrinfo(host, service, &hints, &res);
-  if (rc != 0) {
-    char msg[256];
-    snprintf(msg, sizeof(msg), "cannot resolve %s: %s", host, gai_strerror(rc));
-    mn_ctl_disconnect(c, k->id, msg);
-    return k->id;
-  }
-  rc = uv_tcp_connect(&k->creq, &k->tcp, res->ai_addr, on_connect);
-  freeaddrinfo(res);
-  if (rc != 0) {
-    char msg[256];
-    snprintf(msg, sizeof(msg), "cannot connect: %s", uv_strerror(rc));
-    mn_ctl_disconnect(c, k->id, msg);
-  }
+  randombytes_buf(&k->session, sizeof(k->session));
+  k->session |= 1; /* never 0: 0 means "no session" on the proc */
+  start_link(k);
   return k->id;
+}
+
+/* ---- heartbeats ------------------------------------------------------------------ */
+
+/* Every interval: declare silent connections lost, end stalled handshakes, send PING (and ACK to procs). */
+static void on_heartbeat(uv_timer_t *t) {
+  mn_ctl_t *c = t->data;
+  uint64_t now = uv_now(&c->loop);
+  c->hb_count++;
+  for (int i = 1; i <= c->nconns; i++) {
+    mn_conn_t *k = c->conns[i];
+    if ((k->state == MN_CS_HELLO || k->state == MN_CS_WELCOME || k->state == MN_CS_CONNECTING) && k->link &&
+        now - k->link->started > MN_HANDSHAKE_TIMEOUT_MS) {
+      char msg[340];
+      snprintf(msg, sizeof(msg), "no handshake from %s:%d within %d ms", k->host, k->port, MN_HANDSHAKE_TIMEOUT_MS);
+      drop_link(k);
+      if (k->ever_ready) schedule_retry(k, msg);
+      else mn_ctl_disconnect(c, k->id, msg);
+      continue;
+    }
+    if (k->state != MN_CS_READY) continue;
+    if (now - k->last_rx > c->hb_timeout_ms) {
+      char msg[96];
+      snprintf(msg, sizeof(msg), "no heartbeat for %.1f s", (double)(now - k->last_rx) / 1e3);
+      conn_lost(k, msg);
+      continue;
+    }
+    char f[32];
+    mn_buf_t b = {f, 0, sizeof(f)};
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &b, mn_buf_write_cb);
+    size_t s = mn_frame_begin(&b);
+    msgpack_pack_array(&pk, 2);
+    msgpack_pack_int(&pk, MN_MSG_PING);
+    msgpack_pack_uint64(&pk, MN_HB_PING_BASE + c->hb_count);
+    mn_frame_end(&b, s);
+    mn_ctl_send(c, k, b.data, b.len);
+    if (k->kind == MN_CONN_PROC && k->acked > k->ack_sent) {
+      size_t s2 = mn_frame_begin(&b);
+      msgpack_pack_array(&pk, 2);
+      msgpack_pack_int(&pk, MN_MSG_ACK);
+      msgpack_pack_uint64(&pk, k->acked);
+      mn_frame_end(&b, s2);
+      mn_ctl_send(c, k, b.data + s2, b.len - s2);
+      k->ack_sent = k->acked;
+    }
+  }
+  mn_ctl_flush(c);
 }
 
 /* ---- waiting ---------------------------------------------------------------------- */

@@ -21,13 +21,27 @@
 typedef enum { MN_CONN_AGENT = 0, MN_CONN_PROC = 1 } mn_conn_kind_t;
 typedef enum {
   MN_CS_CONNECTING = 0,
-  MN_CS_HELLO,   /* TCP up, waiting for HELLO */
-  MN_CS_WELCOME, /* AUTH sent, waiting for WELCOME */
+  MN_CS_HELLO,        /* TCP up, waiting for HELLO */
+  MN_CS_WELCOME,      /* AUTH sent, waiting for WELCOME */
   MN_CS_READY,
+  MN_CS_RECONNECTING, /* lost; retrying with backoff inside the reconnect window */
   MN_CS_CLOSED
 } mn_conn_state_t;
 
-typedef enum { MN_EV_CONNECTED = 1, MN_EV_CLOSED, MN_EV_AGENT_EXIT } mn_ev_kind_t;
+typedef enum {
+  MN_EV_CONNECTED = 1,
+  MN_EV_CLOSED,
+  MN_EV_AGENT_EXIT,
+  MN_EV_RECONNECTING,
+  MN_EV_RECONNECTED
+} mn_ev_kind_t;
+
+#define MN_HEARTBEAT_MS 500         /* default interval between PINGs to every peer */
+#define MN_HEARTBEAT_TIMEOUT_MS 3000 /* default silence after which a connection is lost */
+#define MN_RECONNECT_MS 5000        /* default window for reconnecting a lost connection */
+#define MN_BACKOFF_MIN_MS 50        /* first reconnect delay; doubles per attempt */
+#define MN_BACKOFF_MAX_MS 1000      /* longest reconnect delay */
+#define MN_HB_PING_BASE (1ull << 40) /* PING ids at or above this are heartbeats, not Lua pings */
 
 typedef struct {
   double call;  /* Lua call id */
@@ -35,31 +49,50 @@ typedef struct {
 } mn_pending_t;
 
 typedef struct mn_ctl_s mn_ctl_t;
+typedef struct mn_conn_s mn_conn_t;
 
-typedef struct mn_conn_s {
+/* One TCP attempt of a connection; replaced on every reconnect. */
+typedef struct {
   uv_tcp_t tcp;
-  uv_connect_t creq;
+  uv_connect_t req;
+  uv_write_t wreq;
+  mn_buf_t inflight; /* bytes owned by the uv_write in progress */
+  int writing;
+  mn_conn_t *k;      /* NULL once this attempt is abandoned */
+  uint64_t started;  /* uv_now when the attempt began, for the handshake deadline */
+} mn_link_t;
+
+struct mn_conn_s {
+  mn_link_t *link;
   mn_ctl_t *ctl;
   int id;
   mn_conn_kind_t kind;
   mn_conn_state_t state;
-  int handle_open;
+  char host[256];
+  int port;
   uint8_t ns[MN_NONCE_LEN], nc[MN_NONCE_LEN];
   mn_buf_t in;       /* bytes read, not yet drained */
   mn_buf_t out;      /* frames queued, not yet written */
-  mn_buf_t inflight; /* bytes owned by the uv_write in progress */
-  uv_write_t wreq;
-  int writing;
+  mn_buf_t unacked;  /* CALL frames (procs) without a RESULT yet, in seq order: resent after a reconnect */
   int dirty;         /* on ctl's dirty list */
   int readable;      /* on ctl's readable list */
+  int ever_ready;
+  uint64_t session;  /* random id; the same across reconnects */
   uint64_t seq;      /* last CALL sequence number sent */
+  uint64_t acked;    /* highest seq whose RESULT arrived */
+  uint64_t ack_sent; /* highest seq announced in an ACK */
+  uint64_t last_rx;  /* uv_now of the last bytes received */
+  uint64_t lost_at;  /* uv_now when reconnecting began */
+  uint64_t reconnect_ms;
+  int attempt;
+  uv_timer_t *retry; /* pending reconnect attempt */
   mn_pending_t *ring;
   size_t rhead, rcount, rcap;
   char info_host[256];
   int64_t info_pid;
-  char reason[256];  /* why it closed */
+  char reason[256];  /* why it closed, or why it is reconnecting */
   void *data;
-} mn_conn_t;
+};
 
 typedef struct {
   mn_ev_kind_t kind;
@@ -77,6 +110,10 @@ struct mn_ctl_s {
   mn_event_t *events;
   size_t nevents, evcap;
   uv_timer_t timer;
+  uv_timer_t heartbeat;
+  uint64_t hb_ms, hb_timeout_ms, reconnect_ms;
+  uint64_t hb_count;
+  int no_acks;          /* MONARCH_NO_ACK=1: no unacked copies (to measure their cost) */
   uv_process_t agent;   /* the embedded local agent, when started */
   int agent_running;
   int agent_port;
@@ -90,14 +127,25 @@ int mn_ctl_init(mn_ctl_t *c, const char *token, size_t toklen);
 /* Closes every connection, stops the local agent and frees everything. */
 void mn_ctl_close(mn_ctl_t *c);
 
-/* Starts connecting; returns the new connection id (> 0) or a negative code. */
+/* Starts connecting; returns the new connection id (> 0) or a negative code.
+ * A lost connection is retried for c->reconnect_ms before it is closed. */
 int mn_ctl_connect(mn_ctl_t *c, const char *host, int port, mn_conn_kind_t kind);
+/* Sets heartbeat interval, silence timeout and reconnect window (ms; 0 keeps). */
+void mn_ctl_configure(mn_ctl_t *c, uint64_t hb_ms, uint64_t hb_timeout_ms, uint64_t reconnect_ms);
 void mn_ctl_disconnect(mn_ctl_t *c, int id, const char *reason);
 mn_conn_t *mn_ctl_conn(mn_ctl_t *c, int id);
 
-/* Reserves space for a frame of n bytes at the end of conn->out and marks it dirty. */
-char *mn_ctl_reserve(mn_ctl_t *c, mn_conn_t *conn, size_t n);
-int mn_ctl_push_pending(mn_conn_t *conn, double call, int32_t slot);
+/* Queues a whole frame (copied) and marks the connection dirty; 0 or MN_ENOMEM. */
+int mn_ctl_send(mn_ctl_t *c, mn_conn_t *conn, const char *frame, size_t n);
+/*
+ * Queues a CALL frame for a proc: gives it the next sequence number (patched
+ * at seq_off as a big-endian uint64), keeps a copy until its RESULT arrives
+ * and records (call, slot) as pending. Works while reconnecting too.
+ */
+int mn_ctl_call(mn_ctl_t *c, mn_conn_t *conn, char *frame, size_t n, size_t seq_off, double call,
+                int32_t slot);
+/* Records that the RESULT for `seq` arrived: drops its frame copy. */
+void mn_ctl_acked(mn_conn_t *conn, uint64_t seq);
 /* Writes every dirty connection's output (one syscall each, where possible). */
 void mn_ctl_flush(mn_ctl_t *c);
 /*

@@ -35,6 +35,9 @@ typedef enum {
   MN_MSG_KILL = 14,       /* controller -> agent: pid, signal number */
   MN_MSG_CALL = 20,       /* controller -> proc: seq, kernel, args */
   MN_MSG_RESULT = 21,     /* proc -> controller: seq, ok, value */
+  MN_MSG_SESSION = 22,    /* controller -> agent/proc, first after WELCOME: session id, acked seq */
+  MN_MSG_ACK = 24,        /* controller -> proc: highest seq whose RESULT arrived */
+  MN_MSG_GOODBYE = 25,    /* controller -> agent: clean exit, stop my procs now */
 } mn_msg_t;
 
 /* Error codes: negative, errno-style; mn_strerror() names them. */

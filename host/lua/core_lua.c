@@ -225,7 +225,7 @@ static int l_disconnect(lua_State *L) {
   return 0;
 }
 
-static const char *const state_names[] = {"connecting", "handshake", "handshake", "ready", "closed"};
+static const char *const state_names[] = {"connecting", "handshake", "handshake", "ready", "reconnecting", "closed"};
 
 /* core.info(id) -> state, host, pid, reason, inflight */
 static int l_info(lua_State *L) {
@@ -240,17 +240,19 @@ static int l_info(lua_State *L) {
   return 5;
 }
 
-static mn_conn_t *ready_conn(lua_State *L, lctl_t *c, int id) {
+/* A connection that can take frames now (or, for calls, once it is back). */
+static mn_conn_t *ready_conn(lua_State *L, lctl_t *c, int id, int or_reconnecting) {
   mn_conn_t *k = mn_ctl_conn(&c->ctl, id);
   if (k == NULL) luaL_error(L, "no connection %d", id);
-  if (k->state != MN_CS_READY) luaL_error(L, "connection %d is not ready (%s: %s)", id, state_names[k->state], k->reason);
+  if (k->state != MN_CS_READY && !(or_reconnecting && k->state == MN_CS_RECONNECTING))
+    luaL_error(L, "connection %d is not ready (%s: %s)", id, state_names[k->state], k->reason);
   return k;
 }
 
 /* core.send(id, array) : a whole message, e.g. {10, req, spec} */
 static int l_send(lua_State *L) {
   lctl_t *c = get_ctl(L);
-  mn_conn_t *k = ready_conn(L, c, (int)luaL_checkinteger(L, 1));
+  mn_conn_t *k = ready_conn(L, c, (int)luaL_checkinteger(L, 1), 0);
   luaL_checktype(L, 2, LUA_TTABLE);
   msgpack_packer pk;
   c->scratch.len = 0;
@@ -258,9 +260,7 @@ static int l_send(lua_State *L) {
   size_t s = mn_frame_begin(&c->scratch);
   encode(L, &pk, 2, 0, 1);
   mn_frame_end(&c->scratch, s);
-  char *p = mn_ctl_reserve(&c->ctl, k, c->scratch.len);
-  if (p == NULL) return luaL_error(L, "out of memory");
-  memcpy(p, c->scratch.data, c->scratch.len);
+  if (mn_ctl_send(&c->ctl, k, c->scratch.data, c->scratch.len) != 0) return luaL_error(L, "out of memory");
   return 0;
 }
 
@@ -299,12 +299,9 @@ static int l_call(lua_State *L) {
       id = (int)lua_tointeger(L, -1);
       lua_pop(L, 1);
     }
-    mn_conn_t *k = ready_conn(L, c, id);
-    char *p = mn_ctl_reserve(&c->ctl, k, b->len);
-    if (p == NULL || mn_ctl_push_pending(k, call, i) != 0) return luaL_error(L, "out of memory queueing a call");
-    memcpy(p, b->data, b->len);
-    uint64_t seq = ++k->seq;
-    for (int j = 7; j >= 0; j--, seq >>= 8) p[MN_SEQ_OFFSET + j] = (char)seq;
+    mn_conn_t *k = ready_conn(L, c, id, 1);
+    if (mn_ctl_call(&c->ctl, k, b->data, b->len, MN_SEQ_OFFSET, call, i) != 0)
+      return luaL_error(L, "out of memory queueing a call");
   }
   return 0;
 }
@@ -342,6 +339,7 @@ static int drain_conn(lua_State *L, lctl_t *c, mn_conn_t *k, int ev, int n) {
       mn_pending_t p = k->ring[k->rhead];
       k->rhead = (k->rhead + 1) % k->rcap;
       k->rcount--;
+      mn_ctl_acked(k, seq);
       int ok = m.via.array.ptr[2].via.boolean;
       const msgpack_object *v = &m.via.array.ptr[3];
       lua_pushnumber(L, p.call);
@@ -357,6 +355,10 @@ static int drain_conn(lua_State *L, lctl_t *c, mn_conn_t *k, int ev, int n) {
         push_obj(L, v);
       }
       lua_rawseti(L, ev, ++n);
+    } else if (mn_msg_type(&m) == MN_MSG_PONG && m.via.array.size == 2 &&
+               m.via.array.ptr[1].type == MSGPACK_OBJECT_POSITIVE_INTEGER &&
+               m.via.array.ptr[1].via.u64 >= MN_HB_PING_BASE) {
+      /* A heartbeat answer: receiving it was the point (last_rx). */
     } else {
       lua_pushnumber(L, 0);
       lua_rawseti(L, ev, ++n);
@@ -387,7 +389,9 @@ static int push_event(lua_State *L, int ev, int n, int conn, const char *kind) {
  *   call_id, slot, ok, value            a RESULT
  *   0, conn, "message", msg             another message (agent events, PONG, ERROR)
  *   0, conn, "connected", {host, pid}   handshake done
- *   0, conn, "closed", reason           connection gone
+ *   0, conn, "closed", reason           connection gone for good
+ *   0, conn, "reconnecting", reason     lost; retrying within the reconnect window
+ *   0, conn, "reconnected", pid         back, unanswered calls resent
  *   0, 0, "agent_exit", {status, signal}  the embedded agent died
  */
 static int l_poll(lua_State *L) {
@@ -418,9 +422,13 @@ static int l_poll(lua_State *L) {
   ctl->nreadable = 0;
   for (size_t i = 0; i < ctl->nevents; i++) {
     mn_event_t *e = &ctl->events[i];
-    if (e->kind == MN_EV_CLOSED) {
-      n = push_event(L, 1, n, e->conn, "closed");
+    if (e->kind == MN_EV_CLOSED || e->kind == MN_EV_RECONNECTING) {
+      n = push_event(L, 1, n, e->conn, e->kind == MN_EV_CLOSED ? "closed" : "reconnecting");
       lua_pushstring(L, mn_ctl_conn(ctl, e->conn)->reason);
+      lua_rawseti(L, 1, ++n);
+    } else if (e->kind == MN_EV_RECONNECTED) {
+      n = push_event(L, 1, n, e->conn, "reconnected");
+      lua_pushnumber(L, (lua_Number)e->a);
       lua_rawseti(L, 1, ++n);
     } else if (e->kind == MN_EV_AGENT_EXIT) {
       n = push_event(L, 1, n, 0, "agent_exit");
@@ -465,6 +473,26 @@ static int l_oldest_pending(lua_State *L) {
   return 1;
 }
 
+/* core.configure{heartbeat = s, heartbeat_timeout = s, reconnect = s} */
+static int l_configure(lua_State *L) {
+  lctl_t *c = get_ctl(L);
+  luaL_checktype(L, 1, LUA_TTABLE);
+  uint64_t v[3] = {0, 0, 0};
+  static const char *const keys[3] = {"heartbeat", "heartbeat_timeout", "reconnect"};
+  for (int i = 0; i < 3; i++) {
+    lua_getfield(L, 1, keys[i]);
+    if (!lua_isnil(L, -1)) {
+      double d = luaL_checknumber(L, -1);
+      if (d <= 0 || d > 86400) return luaL_error(L, "core.configure: %s must be in (0, 86400] seconds", keys[i]);
+      v[i] = (uint64_t)(d * 1000 + 0.5);
+      if (v[i] == 0) v[i] = 1;
+    }
+    lua_pop(L, 1);
+  }
+  mn_ctl_configure(&c->ctl, v[0], v[1], v[2]);
+  return 0;
+}
+
 static int l_flush(lua_State *L) {
   mn_ctl_flush(&get_ctl(L)->ctl);
   return 0;
@@ -502,7 +530,7 @@ int luaopen_monarch_core(lua_State *L) {
       {"connect", l_connect},     {"disconnect", l_disconnect}, {"info", l_info},
       {"send", l_send},           {"call", l_call},           {"poll", l_poll},
       {"take_pending", l_take_pending}, {"oldest_pending", l_oldest_pending},
-      {"flush", l_flush},         {"now", l_now},             {"generate_token", l_generate_token},
+      {"flush", l_flush},         {"configure", l_configure},         {"now", l_now},             {"generate_token", l_generate_token},
       {"prefix", l_prefix},       {"sleep", l_sleep},         {NULL, NULL}};
   lua_createtable(L, 0, 20);
   luaL_register(L, NULL, fns);

@@ -5,8 +5,14 @@
  * and asks for procs with SPAWN. The agent execs `monarch-worker --proc`
  * once per proc, learns each proc's port from a pipe on its fd 3, and tells
  * the controller where to connect. SIGCHLD (via uv_process exit callbacks)
- * turns a dying proc into a PROC_EXIT at once. When a controller leaves,
- * its procs are killed: no orphans.
+ * turns a dying proc into a PROC_EXIT at once.
+ *
+ * Procs belong to a controller session (SESSION, sent first by every
+ * controller connection), not to a TCP connection: a controller that loses
+ * its connection and comes back with the same session id within the grace
+ * period finds its procs alive and receives the events it missed. A session
+ * whose controller says GOODBYE, or stays away past the grace period, has
+ * its procs killed: no orphans.
  */
 #include "agent.h"
 
@@ -21,9 +27,13 @@
 #include <unistd.h>
 #include <uv.h>
 
-#define MN_MAX_SPAWN 4096 /* most procs one SPAWN may ask for */
+#define MN_MAX_SPAWN 4096         /* most procs one SPAWN may ask for */
+#define MN_AGENT_GRACE_MS 10000   /* a departed controller's procs live this long (default) */
+#define MN_AGENT_SILENCE_MS 10000 /* a controller connection silent this long is dropped */
+#define MN_MAX_BACKLOG (1u << 20) /* bytes of events kept for a detached session */
 
 typedef struct aconn_s aconn_t;
+typedef struct asession_s asession_t;
 
 typedef struct {
   uv_loop_t *loop;
@@ -33,14 +43,29 @@ typedef struct {
   char host[256];
   aconn_t *conns;
   int nconns;
+  asession_t *sessions;
+  uv_timer_t tick;
+  uint64_t grace_ms;
   int nprocs;
   int served;
   int stopping;
 } agent_t;
 
+struct asession_s {
+  uint64_t id;
+  agent_t *a;
+  aconn_t *conn;      /* NULL while the controller is away */
+  uint64_t left_at;   /* uv_now when it went away */
+  mn_buf_t backlog;   /* events to deliver when it comes back */
+  int ended;          /* GOODBYE or grace expired: procs are being killed */
+  asession_t *next;
+};
+
 struct aconn_s {
   uv_tcp_t tcp;
   agent_t *a;
+  asession_t *session;
+  uint64_t last_rx;
   int ready;
   int closing;
   uint8_t ns[MN_NONCE_LEN];
@@ -54,7 +79,7 @@ typedef struct {
   uv_process_t proc;
   uv_pipe_t pipe;
   agent_t *a;
-  aconn_t *owner;
+  asession_t *owner;
   uint64_t req;
   int index;
   int rank;
@@ -86,8 +111,16 @@ static void send_buf(aconn_t *c, const mn_buf_t *b) {
   if (uv_write(w, (uv_stream_t *)&c->tcp, &ub, 1, on_write) != 0) on_write(w, -1);
 }
 
+/* Delivers b to the session's controller, or keeps it until the controller is back. */
+static void session_send(asession_t *s, const mn_buf_t *b) {
+  if (s == NULL || s->ended) return;
+  if (s->conn != NULL) send_buf(s->conn, b);
+  else if (s->backlog.len + b->len <= MN_MAX_BACKLOG && mn_buf_append(&s->backlog, b->data, b->len) != 0)
+    return; /* dropped: the controller will see its procs as lost */
+}
+
 static void maybe_exit(agent_t *a) {
-  if (a->o->once && a->served && a->nconns == 0 && a->nprocs == 0 && !a->stopping) {
+  if (a->o->once && a->served && a->nconns == 0 && a->nprocs == 0 && a->sessions == NULL && !a->stopping) {
     a->stopping = 1;
     uv_stop(a->loop);
   }
@@ -105,7 +138,7 @@ static void proc_handle_closed(uv_handle_t *h) {
   }
 }
 
-static void send_spawn_failed(aconn_t *c, uint64_t req, int index, const char *msg) {
+static void send_spawn_failed(asession_t *c, uint64_t req, int index, const char *msg) {
   mn_buf_t b;
   msgpack_packer pk;
   mn_buf_init(&b);
@@ -117,7 +150,7 @@ static void send_spawn_failed(aconn_t *c, uint64_t req, int index, const char *m
   msgpack_pack_int(&pk, index);
   mn_pack_cstr(&pk, msg);
   mn_frame_end(&b, s);
-  send_buf(c, &b);
+  session_send(c, &b);
   mn_buf_free(&b);
 }
 
@@ -142,7 +175,7 @@ static void on_proc_exit(uv_process_t *h, int64_t status, int sig) {
       mn_pack_cstr(&pk, sig ? sigabbrev_np(sig) ? sigabbrev_np(sig) : "?" : "");
       msgpack_pack_int(&pk, p->rank);
       mn_frame_end(&b, s);
-      send_buf(p->owner, &b);
+      session_send(p->owner, &b);
       mn_buf_free(&b);
     }
   }
@@ -176,14 +209,14 @@ static void on_port(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
     msgpack_pack_int64(&pk, p->proc.pid);
     msgpack_pack_int(&pk, port);
     mn_frame_end(&b, st);
-    send_buf(p->owner, &b);
+    session_send(p->owner, &b);
     mn_buf_free(&b);
     p->reported = 1;
   }
   uv_close((uv_handle_t *)&p->pipe, proc_handle_closed);
 }
 
-static int spawn_one(aconn_t *c, uint64_t req, int index, int rank, int world) {
+static int spawn_one(asession_t *c, uint64_t req, int index, int rank, int world) {
   agent_t *a = c->a;
   aproc_t *p = calloc(1, sizeof(*p));
   char srank[16], sworld[16], sparent[16], sorphan[32];
@@ -260,10 +293,72 @@ static void walk_kill(uv_handle_t *h, void *arg) {
   }
 }
 
+/* Kills a session's procs and forgets it. */
+static void session_end(asession_t *s) {
+  agent_t *a = s->a;
+  s->ended = 1;
+  uv_walk(a->loop, walk_kill, s);
+  asession_t **pp = &a->sessions;
+  while (*pp && *pp != s) pp = &(*pp)->next;
+  if (*pp) *pp = s->next;
+  if (s->conn) s->conn->session = NULL;
+  mn_buf_free(&s->backlog);
+  free(s);
+  maybe_exit(a);
+}
+
+/* Binds conn c to session `id`, adopting a detached one with that id. */
+static asession_t *session_attach(aconn_t *c, uint64_t id) {
+  agent_t *a = c->a;
+  asession_t *s = a->sessions;
+  while (s && s->id != id) s = s->next;
+  if (s == NULL) {
+    s = calloc(1, sizeof(*s));
+    if (s == NULL) return NULL;
+    s->id = id;
+    s->a = a;
+    s->next = a->sessions;
+    a->sessions = s;
+  } else if (s->conn != NULL && s->conn != c) {
+    s->conn->session = NULL; /* the old connection is stale: its controller came back on a new one */
+  }
+  s->conn = c;
+  c->session = s;
+  if (s->backlog.len > 0) {
+    send_buf(c, &s->backlog);
+    s->backlog.len = 0;
+  }
+  return s;
+}
+
+static void conn_close(aconn_t *c);
+
+/* Every second: end sessions past their grace, drop silent connections. */
+static void on_tick(uv_timer_t *t) {
+  agent_t *a = t->data;
+  uint64_t now = uv_now(a->loop);
+  asession_t *s = a->sessions;
+  while (s) {
+    asession_t *next = s->next;
+    if (s->conn == NULL && now - s->left_at >= a->grace_ms) session_end(s);
+    s = next;
+  }
+  for (aconn_t *c = a->conns; c; c = c->next) {
+    if (c->ready && !c->closing && now - c->last_rx > MN_AGENT_SILENCE_MS) {
+      conn_close(c);
+    }
+  }
+}
+
 static void conn_close(aconn_t *c) {
   if (c->closing) return;
   c->closing = 1;
-  uv_walk(c->a->loop, walk_kill, c);
+  if (c->session != NULL) {
+    /* Keep the procs for the grace period: the controller may reconnect. */
+    c->session->conn = NULL;
+    c->session->left_at = uv_now(c->a->loop);
+    c->session = NULL;
+  }
   uv_read_stop((uv_stream_t *)&c->tcp);
   uv_timer_stop(&c->hs_timer);
   uv_close((uv_handle_t *)&c->hs_timer, timer_closed);
@@ -293,18 +388,18 @@ static void handle_spawn(aconn_t *c, const msgpack_object *m) {
     return;
   }
   if (cnt->via.u64 > MN_MAX_SPAWN) {
-    send_spawn_failed(c, req, 0, "SPAWN count exceeds MN_MAX_SPAWN (4096)");
+    send_spawn_failed(c->session, req, 0, "SPAWN count exceeds MN_MAX_SPAWN (4096)");
     return;
   }
   int n = (int)cnt->via.u64;
   int rb = base && base->type == MSGPACK_OBJECT_POSITIVE_INTEGER ? (int)base->via.u64 : 0;
   int w = world && world->type == MSGPACK_OBJECT_POSITIVE_INTEGER ? (int)world->via.u64 : n;
   for (int i = 0; i < n; i++) {
-    int rc = spawn_one(c, req, i, rb + i, w);
+    int rc = spawn_one(c->session, req, i, rb + i, w);
     if (rc != 0) {
       char msg[200];
       snprintf(msg, sizeof(msg), "cannot start %s: %s", c->a->o->exe, uv_strerror(rc));
-      send_spawn_failed(c, req, i, msg);
+      send_spawn_failed(c->session, req, i, msg);
     }
   }
 }
@@ -312,7 +407,7 @@ static void handle_spawn(aconn_t *c, const msgpack_object *m) {
 typedef struct {
   int64_t pid;
   int sig;
-  aconn_t *owner;
+  asession_t *owner;
 } kill_req_t;
 
 static void walk_signal(uv_handle_t *h, void *arg) {
@@ -330,7 +425,7 @@ static void handle_kill(aconn_t *c, const msgpack_object *m) {
     return;
   }
   /* Only this controller's own procs: it cannot signal arbitrary pids. */
-  kill_req_t k = {pid, (int)sig, c};
+  kill_req_t k = {pid, (int)sig, c->session};
   uv_walk(c->a->loop, walk_signal, &k);
 }
 
@@ -353,7 +448,24 @@ static void handle(aconn_t *c, const msgpack_object *m) {
     mn_buf_free(&out);
     return;
   }
+  if (mn_msg_type(m) == MN_MSG_SESSION) {
+    uint64_t sid;
+    if (mn_get_u64(m, 1, &sid) != 0 || sid == 0) refuse(c, MN_EPROTO, "malformed SESSION: want [22, id, acked]");
+    else if (session_attach(c, sid) == NULL) refuse(c, MN_ENOMEM, "out of memory");
+    mn_buf_free(&out);
+    return;
+  }
+  if (c->session == NULL) {
+    /* A controller that skips SESSION gets a private one (ended when it leaves). */
+    uint64_t sid = ((uint64_t)(uintptr_t)c << 1) | 1;
+    if (session_attach(c, sid) == NULL) {
+      refuse(c, MN_ENOMEM, "out of memory");
+      mn_buf_free(&out);
+      return;
+    }
+  }
   switch (mn_msg_type(m)) {
+  case MN_MSG_GOODBYE: session_end(c->session); break;
   case MN_MSG_SPAWN: handle_spawn(c, m); break;
   case MN_MSG_KILL: handle_kill(c, m); break;
   case MN_MSG_PING:
@@ -393,6 +505,7 @@ static void conn_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
     return;
   }
   c->in.len += (size_t)n;
+  c->last_rx = uv_now(c->a->loop);
   size_t off = 0;
   while (!c->closing) {
     const char *body;
@@ -452,6 +565,7 @@ static void on_signal(uv_signal_t *s, int sig) {
   agent_t *a = s->data;
   (void)sig;
   for (aconn_t *c = a->conns; c; c = c->next) conn_close(c);
+  while (a->sessions) session_end(a->sessions);
   a->stopping = 1;
   uv_stop(a->loop);
 }
@@ -498,6 +612,12 @@ int mn_agent_main(const mn_agent_opts_t *o) {
     printf("monarch-worker: host agent listening on %s:%d\n", o->listen_host, port);
     fflush(stdout);
   }
+  const char *grace = getenv("MONARCH_AGENT_GRACE");
+  a->grace_ms = grace ? (uint64_t)(atof(grace) * 1000) : MN_AGENT_GRACE_MS;
+  uv_timer_init(a->loop, &a->tick);
+  a->tick.data = a;
+  uv_timer_start(&a->tick, on_tick, 1000, 1000);
+  uv_unref((uv_handle_t *)&a->tick);
   uv_signal_t sigterm, sigint;
   uv_signal_init(a->loop, &sigterm);
   uv_signal_init(a->loop, &sigint);
@@ -509,6 +629,8 @@ int mn_agent_main(const mn_agent_opts_t *o) {
   uv_run(a->loop, UV_RUN_DEFAULT);
   /* Stopped: kill what is left and let the close callbacks run. */
   for (aconn_t *c = a->conns; c; c = c->next) conn_close(c);
+  while (a->sessions) session_end(a->sessions);
+  uv_close((uv_handle_t *)&a->tick, NULL);
   uv_close((uv_handle_t *)&a->server, NULL);
   uv_close((uv_handle_t *)&sigterm, NULL);
   uv_close((uv_handle_t *)&sigint, NULL);

@@ -469,7 +469,10 @@ int mn_exec_frame(mn_exec_t *x, const char *body, size_t len) {
       args->type != MSGPACK_OBJECT_ARRAY) {
     return protocol_error(x, MN_EPROTO, "malformed CALL: want [20, seq, kernel, args]");
   }
-  if (seq <= x->last_seq) return 0; /* a duplicate of what already ran */
+  if (seq <= x->last_seq) { /* a resend of what already ran: the caller replays its result */
+    x->dup_seq = seq;
+    return 1;
+  }
   if (seq != x->last_seq + 1) {
     snprintf(err, sizeof(err), "CALL sequence gap: got %llu after %llu", (unsigned long long)seq,
              (unsigned long long)x->last_seq);

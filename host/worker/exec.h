@@ -33,6 +33,7 @@ typedef struct {
   int nextra;
   atomic_int *cancel;     /* set by the I/O thread when work should stop */
   uint64_t last_seq;      /* highest CALL sequence number executed */
+  uint64_t dup_seq;       /* seq of the resent CALL when mn_exec_frame returns 1 */
   msgpack_zone zone;
   const char *running;    /* kernel now running, for crash reports */
   const char *err_kind;   /* a built-in's error kind; "bad_args" unless it sets another */
@@ -56,7 +57,8 @@ int mn_exec_init(mn_exec_t *x, const char *prefix, int rank, int world, atomic_i
 void mn_exec_close(mn_exec_t *x);
 /*
  * Executes one frame. Appends a RESULT (or, for a protocol violation, an
- * ERROR) frame to x->out. Returns 0, or a negative MN_E* code when the
+ * ERROR) frame to x->out. Returns 0, 1 for a CALL that already ran (its
+ * seq in x->dup_seq; nothing appended), or a negative MN_E* code when the
  * connection should be closed after the ERROR is written.
  */
 int mn_exec_frame(mn_exec_t *x, const char *body, size_t len);

@@ -1,20 +1,29 @@
 /*
  * proc.c - the proc process.
  *
- * Two threads. The I/O thread accepts the controller's connection, checks
- * its token, splits the byte stream into frames, answers PINGs at once and
- * queues everything else. The executor thread runs the queue in order and
- * writes RESULT frames straight to the socket, batching those of one burst
- * into one write. A long kernel therefore never delays a PONG, and a burst
- * of small calls costs one wake-up and one syscall each way.
+ * Two threads plus short-lived handshake threads. The I/O thread owns the
+ * sockets: it accepts connections (each handshake runs on a thread of its
+ * own so a slow or hostile peer never delays a PONG), splits the stream of
+ * the current controller connection into frames, answers PING at once,
+ * handles SESSION and ACK, and queues CALLs. The executor thread runs the
+ * queue in order and writes RESULTs straight to the socket, batching those
+ * of one burst into one write.
+ *
+ * Sessions make calls exactly-once across reconnects: a controller opens
+ * every connection with SESSION(id, acked). The same id resumes: sequence
+ * numbers continue, and a resent CALL that already ran is answered from the
+ * replay cache. A new id starts afresh. With no controller traffic for
+ * --orphan-timeout seconds the proc exits.
  */
 #include "proc.h"
 
 #include "exec.h"
 #include "handshake.h"
+#include "replay.h"
 #include "sock.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -29,10 +38,11 @@
 
 #define MN_SPIN_NS_DEFAULT 0 /* executor busy-wait before sleeping; 0: spinning measured slower on 2 cores */
 #define MN_MAX_QUEUED (256u << 20) /* bytes of calls queued before the reader stops reading */
+#define MN_MAX_HANDSHAKES 16       /* concurrent unauthenticated connections accepted */
 
 typedef struct item_s {
   struct item_s *next;
-  unsigned gen; /* session the call arrived on */
+  uint64_t session; /* session the call arrived on */
   size_t len;
   char data[];
 } item_t;
@@ -45,13 +55,24 @@ typedef struct {
   size_t queued_bytes;
   atomic_int nitems;
   int stop;
-  pthread_mutex_t wlock;    /* serializes writes to fd */
+  pthread_mutex_t wlock;    /* guards fd, session, replay and every write */
   int fd;                   /* the controller connection, -1 when none */
-  unsigned gen;             /* session number of fd; bumped per connection, under wlock */
+  uint64_t session;         /* the controller session now served (0: none yet) */
+  mn_replay_t replay;       /* unacknowledged RESULTs of `session` */
+  int replay_on;            /* MONARCH_NO_REPLAY=1 turns the cache off (for measuring it) */
   atomic_int cancel;
+  atomic_int handshakes;    /* handshake threads running */
+  int hs_pipe[2];           /* handshake threads hand authenticated conns to the I/O thread */
+  const mn_auth_t *auth;
   mn_exec_t exec;
   long spin_ns;
 } proc_t;
+
+typedef struct {
+  proc_t *p;
+  int fd;
+  mn_buf_t in; /* bytes that arrived right behind AUTH */
+} conn_t;
 
 static int64_t now_ns(void) {
   struct timespec ts;
@@ -59,16 +80,21 @@ static int64_t now_ns(void) {
   return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-/* Writes bytes to session `gen`'s connection; drops them if that session is over,
- * so a late result never reaches a controller that did not ask for it. */
-static void send_bytes(proc_t *p, unsigned gen, const char *data, size_t n) {
-  pthread_mutex_lock(&p->wlock);
-  if (p->fd >= 0 && p->gen == gen && mn_write_all(p->fd, data, n) != 0) {
-    /* The reader sees the broken connection too and handles it. */
+/* Writes bytes to `session`'s connection, if it is the one being served. Caller holds wlock. */
+static void write_locked(proc_t *p, uint64_t session, const char *data, size_t n) {
+  if (p->fd >= 0 && p->session == session && n > 0 && mn_write_all(p->fd, data, n) != 0) {
+    /* The I/O thread sees the broken connection too and drops it. */
     shutdown(p->fd, SHUT_RDWR);
   }
+}
+
+static void send_bytes(proc_t *p, uint64_t session, const char *data, size_t n) {
+  pthread_mutex_lock(&p->wlock);
+  write_locked(p, session, data, n);
   pthread_mutex_unlock(&p->wlock);
 }
+
+/* ---- executor --------------------------------------------------------------- */
 
 /* Takes the whole queue; waits (spinning briefly first) until non-empty or stopped. */
 static item_t *take_all(proc_t *p) {
@@ -86,41 +112,102 @@ static item_t *take_all(proc_t *p) {
   return all;
 }
 
-static unsigned current_gen(proc_t *p) {
+/* Answers a resent CALL from the replay cache (or says its result is gone). */
+static void replay_one(proc_t *p, uint64_t session, uint64_t seq) {
+  size_t len;
   pthread_mutex_lock(&p->wlock);
-  unsigned g = p->gen;
+  const char *f = p->session == session ? mn_replay_find(&p->replay, seq, &len) : NULL;
+  if (f != NULL) {
+    write_locked(p, session, f, len);
+  } else if (p->session == session && seq <= p->replay.evicted) {
+    mn_buf_t b;
+    char msg[160];
+    msgpack_packer pk;
+    mn_buf_init(&b);
+    msgpack_packer_init(&pk, &b, mn_buf_write_cb);
+    snprintf(msg, sizeof(msg), "result of call %llu was lost in a reconnect: the replay cache (%u MiB) overflowed",
+             (unsigned long long)seq, MN_REPLAY_MAX_BYTES >> 20);
+    size_t s = mn_frame_begin(&b);
+    msgpack_pack_array(&pk, 4);
+    msgpack_pack_int(&pk, MN_MSG_RESULT);
+    msgpack_pack_uint64(&pk, seq);
+    msgpack_pack_false(&pk);
+    msgpack_pack_map(&pk, 2);
+    mn_pack_cstr(&pk, "kind");
+    mn_pack_cstr(&pk, "lost");
+    mn_pack_cstr(&pk, "message");
+    mn_pack_cstr(&pk, msg);
+    mn_frame_end(&b, s);
+    write_locked(p, session, b.data, b.len);
+    mn_buf_free(&b);
+  }
+  /* Otherwise it was acknowledged already: the controller has its result. */
   pthread_mutex_unlock(&p->wlock);
-  return g;
 }
+
+/* Flushes the executor's batch: caches each result for replay, then writes them all. */
+static void flush_out(proc_t *p, uint64_t session, mn_buf_t *out, uint64_t *seqs, size_t *offs, int n) {
+  pthread_mutex_lock(&p->wlock);
+  if (p->replay_on && p->session == session) {
+    for (int i = 0; i < n; i++) {
+      size_t end = i + 1 < n ? offs[i + 1] : out->len;
+      if (seqs[i] != 0 && mn_replay_add(&p->replay, seqs[i], out->data + offs[i], end - offs[i]) != 0) break;
+    }
+  }
+  write_locked(p, session, out->data, out->len);
+  pthread_mutex_unlock(&p->wlock);
+  out->len = 0;
+}
+
+#define MN_BATCH 256 /* results written per flush at most */
 
 static void *executor(void *arg) {
   proc_t *p = arg;
   mn_exec_t *x = &p->exec;
-  unsigned xgen = 0; /* session whose sequence numbers x tracks */
+  uint64_t xsession = 0; /* session whose sequence numbers x tracks */
+  uint64_t seqs[MN_BATCH];
+  size_t offs[MN_BATCH];
+  int nb = 0;
   for (;;) {
     item_t *it = take_all(p);
     if (it == NULL) break;
     while (it != NULL) {
       item_t *next = it->next;
       int rc = 0;
-      if (it->gen != xgen) {
-        /* A new controller session: drop what the old one left unflushed. */
+      if (it->session != xsession) {
+        /* A different controller session: drop what the old one left unflushed. */
         x->out.len = 0;
+        nb = 0;
         mn_exec_new_session(x);
-        xgen = it->gen;
+        xsession = it->session;
       }
-      /* Calls of a session that already ended have nobody to answer to. */
-      if (it->gen == current_gen(p)) rc = mn_exec_frame(x, it->data, it->len);
+      pthread_mutex_lock(&p->wlock);
+      int live = it->session == p->session;
+      pthread_mutex_unlock(&p->wlock);
+      if (live) {
+        size_t before = x->out.len;
+        rc = mn_exec_frame(x, it->data, it->len);
+        if (rc == 1) {
+          if (x->out.len > 0) flush_out(p, xsession, &x->out, seqs, offs, nb);
+          nb = 0;
+          replay_one(p, xsession, x->dup_seq);
+          rc = 0;
+        } else if (x->out.len > before) {
+          seqs[nb] = rc == 0 ? x->last_seq : 0; /* ERROR frames are not replayed */
+          offs[nb] = before;
+          nb++;
+        }
+      }
       free(it);
       it = next;
-      /* Flush when the burst is done, when the batch is large, or before closing. */
-      if (it == NULL || x->out.len > (1u << 18) || rc < 0) {
-        send_bytes(p, xgen, x->out.data, x->out.len);
-        x->out.len = 0;
+      /* Flush when the burst is done, when the batch is full, or before closing. */
+      if (nb > 0 && (it == NULL || nb == MN_BATCH || x->out.len > (1u << 18) || rc < 0)) {
+        flush_out(p, xsession, &x->out, seqs, offs, nb);
+        nb = 0;
       }
       if (rc < 0) {
         pthread_mutex_lock(&p->wlock);
-        if (p->fd >= 0 && p->gen == xgen) shutdown(p->fd, SHUT_RDWR);
+        if (p->fd >= 0 && p->session == xsession) shutdown(p->fd, SHUT_RDWR);
         pthread_mutex_unlock(&p->wlock);
       }
     }
@@ -140,8 +227,80 @@ static void enqueue(proc_t *p, item_t *first, item_t *last, size_t bytes, int n)
   pthread_mutex_unlock(&p->lock);
 }
 
+/* ---- handshakes ------------------------------------------------------------- */
+
+static void *handshake_thread(void *arg) {
+  conn_t *c = arg;
+  proc_t *p = c->p;
+  uint8_t ns[MN_NONCE_LEN], nc[MN_NONCE_LEN];
+  mn_buf_t out;
+  msgpack_zone zone;
+  msgpack_object msg;
+  char err[256];
+  const char *body;
+  int ok = 0;
+  mn_buf_init(&out);
+  if (!msgpack_zone_init(&zone, 1024)) goto done;
+  mn_hs_hello(&out, "proc", ns);
+  if (mn_write_all(c->fd, out.data, out.len) != 0) goto done_zone;
+  out.len = 0;
+  /* Only a HELLO-sized frame is read before authentication. */
+  int64_t n = mn_read_frame(c->fd, &c->in, &body, 4096, MN_HANDSHAKE_TIMEOUT_MS);
+  if (n < 0) {
+    if (n == MN_ETIMEDOUT) mn_pack_error(&out, MN_ETIMEDOUT, "handshake not completed in time");
+    else if (n == MN_EFRAME) mn_pack_error(&out, MN_EFRAME, "handshake frame too large");
+  } else {
+    int code = mn_decode(body, (size_t)n, &zone, &msg, err, sizeof(err));
+    if (code == 0) code = mn_hs_check_auth(p->auth, &msg, ns, nc, err, sizeof(err));
+    mn_buf_consume(&c->in, MN_FRAME_HEADER + (size_t)n);
+    if (code != 0) mn_pack_error(&out, code, err);
+    else {
+      mn_hs_welcome(&out, p->auth, ns, nc, "proc");
+      ok = 1;
+    }
+  }
+  if (out.len > 0 && mn_write_all(c->fd, out.data, out.len) != 0) ok = 0;
+done_zone:
+  msgpack_zone_destroy(&zone);
+done:
+  mn_buf_free(&out);
+  /* Hand the connection over; the I/O thread owns it from here. */
+  if (!ok || write(p->hs_pipe[1], &c, sizeof(c)) != (ssize_t)sizeof(c)) {
+    close(c->fd);
+    mn_buf_free(&c->in);
+    free(c);
+  }
+  atomic_fetch_sub(&p->handshakes, 1);
+  return NULL;
+}
+
+static void start_handshake(proc_t *p, int fd) {
+  pthread_t th;
+  pthread_attr_t attr;
+  conn_t *c = calloc(1, sizeof(*c));
+  if (c == NULL || atomic_load(&p->handshakes) >= MN_MAX_HANDSHAKES) {
+    free(c);
+    close(fd);
+    return;
+  }
+  c->p = p;
+  c->fd = fd;
+  mn_buf_init(&c->in);
+  atomic_fetch_add(&p->handshakes, 1);
+  pthread_attr_init(&attr);
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  if (pthread_create(&th, &attr, handshake_thread, c) != 0) {
+    atomic_fetch_sub(&p->handshakes, 1);
+    close(fd);
+    free(c);
+  }
+  pthread_attr_destroy(&attr);
+}
+
+/* ---- the I/O thread ------------------------------------------------------------ */
+
 /* Answers a PING inline: body is [5, id]. */
-static int try_pong(proc_t *p, unsigned gen, const char *body, size_t len) {
+static int try_pong(proc_t *p, uint64_t session, const char *body, size_t len) {
   if (len < 2 || (unsigned char)body[0] != 0x92 || body[1] != MN_MSG_PING) return 0;
   char frame[32];
   if (len - 2 > sizeof(frame) - 6) return 0;
@@ -149,105 +308,177 @@ static int try_pong(proc_t *p, unsigned gen, const char *body, size_t len) {
   frame[5] = MN_MSG_PONG;
   memcpy(frame + 6, body + 2, len - 2);
   mn_put_be32(frame, (uint32_t)len);
-  send_bytes(p, gen, frame, len + 4);
+  send_bytes(p, session, frame, len + 4);
   return 1;
 }
 
-/* Serves one authenticated connection until it closes; `in` may already
- * hold bytes that arrived right behind the handshake. */
-static void serve(proc_t *p, int fd, unsigned gen, mn_buf_t *inbuf) {
-  mn_buf_t in = *inbuf;
-  int pending = in.len > 0;
-  for (;;) {
-    if (!pending) {
-      if (mn_buf_reserve(&in, 256 * 1024) != 0) break;
-      ssize_t r = recv(fd, in.data + in.len, in.cap - in.len, 0);
-      if (r == 0) break;
-      if (r < 0) {
-        if (errno == EINTR) continue;
-        break;
-      }
-      in.len += (size_t)r;
-    }
-    pending = 0;
-    size_t off = 0;
-    item_t *first = NULL, *last = NULL;
-    size_t bytes = 0;
-    int n = 0;
-    for (;;) {
-      const char *body;
-      int64_t len = mn_frame_peek(in.data + off, in.len - off, MN_MAX_FRAME, &body);
-      if (len == MN_EAGAIN) break;
-      if (len < 0) {
-        mn_buf_t e;
-        char msg[128];
-        mn_buf_init(&e);
-        snprintf(msg, sizeof(msg), "frame length exceeds MN_MAX_FRAME (%u bytes) or is zero", MN_MAX_FRAME);
-        mn_pack_error(&e, MN_EFRAME, msg);
-        send_bytes(p, gen, e.data, e.len);
-        mn_buf_free(&e);
-        goto out;
-      }
-      off += MN_FRAME_HEADER + (size_t)len;
-      if (try_pong(p, gen, body, (size_t)len)) continue;
-      item_t *it = malloc(sizeof(*it) + (size_t)len);
-      if (it == NULL) goto out;
-      it->next = NULL;
-      it->gen = gen;
-      it->len = (size_t)len;
-      memcpy(it->data, body, (size_t)len);
-      if (last) last->next = it;
-      else first = it;
-      last = it;
-      bytes += (size_t)len;
-      n++;
-    }
-    if (first) enqueue(p, first, last, bytes, n);
-    mn_buf_consume(&in, off);
-  }
-out:
-  *inbuf = in;
+static void drop_conn(proc_t *p, conn_t **cur) {
+  if (*cur == NULL) return;
+  pthread_mutex_lock(&p->wlock);
+  if (p->fd == (*cur)->fd) p->fd = -1;
+  close((*cur)->fd);
+  pthread_mutex_unlock(&p->wlock);
+  mn_buf_free(&(*cur)->in);
+  free(*cur);
+  *cur = NULL;
 }
 
 /*
- * Runs the server side of the handshake on a fresh connection; 0 when
- * authenticated. Bytes after the AUTH frame stay in `in` for serve().
+ * Handles SESSION and ACK, which the I/O thread owns. Returns 1 if handled,
+ * 0 if the frame is for the executor, -1 on a protocol error (conn dropped).
  */
-static int handshake(const mn_auth_t *auth, int fd, mn_buf_t *in) {
-  uint8_t ns[MN_NONCE_LEN], nc[MN_NONCE_LEN];
-  mn_buf_t out;
+static int control_frame(proc_t *p, conn_t *c, const char *body, size_t len, int *has_session) {
+  unsigned char t = len >= 2 ? (unsigned char)body[1] : 0;
+  if (t != MN_MSG_SESSION && t != MN_MSG_ACK && *has_session) return 0;
   msgpack_zone zone;
-  msgpack_object msg;
+  msgpack_object m;
   char err[256];
-  const char *body;
+  uint64_t sid = 0, acked = 0;
   int rc = -1;
-  mn_buf_init(&out);
-  if (!msgpack_zone_init(&zone, 1024)) return -1;
-  mn_hs_hello(&out, "proc", ns);
-  if (mn_write_all(fd, out.data, out.len) != 0) goto done;
-  out.len = 0;
-  /* Only a HELLO-sized frame is read before authentication. */
-  int64_t n = mn_read_frame(fd, in, &body, 4096, MN_HANDSHAKE_TIMEOUT_MS);
-  if (n == MN_ECLOSED || n < 0) {
-    if (n == MN_ETIMEDOUT) mn_pack_error(&out, MN_ETIMEDOUT, "handshake not completed in time");
-    else if (n == MN_EFRAME) mn_pack_error(&out, MN_EFRAME, "handshake frame too large");
-    if (out.len > 0 && mn_write_all(fd, out.data, out.len) != 0) goto done;
-    goto done;
+  if (!msgpack_zone_init(&zone, 256)) return -1;
+  if (mn_decode(body, len, &zone, &m, err, sizeof(err)) == 0) {
+    int type = mn_msg_type(&m);
+    if (type == MN_MSG_SESSION && mn_get_u64(&m, 1, &sid) == 0 && mn_get_u64(&m, 2, &acked) == 0 && sid != 0) {
+      pthread_mutex_lock(&p->wlock);
+      if (sid != p->session) {
+        /* A new controller session: forget the old one's results. */
+        mn_replay_clear(&p->replay);
+        p->session = sid;
+      }
+      mn_replay_trim(&p->replay, acked);
+      p->fd = c->fd;
+      pthread_mutex_unlock(&p->wlock);
+      *has_session = 1;
+      rc = 1;
+    } else if (type == MN_MSG_ACK && *has_session && mn_get_u64(&m, 1, &acked) == 0) {
+      pthread_mutex_lock(&p->wlock);
+      mn_replay_trim(&p->replay, acked);
+      pthread_mutex_unlock(&p->wlock);
+      rc = 1;
+    } else if (!*has_session) {
+      snprintf(err, sizeof(err), "expected SESSION as the first message after WELCOME, got type %d", type);
+    } else {
+      snprintf(err, sizeof(err), "malformed SESSION or ACK message");
+    }
   }
-  int code = mn_decode(body, (size_t)n, &zone, &msg, err, sizeof(err));
-  if (code == 0) code = mn_hs_check_auth(auth, &msg, ns, nc, err, sizeof(err));
-  mn_buf_consume(in, MN_FRAME_HEADER + (size_t)n);
-  if (code != 0) {
-    mn_pack_error(&out, code, err);
-    if (mn_write_all(fd, out.data, out.len) != 0) goto done;
-    goto done;
-  }
-  mn_hs_welcome(&out, auth, ns, nc, "proc");
-  rc = mn_write_all(fd, out.data, out.len) == 0 ? 0 : -1;
-done:
-  mn_buf_free(&out);
   msgpack_zone_destroy(&zone);
+  if (rc < 0) {
+    mn_buf_t e;
+    mn_buf_init(&e);
+    mn_pack_error(&e, MN_EPROTO, err);
+    if (mn_write_all(c->fd, e.data, e.len) != 0) rc = -1;
+    mn_buf_free(&e);
+  }
   return rc;
+}
+
+/* Splits the bytes buffered for c into frames; returns -1 when c must be dropped. */
+static int parse_frames(proc_t *p, conn_t *c, int *has_session) {
+  mn_buf_t *in = &c->in;
+  size_t off = 0, bytes = 0;
+  item_t *first = NULL, *last = NULL;
+  int n = 0, rc = 0;
+  uint64_t session;
+  pthread_mutex_lock(&p->wlock);
+  session = p->session;
+  pthread_mutex_unlock(&p->wlock);
+  for (;;) {
+    const char *body;
+    int64_t len = mn_frame_peek(in->data + off, in->len - off, MN_MAX_FRAME, &body);
+    if (len == MN_EAGAIN) break;
+    if (len < 0) {
+      char msg[128];
+      mn_buf_t e;
+      mn_buf_init(&e);
+      snprintf(msg, sizeof(msg), "frame length exceeds MN_MAX_FRAME (%u bytes) or is zero", MN_MAX_FRAME);
+      mn_pack_error(&e, MN_EFRAME, msg);
+      if (mn_write_all(c->fd, e.data, e.len) != 0) rc = -1;
+      mn_buf_free(&e);
+      rc = -1;
+      break;
+    }
+    off += MN_FRAME_HEADER + (size_t)len;
+    int cf = control_frame(p, c, body, (size_t)len, has_session);
+    if (cf < 0) {
+      rc = -1;
+      break;
+    }
+    if (cf == 1) {
+      pthread_mutex_lock(&p->wlock);
+      session = p->session;
+      pthread_mutex_unlock(&p->wlock);
+      continue;
+    }
+    if (try_pong(p, session, body, (size_t)len)) continue;
+    item_t *it = malloc(sizeof(*it) + (size_t)len);
+    if (it == NULL) {
+      rc = -1;
+      break;
+    }
+    it->next = NULL;
+    it->session = session;
+    it->len = (size_t)len;
+    memcpy(it->data, body, (size_t)len);
+    if (last) last->next = it;
+    else first = it;
+    last = it;
+    bytes += (size_t)len;
+    n++;
+  }
+  if (first) enqueue(p, first, last, bytes, n);
+  mn_buf_consume(in, off);
+  return rc;
+}
+
+/* Reads what the current connection has; returns -1 when it is finished. */
+static int read_conn(proc_t *p, conn_t *c, int *has_session) {
+  mn_buf_t *in = &c->in;
+  if (mn_buf_reserve(in, 256 * 1024) != 0) return -1;
+  ssize_t r = recv(c->fd, in->data + in->len, in->cap - in->len, MSG_DONTWAIT);
+  if (r == 0) return -1;
+  if (r < 0) return errno == EINTR || errno == EAGAIN ? 0 : -1;
+  in->len += (size_t)r;
+  return parse_frames(p, c, has_session);
+}
+
+static void io_loop(proc_t *p, int lfd, double orphan_timeout) {
+  conn_t *cur = NULL;
+  int has_session = 0;
+  int64_t last_rx = now_ns();
+  const int64_t orphan_ns = (int64_t)(orphan_timeout * 1e9);
+  for (;;) {
+    struct pollfd pfd[3] = {{lfd, POLLIN, 0}, {p->hs_pipe[0], POLLIN, 0}, {cur ? cur->fd : -1, POLLIN, 0}};
+    int64_t left = last_rx + orphan_ns - now_ns();
+    if (left <= 0) break; /* orphaned: no controller traffic for orphan_timeout */
+    int r = poll(pfd, 3, (int)(left / 1000000) + 1);
+    if (r < 0 && errno != EINTR) break;
+    if (r <= 0) continue;
+    if (pfd[0].revents & POLLIN) {
+      int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+      if (fd >= 0) {
+        mn_sock_nodelay(fd);
+        start_handshake(p, fd);
+      }
+    }
+    if (pfd[1].revents & POLLIN) {
+      conn_t *c;
+      if (read(p->hs_pipe[0], &c, sizeof(c)) == (ssize_t)sizeof(c)) {
+        /* A newly authenticated controller replaces the current one. */
+        drop_conn(p, &cur);
+        cur = c;
+        has_session = 0;
+        last_rx = now_ns();
+        atomic_store(&p->cancel, 0);
+        /* Frames that arrived right behind AUTH. */
+        if (cur->in.len > 0 && parse_frames(p, cur, &has_session) < 0) drop_conn(p, &cur);
+      }
+    }
+    if (cur != NULL && (pfd[2].revents & (POLLIN | POLLHUP | POLLERR))) {
+      last_rx = now_ns();
+      if (read_conn(p, cur, &has_session) < 0) drop_conn(p, &cur);
+    }
+  }
+  drop_conn(p, &cur);
 }
 
 int mn_proc_main(const mn_proc_opts_t *o) {
@@ -270,10 +501,6 @@ int mn_proc_main(const mn_proc_opts_t *o) {
     fprintf(stderr, "monarch-worker --proc: cannot listen on %s: %s\n", o->bind_host, strerror(-lfd));
     return 2;
   }
-  char line[32];
-  int ln = snprintf(line, sizeof(line), "%d\n", port);
-  if (mn_write_all(o->port_fd >= 0 ? o->port_fd : 1, line, (size_t)ln) != 0) return 2;
-  if (o->port_fd > 2) close(o->port_fd);
 
   memset(p, 0, sizeof(*p));
   pthread_mutex_init(&p->lock, NULL);
@@ -281,42 +508,24 @@ int mn_proc_main(const mn_proc_opts_t *o) {
   pthread_cond_init(&p->space, NULL);
   pthread_mutex_init(&p->wlock, NULL);
   p->fd = -1;
+  p->auth = &auth;
+  mn_replay_init(&p->replay, MN_REPLAY_MAX_BYTES);
+  const char *noreplay = getenv("MONARCH_NO_REPLAY");
+  p->replay_on = !(noreplay && strcmp(noreplay, "1") == 0);
+  if (pipe2(p->hs_pipe, O_CLOEXEC) != 0) return 2;
   const char *spin = getenv("MONARCH_SPIN_US");
   p->spin_ns = spin ? atol(spin) * 1000 : MN_SPIN_NS_DEFAULT;
   if (mn_exec_init(&p->exec, o->prefix, o->rank, o->world, &p->cancel) != 0) return 2;
   pthread_t th;
   if (pthread_create(&th, NULL, executor, p) != 0) return 2;
 
-  for (;;) {
-    struct pollfd pfd = {.fd = lfd, .events = POLLIN};
-    int r = poll(&pfd, 1, (int)(o->orphan_timeout * 1000));
-    if (r == 0) break; /* orphaned: nobody came for us */
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      break;
-    }
-    int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
-    if (fd < 0) continue;
-    mn_sock_nodelay(fd);
-    mn_buf_t in;
-    mn_buf_init(&in);
-    if (handshake(&auth, fd, &in) != 0) {
-      mn_buf_free(&in);
-      close(fd);
-      continue;
-    }
-    pthread_mutex_lock(&p->wlock);
-    p->fd = fd;
-    unsigned gen = ++p->gen;
-    pthread_mutex_unlock(&p->wlock);
-    atomic_store(&p->cancel, 0);
-    serve(p, fd, gen, &in);
-    mn_buf_free(&in);
-    pthread_mutex_lock(&p->wlock);
-    p->fd = -1;
-    close(fd);
-    pthread_mutex_unlock(&p->wlock);
-  }
+  /* Report the port only once everything is ready to serve. */
+  char line[32];
+  int ln = snprintf(line, sizeof(line), "%d\n", port);
+  if (mn_write_all(o->port_fd >= 0 ? o->port_fd : 1, line, (size_t)ln) != 0) return 2;
+  if (o->port_fd > 2) close(o->port_fd);
+
+  io_loop(p, lfd, o->orphan_timeout);
   /* Orphaned: stop running kernels and leave. Exiting without joining is
    * deliberate: a kernel that ignores cancellation must not keep us alive. */
   atomic_store(&p->cancel, 1);

@@ -82,6 +82,11 @@ local function finish(rec)
     return
   end
   if rec.failures then
+    -- Report the lowest rank first, whatever order the failures arrived in.
+    table.sort(rec.failures, function(a, b)
+      if a.kind == "timeout" ~= (b.kind == "timeout") then return a.kind == "timeout" end
+      return (a.rank or math.huge) < (b.rank or math.huge)
+    end)
     local first = rec.failures[1]
     first.others = #rec.failures - 1
     first.failures = rec.failures

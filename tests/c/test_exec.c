@@ -873,10 +873,11 @@ static void test_sequence(void **state) {
   expect_ok(&r, seq);
   reply_free(&r);
 
-  /* Duplicates (seq <= last) are dropped silently. */
+  /* Resends (seq <= last) run nothing: the caller replays their cached result. */
   for (uint64_t dup = 0; dup <= 2; dup++) {
     call_begin(&c, dup, "noop", 0);
-    assert_int_equal(call_run(&f->x, &c), 0);
+    assert_int_equal(call_run(&f->x, &c), 1);
+    assert_int_equal(f->x.dup_seq, dup);
     assert_int_equal(f->x.out.len, 0);
   }
   assert_int_equal(f->x.last_seq, 2);
