@@ -440,7 +440,9 @@ static void on_connect(uv_connect_t *req, int status) {
     char msg[400];
     snprintf(msg, sizeof(msg), "cannot connect to %s:%d: %s", k->host, k->port, uv_strerror(status));
     drop_link(k);
-    if (k->ever_ready) schedule_retry(k, msg);
+    /* Refused means nobody listens there any more (the process is gone);
+     * only silence (a partition) is worth waiting out. */
+    if (k->ever_ready && status != UV_ECONNREFUSED) schedule_retry(k, msg);
     else mn_ctl_disconnect(k->ctl, k->id, msg);
     return;
   }

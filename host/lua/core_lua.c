@@ -264,18 +264,10 @@ static int l_send(lua_State *L) {
   return 0;
 }
 
-/*
- * core.call(call_id, targets, kernel, ...) : queues [CALL, seq, kernel, args]
- * to each connection in targets (a number, or an array of numbers); slot i
- * of the call is targets[i]. The body is encoded once and copied per target.
- */
-static int l_call(lua_State *L) {
-  lctl_t *c = get_ctl(L);
-  double call = luaL_checknumber(L, 1);
-  size_t kl;
-  const char *kernel = luaL_checklstring(L, 3, &kl);
-  int nargs = lua_gettop(L) - 3;
-  if (nargs > MN_MAX_ARGS) return luaL_error(L, "%d arguments exceed MN_MAX_ARGS (%d)", nargs, MN_MAX_ARGS);
+/* Encodes [CALL, seq=0, kernel, args from stack index `first`] into c->scratch. */
+static void encode_call(lua_State *L, lctl_t *c, const char *kernel, size_t kl, int first) {
+  int nargs = lua_gettop(L) - first + 1;
+  if (nargs > MN_MAX_ARGS) luaL_error(L, "%d arguments exceed MN_MAX_ARGS (%d)", nargs, MN_MAX_ARGS);
   msgpack_packer pk;
   mn_buf_t *b = &c->scratch;
   b->len = 0;
@@ -286,9 +278,23 @@ static int l_call(lua_State *L) {
   msgpack_pack_str(&pk, kl);
   msgpack_pack_str_body(&pk, kernel, kl);
   msgpack_pack_array(&pk, (size_t)nargs);
-  for (int i = 0; i < nargs; i++) encode(L, &pk, 4 + i, 0, i + 1);
+  for (int i = 0; i < nargs; i++) encode(L, &pk, first + i, 0, i + 1);
   mn_frame_end(b, s);
-  if (b->len - MN_FRAME_HEADER > MN_MAX_FRAME) return luaL_error(L, "call of %d bytes exceeds MN_MAX_FRAME", (int)b->len);
+  if (b->len - MN_FRAME_HEADER > MN_MAX_FRAME) luaL_error(L, "call of %d bytes exceeds MN_MAX_FRAME", (int)b->len);
+}
+
+/*
+ * core.call(call_id, targets, kernel, ...) : queues [CALL, seq, kernel, args]
+ * to each connection in targets (a number, or an array of numbers); slot i
+ * of the call is targets[i]. The body is encoded once and copied per target.
+ */
+static int l_call(lua_State *L) {
+  lctl_t *c = get_ctl(L);
+  double call = luaL_checknumber(L, 1);
+  size_t kl;
+  const char *kernel = luaL_checklstring(L, 3, &kl);
+  encode_call(L, c, kernel, kl, 4);
+  mn_buf_t *b = &c->scratch;
   int single = lua_type(L, 2) == LUA_TNUMBER;
   int n = single ? 1 : (int)lua_objlen(L, 2);
   for (int i = 1; i <= n; i++) {
@@ -303,6 +309,21 @@ static int l_call(lua_State *L) {
     if (mn_ctl_call(&c->ctl, k, b->data, b->len, MN_SEQ_OFFSET, call, i) != 0)
       return luaL_error(L, "out of memory queueing a call");
   }
+  return 0;
+}
+
+/* core.call_as(call_id, conn, slot, kernel, ...) : one target with an explicit slot. */
+static int l_call_as(lua_State *L) {
+  lctl_t *c = get_ctl(L);
+  double call = luaL_checknumber(L, 1);
+  int id = (int)luaL_checkinteger(L, 2);
+  int slot = (int)luaL_checkinteger(L, 3);
+  size_t kl;
+  const char *kernel = luaL_checklstring(L, 4, &kl);
+  encode_call(L, c, kernel, kl, 5);
+  mn_conn_t *k = ready_conn(L, c, id, 1);
+  if (mn_ctl_call(&c->ctl, k, c->scratch.data, c->scratch.len, MN_SEQ_OFFSET, call, slot) != 0)
+    return luaL_error(L, "out of memory queueing a call");
   return 0;
 }
 
@@ -528,7 +549,7 @@ int luaopen_monarch_core(lua_State *L) {
   static const luaL_Reg fns[] = {
       {"init", l_init},           {"shutdown", l_shutdown},   {"start_agent", l_start_agent},
       {"connect", l_connect},     {"disconnect", l_disconnect}, {"info", l_info},
-      {"send", l_send},           {"call", l_call},           {"poll", l_poll},
+      {"send", l_send},           {"call", l_call},           {"call_as", l_call_as},           {"poll", l_poll},
       {"take_pending", l_take_pending}, {"oldest_pending", l_oldest_pending},
       {"flush", l_flush},         {"configure", l_configure},         {"now", l_now},             {"generate_token", l_generate_token},
       {"prefix", l_prefix},       {"sleep", l_sleep},         {NULL, NULL}};

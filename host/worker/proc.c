@@ -17,6 +17,7 @@
  */
 #include "proc.h"
 
+#include "actor.h"
 #include "exec.h"
 #include "handshake.h"
 #include "replay.h"
@@ -516,6 +517,7 @@ int mn_proc_main(const mn_proc_opts_t *o) {
   const char *spin = getenv("MONARCH_SPIN_US");
   p->spin_ns = spin ? atol(spin) * 1000 : MN_SPIN_NS_DEFAULT;
   if (mn_exec_init(&p->exec, o->prefix, o->rank, o->world, &p->cancel) != 0) return 2;
+  if (mn_actor_register() != 0) return 2;
   pthread_t th;
   if (pthread_create(&th, NULL, executor, p) != 0) return 2;
 

@@ -89,6 +89,19 @@ static int k_eprint(mk_ctx_t *ctx, int argc, const mk_arg_t *argv) {
   return print_to(stderr, &argv[0]);
 }
 
+/* A side effect that must happen once per call: exactly-once tests count it. */
+static int64_t bumps;
+
+static int k_bump(mk_ctx_t *ctx, int argc, const mk_arg_t *argv) {
+  (void)argc, (void)argv;
+  return mk_return_int(ctx, ++bumps);
+}
+
+static int k_bumps(mk_ctx_t *ctx, int argc, const mk_arg_t *argv) {
+  (void)argc, (void)argv;
+  return mk_return_int(ctx, bumps);
+}
+
 static const mk_kernel_t kernels[] = {
   { "segv", k_segv, "", "Dereferences NULL: the proc dies with SIGSEGV." },
   { "abort", k_abort, "", "Calls abort(): the proc dies with SIGABRT." },
@@ -98,6 +111,8 @@ static const mk_kernel_t kernels[] = {
   { "hang", k_hang, "", "Sleeps forever ignoring cancel (pause() in a loop)." },
   { "print", k_print, "s", "print(s): writes s and a newline to stdout and flushes." },
   { "eprint", k_eprint, "s", "eprint(s): writes s and a newline to stderr and flushes." },
+  { "bump", k_bump, "", "Adds one to this proc's counter and returns the new value." },
+  { "bumps", k_bumps, "", "Returns this proc's counter without changing it." },
 };
 
 MK_EXPORT const mk_library_t *monarch_kernels(void) {

@@ -10,6 +10,7 @@ local runtime = require "monarch.runtime"
 local mesh = require "monarch.mesh"
 local value_mesh = require "monarch.value_mesh"
 local tensor = require "monarch.tensor"
+require "monarch.actor" -- adds ProcMesh:spawn (Lua actors on the procs)
 
 local M = { _VERSION = "0.1.0" }
 
@@ -108,6 +109,16 @@ end
 --- Seconds on a monotonic clock.
 M.now = core.now
 
+--- Failure detection settings (seconds): heartbeat (interval between pings),
+-- heartbeat_timeout (silence that marks a connection lost; a proc whose host
+-- agent still answers is then declared unresponsive and killed) and
+-- reconnect (how long a lost connection is retried before its procs fail).
+function M.configure(t)
+  if type(t) ~= "table" then error("monarch.configure wants a table", 2) end
+  if not runtime.initialized then error("monarch.configure: call monarch.hosts() first", 2) end
+  core.configure(t)
+end
+
 --- Waits for every task, then stops all procs and host agents this script started.
 function M.shutdown()
   local ok, err = true, nil
@@ -115,6 +126,7 @@ function M.shutdown()
     ok, err = pcall(runtime.drain_tasks)
   end
   mesh.shutting_down = true
+  require("monarch.procs").shutting_down = true
   core.shutdown()
   if not ok then error(err, 0) end
 end

@@ -11,143 +11,9 @@ local tensor = require "monarch.tensor"
 local M = {}
 local unpack = unpack or table.unpack
 
-local MSG = { SPAWN = 10, SPAWNED = 11, SPAWN_FAILED = 12, PROC_EXIT = 13, KILL = 14, ERROR = 4, PONG = 6 }
-local CONNECT_TIMEOUT = 10   -- seconds to reach and authenticate a host agent
-local SPAWN_TIMEOUT = 30     -- seconds for procs to start and accept our connection
-local DEATH_GRACE = 1.0      -- seconds to wait for an agent's exit report after a proc's socket closes
-
-local function wait_until(pred, timeout, what)
-  local deadline = runtime.now() + timeout
-  while not pred() do
-    if runtime.now() > deadline then error(errors.new { kind = "timeout", message = what .. " did not finish within " .. timeout .. "s" }, 0) end
-    runtime.pump(0.05)
-  end
-end
-
--- ---- procs and their failures ----------------------------------------------------
-
-local dying = {} -- procs whose socket closed, waiting for the agent's exit report
-
-local function describe_exit(p)
-  if p.exit then
-    if p.exit.signal and p.exit.signal ~= "" then return "killed by SIG" .. p.exit.signal end
-    return "exited with code " .. tostring(p.exit.status)
-  end
-  return p.close_reason or "connection lost"
-end
-
-local function finalize_death(p)
-  if p.state == "dead" or p.state == "stopped" then return end
-  dying[p] = nil
-  p.state = p.stopping and "stopped" or "dead"
-  p.cause = p.stopping and "stopped by the script" or describe_exit(p)
-  local pending = core.take_pending(p.conn)
-  core.disconnect(p.conn, "proc died")
-  local first_kernel
-  for i = 1, #pending, 2 do
-    local id, slot = pending[i], pending[i + 1]
-    local rec = runtime.call_record(id)
-    local kernel = rec and rec.kernel
-    first_kernel = first_kernel or kernel
-    local msg = i == 1 and string.format("proc %s while running '%s'", p.cause, tostring(kernel))
-      or string.format("proc %s before running this call (queued behind '%s')", p.cause, tostring(first_kernel))
-    runtime.fail_slot(id, slot, errors.new {
-      kind = "proc_failed", message = msg, kernel = kernel, rank = p.rank, host = p.host, pid = p.pid, cause = p.cause,
-    })
-  end
-  local ev = errors.new {
-    kind = "proc_failed", rank = p.rank, host = p.host, pid = p.pid, cause = p.cause, kernel = first_kernel,
-    message = "proc " .. p.cause .. (first_kernel and (" while running '" .. first_kernel .. "'") or ""),
-  }
-  if p.stopping then return end
-  local handled = false
-  for _, fn in ipairs(p.listeners or {}) do
-    handled = true
-    local ok, err = pcall(fn, ev)
-    if not ok then runtime.unhandled(errors.new { kind = "script", message = "on_failure handler failed: " .. tostring(err) }) end
-  end
-  if not handled and #pending == 0 and not M.shutting_down then
-    io.stderr:write(tostring(ev), "\n")
-  end
-end
-
-runtime.tick(function(now)
-  for p in pairs(dying) do
-    if p.exit or now - p.closed_at > DEATH_GRACE then finalize_death(p) end
-  end
-end)
-
-local function proc_handler(p)
-  return {
-    on_connected = function(info)
-      p.state = "ready"
-    end,
-    on_message = function(m)
-      if m[1] == MSG.PONG and p.pings and p.pings[m[2]] then
-        local cb = p.pings[m[2]]
-        p.pings[m[2]] = nil
-        cb()
-      elseif m[1] == MSG.ERROR then
-        p.refused = "proc refused the connection: " .. tostring(m[3])
-      end
-    end,
-    on_closed = function(reason)
-      if p.state == "connecting" then
-        p.state = "dead"
-        p.cause = "could not connect: " .. tostring(reason)
-      elseif p.state == "ready" then
-        p.state = "dying"
-        p.closed_at = runtime.now()
-        p.close_reason = p.refused or ("connection lost: " .. tostring(reason))
-        dying[p] = true
-      end
-    end,
-  }
-end
-
--- ---- host agents -----------------------------------------------------------------
-
-local Agent = {}
-Agent.__index = Agent
-local next_req = 0
-
-local function agent_handler(a)
-  return {
-    on_connected = function(info)
-      a.state = "ready"
-      a.hostname = info.host ~= "" and info.host or a.addr
-      a.pid = info.pid
-    end,
-    on_closed = function(reason)
-      a.state = "dead"
-      a.reason = reason
-    end,
-    on_message = function(m)
-      local t = m[1]
-      if t == MSG.SPAWNED or t == MSG.SPAWN_FAILED then
-        local req = a.requests[m[2]]
-        if req then
-          req.results[m[3] + 1] = t == MSG.SPAWNED and { pid = m[4], port = m[5] } or { error = m[4] }
-          req.count = req.count + 1
-        end
-      elseif t == MSG.PROC_EXIT then
-        local p = a.procs[m[2]]
-        if p then
-          p.exit = { status = m[3], signal = m[4] }
-          if p.state == "ready" then
-            p.state = "dying"
-            p.closed_at = runtime.now()
-            dying[p] = true
-          elseif p.state == "dying" then
-            finalize_death(p)
-          end
-        end
-      elseif t == MSG.ERROR then
-        a.reason = tostring(m[3])
-      end
-    end,
-  }
-end
+local procs_mod = require "monarch.procs"
+local MSG = procs_mod.MSG
+local wait_until = procs_mod.wait_until
 
 --- Connects to host agents at addrs ({"host:port", ...}); returns the agent objects.
 function M.connect_agents(addrs)
@@ -155,16 +21,14 @@ function M.connect_agents(addrs)
   for i, addr in ipairs(addrs) do
     local host, port = addr:match("^%[?([^%]]+)%]?:(%d+)$")
     if not host then error("host address '" .. addr .. "' is not HOST:PORT", 3) end
-    local a = setmetatable({ addr = host, port = tonumber(port), index = i - 1, state = "connecting",
-      requests = {}, procs = {} }, Agent)
-    a.conn = core.connect(host, tonumber(port), "agent")
-    runtime.handle(a.conn, agent_handler(a))
+    local a = { addr = host, port = tonumber(port), index = i - 1 }
+    procs_mod.connect_agent(a)
     agents[i] = a
   end
   local ok, err = pcall(wait_until, function()
     for _, a in ipairs(agents) do if a.state == "connecting" then return false end end
     return true
-  end, CONNECT_TIMEOUT, "connecting to host agents")
+  end, procs_mod.CONNECT_TIMEOUT, "connecting to host agents")
   for _, a in ipairs(agents) do
     if a.state ~= "ready" then
       error(errors.new { kind = "connect", host = a.addr .. ":" .. a.port,
@@ -234,11 +98,7 @@ function HostMesh:spawn_procs(spec)
   local reqs = {}
   for h, a in ipairs(self.agents) do
     if a.state ~= "ready" then error(errors.new { kind = "connect", host = a.addr, message = "host agent is not connected" }, 2) end
-    next_req = next_req + 1
-    local req = { id = next_req, results = {}, count = 0, n = per_host }
-    a.requests[req.id] = req
-    reqs[h] = req
-    core.send(a.conn, { MSG.SPAWN, req.id, { count = per_host, rank_base = (h - 1) * per_host, world = world } })
+    reqs[h] = procs_mod.request_spawn(a, per_host, (h - 1) * per_host, world)
   end
   local procs = {}
   local ok, err = pcall(wait_until, function()
@@ -246,7 +106,7 @@ function HostMesh:spawn_procs(spec)
       if req.count < req.n and self.agents[h].state == "ready" then return false end
     end
     return true
-  end, SPAWN_TIMEOUT, "spawning procs")
+  end, procs_mod.SPAWN_TIMEOUT, "spawning procs")
   local failures = {}
   for h, a in ipairs(self.agents) do
     local req = reqs[h]
@@ -255,11 +115,10 @@ function HostMesh:spawn_procs(spec)
       local r = req.results[i]
       local rank = (h - 1) * per_host + i - 1
       if r and r.port then
-        local p = { rank = rank, host = a.hostname, addr = a.addr, pid = r.pid, port = r.port,
-          agent = a, state = "connecting" }
+        local p = { rank = rank, world = world, host = a.hostname, addr = a.addr, pid = r.pid, port = r.port,
+          agent = a, state = "connecting", libs = {}, tensors = {} }
         a.procs[r.pid] = p
-        p.conn = core.connect(a.addr, r.port, "proc")
-        runtime.handle(p.conn, proc_handler(p))
+        procs_mod.connect(p)
         procs[rank + 1] = p
       else
         failures[#failures + 1] = string.format("rank %d on %s: %s", rank, a.hostname or a.addr,
@@ -271,7 +130,7 @@ function HostMesh:spawn_procs(spec)
     local ok2, err2 = pcall(wait_until, function()
       for _, p in pairs(procs) do if p.state == "connecting" then return false end end
       return true
-    end, SPAWN_TIMEOUT, "connecting to procs")
+    end, procs_mod.SPAWN_TIMEOUT, "connecting to procs")
     for _, p in pairs(procs) do
       if p.state ~= "ready" then
         failures[#failures + 1] = string.format("rank %d on %s: %s", p.rank, p.host, p.cause or tostring(err2))
@@ -280,7 +139,8 @@ function HostMesh:spawn_procs(spec)
   end
   if #failures > 0 then
     for _, p in pairs(procs) do
-      if p.agent.state == "ready" then core.send(p.agent.conn, { MSG.KILL, p.pid, 9 }) end
+      p.stopping = true
+      procs_mod.kill(p, 9)
     end
     error(errors.new { kind = "spawn", message = "could not start " .. #failures .. " of " .. world ..
       " procs:\n  " .. table.concat(failures, "\n  ") }, 2)
@@ -343,18 +203,56 @@ function ProcMesh:slice(spec)
   return M.proc_mesh(procs, s, self._opts, self._libs)
 end
 
-local OPTIONS = { timeout = "number" }
+local OPTIONS = { timeout = "number", retries = "number", backoff = "number", restart = "boolean" }
 
---- A view of this mesh whose calls use these options: {timeout = seconds}.
+--- A view of this mesh whose calls use these options (policies as data):
+--   timeout = s     fail a call not answered within s seconds (kind "timeout")
+--   retries = n     try a call again up to n times when its proc fails (not when the kernel does)
+--   backoff = s     first retry delay, doubling per try (default 0.1)
+--   restart = true  respawn a failed proc, reload its kernel libraries, re-create its
+--                   tensors (zeroed) and run the on_restart hooks; applies to the procs
 function ProcMesh:options(o)
   local merged = {}
   for k, v in pairs(self._opts) do merged[k] = v end
   for k, v in pairs(o or {}) do
-    if not OPTIONS[k] then error("unknown call option '" .. tostring(k) .. "' (known: timeout)", 2) end
-    if type(v) ~= OPTIONS[k] or v <= 0 then error("option " .. k .. " wants a positive " .. OPTIONS[k], 2) end
+    if not OPTIONS[k] then error("unknown call option '" .. tostring(k) .. "' (known: timeout, retries, backoff, restart)", 2) end
+    if type(v) ~= OPTIONS[k] or (OPTIONS[k] == "number" and (v < 0 or (k ~= "retries" and v == 0))) then
+      error("option " .. k .. " wants a " .. (OPTIONS[k] == "number" and "positive number" or "boolean") .. ", got " .. tostring(v), 2)
+    end
     merged[k] = v
   end
+  if merged.restart ~= nil then
+    for _, p in ipairs(self._procs) do p.restart = merged.restart end
+  end
   return M.proc_mesh(self._procs, self.shape, merged, self._libs)
+end
+
+--- Runs fn(mesh_of_one, rank) after a proc of this mesh is restarted, once its
+-- kernel libraries and tensors are back and before the calls that waited for it:
+-- the place to restore state. Use with options{restart = true}.
+function ProcMesh:on_restart(fn)
+  if type(fn) ~= "function" then error("on_restart wants a function", 2) end
+  for _, p in ipairs(self._procs) do
+    p.init_hooks = p.init_hooks or {}
+    p.init_hooks[#p.init_hooks + 1] = fn
+  end
+  return self
+end
+
+--- Waits until every proc of this mesh is ready (restarted ones included);
+-- raises if one is dead for good or the wait exceeds timeout (default 60 s).
+function ProcMesh:ready(timeout)
+  wait_until(function()
+    for _, p in ipairs(self._procs) do
+      if p.state == "dead" or p.state == "stopped" then
+        error(errors.new { kind = "proc_failed", rank = p.rank, host = p.host, pid = p.pid, cause = p.cause,
+          message = "proc is " .. p.state .. (p.cause and (" (" .. p.cause .. ")") or "") }, 0)
+      end
+      if p.state ~= "ready" then return false end
+    end
+    return true
+  end, timeout or 60, "waiting for the mesh to be ready")
+  return self
 end
 
 local function check_kernel(kernel, level)
@@ -369,6 +267,7 @@ function ProcMesh:_submit(kernel, args, nargs, o)
   local convert = o.convert
   return runtime.submit(self._procs, kernel, args, nargs, {
     mode = o.mode, timeout = o.timeout or self._opts.timeout, what = o.what, on_slot = o.on_slot,
+    retries = self._opts.retries, backoff = self._opts.backoff,
     make_result = function(values, n)
       if convert then
         for i = 1, n do values[i] = convert(values[i]) end
@@ -391,6 +290,11 @@ function ProcMesh:load(lib)
     error(err, 2)
   end
   self._libs[#self._libs + 1] = lib
+  for _, p in ipairs(self._procs) do
+    local have = false
+    for _, l in ipairs(p.libs) do if l == lib then have = true end end
+    if not have then p.libs[#p.libs + 1] = lib end
+  end
   return self
 end
 
@@ -407,7 +311,8 @@ function ProcMesh:call_one(kernel, ...)
     error("call_one needs a mesh of exactly one proc; this one has " .. #self._procs .. " (slice it first)", 2)
   end
   tensor.flush_frees()
-  return runtime.submit(self._procs, kernel, { ... }, select("#", ...), { mode = "one", timeout = self._opts.timeout }).future
+  return runtime.submit(self._procs, kernel, { ... }, select("#", ...), { mode = "one", timeout = self._opts.timeout,
+    retries = self._opts.retries, backoff = self._opts.backoff }).future
 end
 
 --- Calls kernel(...) on every proc without waiting for results. A failure
@@ -415,7 +320,8 @@ end
 function ProcMesh:broadcast(kernel, ...)
   check_kernel(kernel, 2)
   tensor.flush_frees()
-  runtime.submit(self._procs, kernel, { ... }, select("#", ...), { mode = "broadcast", timeout = self._opts.timeout })
+  runtime.submit(self._procs, kernel, { ... }, select("#", ...), { mode = "broadcast", timeout = self._opts.timeout,
+    retries = self._opts.retries, backoff = self._opts.backoff })
 end
 
 --- Calls kernel(...) on one live proc, the least busy; returns a Future of its value.
@@ -434,7 +340,8 @@ function ProcMesh:choose(kernel, ...)
   self._rr = self._rr + 1
   if not best then error(errors.new { kind = "proc_failed", kernel = kernel, message = "no live proc in this mesh to choose" }, 2) end
   tensor.flush_frees()
-  return runtime.submit({ best }, kernel, { ... }, select("#", ...), { mode = "one", timeout = self._opts.timeout }).future
+  return runtime.submit({ best }, kernel, { ... }, select("#", ...), { mode = "one", timeout = self._opts.timeout,
+    retries = self._opts.retries, backoff = self._opts.backoff, choose_from = self._procs }).future
 end
 
 --- Calls kernel(...) on every proc and iterates (coords, value) as results arrive.
@@ -513,9 +420,10 @@ end
 --- Stops the procs of this mesh.
 function ProcMesh:stop()
   for _, p in ipairs(self._procs) do
-    if p.state == "ready" and p.agent.state == "ready" then
+    if p.state ~= "dead" and p.state ~= "stopped" then
       p.stopping = true
-      core.send(p.agent.conn, { MSG.KILL, p.pid, 15 })
+      p.restart = false
+      procs_mod.kill(p, 15)
     end
   end
 end

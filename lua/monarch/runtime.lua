@@ -98,7 +98,32 @@ local function finish(rec)
   end
 end
 
+-- Failures worth another try: the proc or its link failed, not the call itself.
+local RETRYABLE = { proc_failed = true, unresponsive = true, lost = true, connection = true }
+
+local send_slot -- defined below
+
 local function slot_done(rec, slot, ok, v)
+  if rec.done then return end
+  if not ok and RETRYABLE[v.kind] and rec.mode ~= "broadcast" then
+    local tries = rec.tries[slot] or 0
+    -- choose() re-routes to another live proc; retries= tries again after backoff.
+    if rec.choose_from and tries < #rec.choose_from then
+      for _, q in ipairs(rec.choose_from) do
+        if q ~= rec.procs[slot] and (q.state == "ready" or q.state == "reconnecting") then
+          rec.tries[slot] = tries + 1
+          rec.procs[slot] = q
+          send_slot(rec, slot)
+          return
+        end
+      end
+    end
+    if rec.retries and tries < rec.retries then
+      rec.tries[slot] = tries + 1
+      R.at(R.now() + rec.backoff * 2 ^ tries, function() send_slot(rec, slot) end)
+      return
+    end
+  end
   if ok then
     rec.values[slot] = v
   else
@@ -113,10 +138,42 @@ local function slot_done(rec, slot, ok, v)
   end
 end
 
+local function dead_error(rec, p)
+  return errors.new {
+    kind = "proc_failed", kernel = rec.kernel, rank = p.rank, host = p.host, pid = p.pid, cause = p.cause,
+    message = "proc is " .. p.state .. (p.cause and (" (" .. p.cause .. ")") or ""),
+  }
+end
+
+-- States in which a proc takes calls now, will take them once back, or never.
+local SENDABLE = { ready = true, reconnecting = true }
+local COMING_BACK = { restarting = true, initializing = true }
+
+--- Sends slot `slot` of rec to its proc (or queues it until the proc is back).
+send_slot = function(rec, slot)
+  if rec.done then return end
+  local p = rec.procs[slot]
+  if SENDABLE[p.state] or ((rec.bypass or p.in_hooks) and p.state == "initializing") then
+    core.call_as(rec.id, p.conn, slot, rec.kernel, unpack(rec.args, 1, rec.nargs))
+  elseif COMING_BACK[p.state] or (p.state == "dying" and p.restart) then
+    p.queue = p.queue or {}
+    p.queue[#p.queue + 1] = { rec, slot }
+  else
+    slot_done(rec, slot, false, dead_error(rec, p))
+  end
+end
+
+--- Sends the calls a restarted proc missed, in the order they were made.
+function R.flush_queue(p)
+  local q = p.queue
+  p.queue = nil
+  for _, e in ipairs(q or {}) do send_slot(e[1], e[2]) end
+end
+
 --- Fails slot `slot` of call `id` with err (a MonarchError).
 function R.fail_slot(id, slot, err)
   local rec = calls[id]
-  if rec then slot_done(rec, rec.slotmap and rec.slotmap[slot] or slot, false, err) end
+  if rec then slot_done(rec, slot, false, err) end
 end
 
 --- The record of a call in flight, or nil.
@@ -124,41 +181,37 @@ function R.call_record(id) return calls[id] end
 
 --[[ Submits kernel(args) to procs (a list of proc objects).
   opts: mode ("mesh" | "one" | "broadcast"), timeout (seconds), make_result
-  (values, n) -> value, on_slot(slot, ok, v), what (a name for messages).
+  (values, n) -> value, on_slot(slot, ok, v), what (a name for messages),
+  retries (count) and backoff (seconds, doubling) for failures of the proc
+  rather than the call, choose_from (procs to re-route to), bypass (send
+  to a proc that is initializing: the restore calls themselves).
   Returns the record; rec.future is the Future (nil for broadcast). ]]
 function R.submit(procs, kernel, args, nargs, opts)
   next_call = next_call + 1
   local id = next_call
   local rec = {
-    id = id, kernel = kernel, n = #procs, remaining = #procs, values = {}, procs = procs,
+    id = id, kernel = kernel, n = #procs, remaining = #procs, values = {}, procs = {}, tries = {},
     mode = opts.mode or "mesh", make_result = opts.make_result, on_slot = opts.on_slot,
+    args = args, nargs = nargs, retries = opts.retries, backoff = opts.backoff or 0.1,
+    choose_from = opts.choose_from, bypass = opts.bypass,
   }
+  for i, p in ipairs(procs) do rec.procs[i] = p end
   if rec.mode ~= "broadcast" then rec.future = future.new(opts.what or ("call '" .. kernel .. "'")) end
-  local targets, dead = {}, nil
-  for i, p in ipairs(procs) do
-    if p.state == "ready" then
-      targets[#targets + 1] = p.conn
-      if dead then rec.slotmap[#targets] = i end
-    else
-      if not dead then
-        dead = {}
-        rec.slotmap = {}
-        for j = 1, #targets do rec.slotmap[j] = j end
-      end
-      dead[#dead + 1] = i
+  calls[id] = rec
+  local all_sendable = true
+  for _, p in ipairs(procs) do
+    if not SENDABLE[p.state] and not ((rec.bypass or p.in_hooks) and p.state == "initializing") then
+      all_sendable = false
+      break
     end
   end
-  calls[id] = rec
-  if #targets > 0 then core.call(id, targets, kernel, unpack(args, 1, nargs)) end
-  if dead then
-    for _, i in ipairs(dead) do
-      local p = procs[i]
-      slot_done(rec, i, false, errors.new {
-        kind = "proc_failed", kernel = kernel, rank = p.rank, host = p.host, pid = p.pid,
-        message = "proc is " .. p.state .. (p.cause and (" (" .. p.cause .. ")") or ""),
-        cause = p.cause,
-      })
-    end
+  if all_sendable and #procs > 0 then
+    -- The common case: one encoding, copied to every connection.
+    local targets = {}
+    for i, p in ipairs(procs) do targets[i] = p.conn end
+    core.call(id, targets, kernel, unpack(args, 1, nargs))
+  else
+    for i = 1, #procs do send_slot(rec, i) end
   end
   if #procs == 0 then
     calls[id] = nil
@@ -283,7 +336,7 @@ local function dispatch(n)
     if id ~= 0 then
       local rec = calls[id]
       if rec then
-        local slot = rec.slotmap and rec.slotmap[a] or a
+        local slot = a
         if b then
           slot_done(rec, slot, true, c)
         else
@@ -302,6 +355,10 @@ local function dispatch(n)
         if h and h.on_connected then h.on_connected(c) end
       elseif b == "closed" then
         if h and h.on_closed then h.on_closed(c) end
+      elseif b == "reconnecting" then
+        if h and h.on_reconnecting then h.on_reconnecting(c) end
+      elseif b == "reconnected" then
+        if h and h.on_reconnected then h.on_reconnected(c) end
       elseif b == "agent_exit" then
         if R.on_agent_exit then R.on_agent_exit(c) end
       end

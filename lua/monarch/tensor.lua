@@ -113,6 +113,7 @@ function M.flush_frees()
   local batch = to_free
   to_free = {}
   for _, f in ipairs(batch) do
+    for _, p in ipairs(f[1]) do if p.tensors then p.tensors[f[2]] = nil end end
     runtime.submit(f[1], "__tensor_free", { f[2] }, 1, { mode = "broadcast" })
   end
 end
@@ -134,6 +135,9 @@ function M.new(mesh, dtype, shape)
   local procs = mesh._procs
   local t = setmetatable({ __mn_tensor = id, dtype = dtype, shape = shape, numel = numel_of(shape), mesh = mesh }, Tensor)
   runtime.submit(procs, "__tensor_new", { id, dtype, shape }, 3, { mode = "broadcast" })
+  -- Procs remember their tensors so a restart can re-create them.
+  local spec = { dtype = dtype, shape = shape }
+  for _, p in ipairs(procs) do if p.tensors then p.tensors[id] = spec end end
   local proxy = newproxy(true)
   getmetatable(proxy).__gc = function() to_free[#to_free + 1] = { procs, id } end
   rawset(t, "_gc", proxy)
@@ -180,6 +184,7 @@ function Tensor:free()
   if rawget(self, "freed") then return end
   rawset(self, "freed", true)
   getmetatable(rawget(self, "_gc")).__gc = nil
+  for _, p in ipairs(self.mesh._procs) do if p.tensors then p.tensors[self.__mn_tensor] = nil end end
   runtime.submit(self.mesh._procs, "__tensor_free", { self.__mn_tensor }, 1, { mode = "broadcast" })
 end
 

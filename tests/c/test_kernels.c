@@ -355,7 +355,7 @@ static void test_faulty_table(void **state) {
   (void)state;
   static const char *const expect[] = {
     "segv", "", "abort", "", "exit", "i", "fail", "s", "spin", "n",
-    "hang", "", "print", "s", "eprint", "s", NULL,
+    "hang", "", "print", "s", "eprint", "s", "bump", "", "bumps", "", NULL,
   };
   check_table(faulty, "faulty", expect);
 }

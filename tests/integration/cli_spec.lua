@@ -10,8 +10,13 @@ local function sh(cmd)
   return out:gsub("::rc=%d+%s*$", ""), rc
 end
 
+-- Running (a zombie waiting for init to reap it does not count).
 local function alive(pid)
-  return os.execute("kill -0 " .. pid .. " 2>/dev/null") == 0
+  local f = io.open("/proc/" .. pid .. "/stat")
+  if not f then return false end
+  local st = f:read("*a"):match("%) (%a)")
+  f:close()
+  return st ~= nil and st ~= "Z"
 end
 
 describe("monarch-run", function()

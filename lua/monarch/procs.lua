@@ -1,0 +1,310 @@
+--- Proc and host-agent lifecycles: connections, failures, restarts.
+-- A proc record: rank, world, host, addr, pid, port, agent, conn, state and,
+-- for supervision, listeners (on_failure), restart (bool), init_hooks, libs,
+-- tensors (id -> spec, to re-create after a restart) and queue (calls
+-- waiting for a restart). States:
+--   connecting -> ready <-> reconnecting (link lost, C layer retrying)
+--   ready -> dying (socket closed or exit reported) -> dead | restarting
+--   restarting -> initializing (reloading kernels, tensors, init hooks) -> ready
+--   stopped (by the script)
+local core = require "monarch.core"
+local errors = require "monarch.errors"
+local runtime = require "monarch.runtime"
+
+local M = {}
+local MSG = { SPAWN = 10, SPAWNED = 11, SPAWN_FAILED = 12, PROC_EXIT = 13, KILL = 14, ERROR = 4, PONG = 6 }
+M.MSG = MSG
+M.CONNECT_TIMEOUT = 10 -- seconds to reach and authenticate a host agent
+M.SPAWN_TIMEOUT = 30   -- seconds for procs to start and accept our connection
+local DEATH_GRACE = 1.0 -- seconds to wait for the agent's exit report after a proc's socket closes
+
+--- Runs the loop until pred() is true; raises a timeout MonarchError naming `what`.
+function M.wait_until(pred, timeout, what)
+  local deadline = runtime.now() + timeout
+  while not pred() do
+    if runtime.now() > deadline then
+      error(errors.new { kind = "timeout", message = what .. " did not finish within " .. timeout .. "s" }, 0)
+    end
+    runtime.pump(0.05)
+  end
+end
+
+-- ---- death -------------------------------------------------------------------------
+
+local dying = {} -- procs whose socket closed, waiting for the agent's exit report
+local restart_proc -- below
+
+local function describe_exit(p)
+  local why
+  if p.exit then
+    if p.exit.signal and p.exit.signal ~= "" then why = "killed by SIG" .. p.exit.signal
+    else why = "exited with code " .. tostring(p.exit.status) end
+  end
+  if p.unresponsive then return p.unresponsive .. (why and (", then " .. why) or "") end
+  return why or p.close_reason or "connection lost"
+end
+
+local function fail_event(p, kernel)
+  return errors.new {
+    kind = p.unresponsive and "unresponsive" or "proc_failed", rank = p.rank, host = p.host, pid = p.pid,
+    cause = p.cause, kernel = kernel,
+    message = "proc " .. p.cause .. (kernel and (" while running '" .. kernel .. "'") or ""),
+  }
+end
+
+--- Declares p dead (or restarting): fails its calls in flight, naming the
+-- one that was running, tells on_failure listeners, and restarts it when
+-- its mesh asked for that.
+function M.finalize_death(p)
+  if p.state == "dead" or p.state == "stopped" or p.state == "restarting" then return end
+  dying[p] = nil
+  p.cause = p.stopping and "stopped by the script" or describe_exit(p)
+  local will_restart = p.restart and not p.stopping and not M.shutting_down and p.agent.state == "ready"
+  p.state = p.stopping and "stopped" or (will_restart and "restarting" or "dead")
+  local pending = core.take_pending(p.conn)
+  core.disconnect(p.conn, "proc died")
+  p.conn = nil -- events still queued for the old connection are stale now
+  local kind = p.unresponsive and "unresponsive" or "proc_failed"
+  local first_kernel
+  for i = 1, #pending, 2 do
+    local id, slot = pending[i], pending[i + 1]
+    local rec = runtime.call_record(id)
+    local kernel = rec and rec.kernel
+    first_kernel = first_kernel or kernel
+    local msg = i == 1 and string.format("proc %s while running '%s'", p.cause, tostring(kernel))
+      or string.format("proc %s before running this call (queued behind '%s')", p.cause, tostring(first_kernel))
+    runtime.fail_slot(id, slot, errors.new {
+      kind = kind, message = msg, kernel = kernel, rank = p.rank, host = p.host, pid = p.pid, cause = p.cause,
+    })
+  end
+  if p.stopping then return end
+  local ev = fail_event(p, first_kernel)
+  ev.restarting = will_restart
+  local handled = will_restart
+  for _, fn in ipairs(p.listeners or {}) do
+    handled = true
+    local ok, err = pcall(fn, ev)
+    if not ok then runtime.unhandled(errors.new { kind = "script", message = "on_failure handler failed: " .. tostring(err) }) end
+  end
+  if will_restart then
+    io.stderr:write(tostring(ev), " (restarting)\n")
+    restart_proc(p)
+  elseif not handled and #pending == 0 and not M.shutting_down then
+    -- Nobody was waiting on it and nobody asked to hear: stop the script rather than fail silently later.
+    runtime.unhandled(ev)
+  end
+  -- A call queued for a restart that will not happen fails now.
+  if p.state == "dead" then runtime.flush_queue(p) end
+end
+
+local function mark_dying(p, reason)
+  if p.state == "dying" or p.state == "dead" or p.state == "stopped" or p.state == "restarting" then return end
+  p.state = "dying"
+  p.closed_at = runtime.now()
+  p.close_reason = p.close_reason or reason
+  dying[p] = true
+end
+
+--- Sends signal sig to p through its host agent.
+function M.kill(p, sig)
+  if p.agent.state == "ready" then core.send(p.agent.conn, { MSG.KILL, p.pid, sig }) end
+end
+
+runtime.tick(function(now)
+  for p in pairs(dying) do
+    if p.exit or now - p.closed_at > DEATH_GRACE then M.finalize_death(p) end
+  end
+end)
+
+-- ---- proc connections ------------------------------------------------------------
+
+-- Events of a connection the proc has since replaced (a restart) are stale.
+local function proc_handler(p, conn)
+  local function current() return p.conn == conn end
+  return {
+    on_connected = function()
+      if not current() then return end
+      if p.state == "connecting" then
+        p.state = "ready"
+      elseif p.state == "restarting" then
+        p.state = "initializing"
+        p.on_back()
+      end
+    end,
+    on_message = function(m)
+      if not current() then return end
+      if m[1] == MSG.PONG and p.pings and p.pings[m[2]] then
+        local cb = p.pings[m[2]]
+        p.pings[m[2]] = nil
+        cb()
+      elseif m[1] == MSG.ERROR then
+        p.refused = "proc refused the connection: " .. tostring(m[3])
+      end
+    end,
+    on_closed = function(reason)
+      if not current() then return end
+      if p.state == "connecting" then
+        p.state = "dead"
+        p.cause = "could not connect: " .. tostring(reason)
+      elseif p.state == "restarting" or p.state == "initializing" then
+        p.state = "dead"
+        p.cause = "restart failed: could not connect: " .. tostring(reason)
+        runtime.flush_queue(p)
+      else
+        mark_dying(p, p.refused or ("connection lost: " .. tostring(reason)))
+      end
+    end,
+    on_reconnecting = function(reason)
+      if not current() or p.state ~= "ready" then return end
+      p.state = "reconnecting"
+      -- Silence while the agent on that host still answers: the network is
+      -- fine, so the proc is hung (stopped, or stuck with its I/O thread).
+      if p.agent.state == "ready" and tostring(reason):find("no heartbeat", 1, true) then
+        p.unresponsive = "unresponsive (" .. tostring(reason):gsub("^connection lost: ", "") .. ")"
+        core.disconnect(p.conn, p.unresponsive)
+        M.kill(p, 9)
+        mark_dying(p, p.unresponsive)
+      end
+    end,
+    on_reconnected = function()
+      if current() and p.state == "reconnecting" then p.state = "ready" end
+    end,
+  }
+end
+
+--- Connects to a spawned proc; p.state goes connecting -> ready (or dead).
+function M.connect(p)
+  local conn = core.connect(p.addr, p.port, "proc")
+  p.conn = conn
+  runtime.handle(conn, proc_handler(p, conn))
+end
+
+-- ---- host agents -----------------------------------------------------------------
+
+local next_req = 0
+
+local function agent_handler(a)
+  return {
+    on_connected = function(info)
+      a.state = "ready"
+      a.hostname = info.host ~= "" and info.host or a.addr
+      a.pid = info.pid
+    end,
+    on_closed = function(reason)
+      a.state = "dead"
+      a.reason = reason
+      for _, p in pairs(a.procs) do
+        if p.state == "restarting" then
+          p.state = "dead"
+          p.cause = "host agent lost while restarting: " .. tostring(reason)
+          runtime.flush_queue(p)
+        end
+      end
+    end,
+    on_reconnecting = function(reason)
+      a.state = "reconnecting"
+      a.reason = reason
+    end,
+    on_reconnected = function() a.state = "ready" end,
+    on_message = function(m)
+      local t = m[1]
+      if t == MSG.SPAWNED or t == MSG.SPAWN_FAILED then
+        local req = a.requests[m[2]]
+        if req then
+          req.results[m[3] + 1] = t == MSG.SPAWNED and { pid = m[4], port = m[5] } or { error = m[4] }
+          req.count = req.count + 1
+          if req.on_done and req.count == req.n then req.on_done(req) end
+        end
+      elseif t == MSG.PROC_EXIT then
+        local p = a.procs[m[2]]
+        if p then
+          a.procs[m[2]] = nil
+          p.exit = { status = m[3], signal = m[4] }
+          if p.state == "dying" then M.finalize_death(p) else mark_dying(p, "exited") end
+        end
+      elseif t == MSG.ERROR then
+        a.reason = tostring(m[3])
+      end
+    end,
+  }
+end
+
+--- Starts connecting to a host agent; a.state goes connecting -> ready (or dead).
+function M.connect_agent(a)
+  a.requests, a.procs = a.requests or {}, a.procs or {}
+  a.state = "connecting"
+  a.conn = core.connect(a.addr, a.port, "agent")
+  runtime.handle(a.conn, agent_handler(a))
+end
+
+--- Asks agent a for n procs with ranks base..base+n-1 of `world`; returns the request.
+function M.request_spawn(a, n, base, world, on_done)
+  next_req = next_req + 1
+  local req = { id = next_req, results = {}, count = 0, n = n, on_done = on_done }
+  a.requests[req.id] = req
+  core.send(a.conn, { MSG.SPAWN, req.id, { count = n, rank_base = base, world = world } })
+  return req
+end
+
+-- ---- restarts --------------------------------------------------------------------
+
+--- Re-creates what a restarted proc must have before it serves the script
+-- again: its kernel libraries, its tensors (zeroed), then the init hooks.
+local function restore(p)
+  local single = require("monarch.mesh").proc_mesh({ p }, require("monarch.shape").new({ "procs" }, { 1 }), {})
+  local function call(kernel, ...)
+    local rec = runtime.submit({ p }, kernel, { ... }, select("#", ...), { mode = "one", bypass = true })
+    return rec.future:await()
+  end
+  for _, lib in ipairs(p.libs or {}) do call("__load", lib) end
+  local ids = {}
+  for id in pairs(p.tensors or {}) do ids[#ids + 1] = id end
+  table.sort(ids)
+  for _, id in ipairs(ids) do
+    local spec = p.tensors[id]
+    call("__tensor_new", id, spec.dtype, spec.shape)
+  end
+  -- The hooks use the ordinary verbs; their calls go through while others wait.
+  p.in_hooks = true
+  for _, fn in ipairs(p.init_hooks or {}) do fn(single, p.rank) end
+  p.in_hooks = false
+end
+
+restart_proc = function(p)
+  local a = p.agent
+  p.restarts = (p.restarts or 0) + 1
+  p.t_restart = runtime.now()
+  p.exit, p.unresponsive, p.close_reason, p.refused, p.restart_error = nil, nil, nil, nil, nil
+  p.on_back = function()
+    runtime.spawn(function()
+      local ok, err = xpcall(restore, debug.traceback, p)
+      p.in_hooks = false
+      if ok then
+        p.cause = nil
+        p.state = "ready"
+        p.restart_time = runtime.now() - p.t_restart
+        runtime.flush_queue(p)
+      else
+        p.state = "dead"
+        p.cause = "restart failed: " .. tostring(err)
+        runtime.flush_queue(p)
+        runtime.unhandled(errors.new { kind = "restart", rank = p.rank, host = p.host, message = p.cause })
+      end
+    end)
+  end
+  M.request_spawn(a, 1, p.rank, p.world, function(req)
+    local r = req.results[1]
+    a.requests[req.id] = nil
+    if not r or not r.port then
+      p.state = "dead"
+      p.cause = "restart failed: " .. tostring(r and r.error or "no answer from the host agent")
+      runtime.flush_queue(p)
+      return
+    end
+    p.pid, p.port = r.pid, r.port
+    a.procs[r.pid] = p
+    M.connect(p)
+  end)
+end
+
+return M

@@ -1,0 +1,173 @@
+-- The host manages failures: crashes, hangs and lost hosts are detected,
+-- reported with host, rank, pid and cause, and healed by policy.
+local monarch = require "monarch"
+local mesh_mod = require "monarch.mesh"
+local runtime = require "monarch.runtime"
+
+local function fails(fn)
+  local ok, err = pcall(fn)
+  assert.is_false(ok, "expected an error")
+  return err
+end
+
+local function sh(cmd) return os.execute(cmd .. " >/dev/null 2>&1") == 0 end
+-- Running (a zombie waiting for init to reap it does not count).
+local function alive(pid)
+  local f = io.open("/proc/" .. pid .. "/stat")
+  if not f then return false end
+  local st = f:read("*a"):match("%) (%a)")
+  f:close()
+  return st ~= nil and st ~= "Z"
+end
+
+describe("failure handling", function()
+  setup(function()
+    monarch.hosts()
+    -- Fast detection for the tests: ping every 0.1 s, silent after 1 s.
+    monarch.configure{ heartbeat = 0.1, heartbeat_timeout = 1.0, reconnect = 2.0 }
+  end)
+
+  teardown(function()
+    monarch.configure{ heartbeat = 0.5, heartbeat_timeout = 3.0, reconnect = 5.0 }
+  end)
+
+  it("reports kill -9 of a proc mid-call with its pid and signal", function()
+    local procs = monarch.hosts():spawn_procs{ procs = 2 }
+    procs:load "basic"
+    local victim = procs:procs()[2]
+    local f = procs:slice{ procs = 1 }:call_one("sleep", 5)
+    monarch.sleep(0.1)
+    local t0 = monarch.now()
+    sh("kill -9 " .. victim.pid)
+    local err = fails(function() return f:get() end)
+    assert.is_true(monarch.now() - t0 < 1.5, "detected after " .. (monarch.now() - t0) .. " s")
+    assert.are.equal("proc_failed", err.kind)
+    assert.are.equal(1, err.rank)
+    assert.are.equal(victim.pid, err.pid)
+    assert.are.equal("sleep", err.kernel)
+    assert.matches("killed by SIGKILL while running 'sleep'", err.message)
+    procs:stop()
+  end)
+
+  it("finds a SIGSTOPped proc by its silence and names it unresponsive", function()
+    local procs = monarch.hosts():spawn_procs{ procs = 1 }
+    procs:load "basic"
+    local pid = procs:procs()[1].pid
+    local f = procs:call_one("sleep", 30)
+    sh("kill -STOP " .. pid)
+    local t0 = monarch.now()
+    local err = fails(function() return f:get(10) end)
+    local took = monarch.now() - t0
+    assert.are.equal("unresponsive", err.kind)
+    assert.matches("no heartbeat", err.message)
+    assert.is_true(took < 4, "detected after " .. took .. " s")
+    monarch.sleep(0.3)
+    assert.is_false(alive(pid), "the hung proc was not killed")
+  end)
+
+  it("restarts a killed proc, reloads its kernels, re-creates its tensors and runs the init hook", function()
+    local procs = monarch.hosts():spawn_procs{ procs = 2 }:options{ restart = true }
+    procs:load "basic"
+    local t = procs:tensor("f32", { 4 })
+    procs:call("fill", t, 1):get()
+    local hooked = {}
+    procs:on_restart(function(one, rank)
+      hooked[#hooked + 1] = rank
+      one:call_one("fill", t, 7):get()
+    end)
+    local events = {}
+    procs:on_failure(function(e) events[#events + 1] = e end)
+    local old = procs:procs()[1].pid
+    sh("kill -9 " .. old)
+    local t0 = monarch.now()
+    while #events == 0 and monarch.now() - t0 < 5 do monarch.sleep(0.02) end
+    procs:ready(10)
+    assert.are.same({ 0 }, hooked)
+    assert.are.equal(1, #events)
+    assert.is_true(events[1].restarting)
+    local info = procs:procs()[1]
+    assert.are_not.equal(old, info.pid)
+    assert.are.equal("ready", info.state)
+    assert.are.same({ 28, 4 }, procs:call("sum", t):get():values())
+    procs:stop()
+  end)
+
+  it("retries a call whose proc died onto the restarted proc", function()
+    local procs = monarch.hosts():spawn_procs{ procs = 1 }:options{ restart = true, retries = 2, backoff = 0.05 }
+    procs:load "basic"
+    procs:load "faulty"
+    local pid = procs:procs()[1].pid
+    local f = procs:call_one("sleep", 2)
+    monarch.sleep(0.1)
+    sh("kill -9 " .. pid)
+    assert.is_nil(f:get(15)) -- ran again on the new proc
+    assert.are_not.equal(pid, procs:procs()[1].pid)
+    procs:stop()
+  end)
+
+  it("does not retry a kernel's own error", function()
+    local procs = monarch.hosts():spawn_procs{ procs = 1 }:options{ retries = 3 }
+    procs:load "faulty"
+    procs:load "basic"
+    local err = fails(function() return procs:call_one("fail", "deterministic"):get() end)
+    assert.are.equal("kernel", err.kind)
+    procs:stop()
+  end)
+
+  it("choose re-routes a call from a dying proc to a live one", function()
+    local procs = monarch.hosts():spawn_procs{ procs = 3 }
+    procs:load "basic"
+    procs:load "faulty"
+    procs:on_failure(function() end)
+    -- Occupy two procs so choose picks the third, then kill it mid-call.
+    local busy = { procs:slice{ procs = 0 }:call_one("sleep", 0.5), procs:slice{ procs = 1 }:call_one("sleep", 0.5) }
+    local f = procs:choose("spin", 0.3)
+    monarch.sleep(0.05)
+    sh("kill -9 " .. procs:procs()[3].pid)
+    assert.is_number(f:get(10))
+    for _, b in ipairs(busy) do b:get() end
+    procs:stop()
+  end)
+
+  it("reports every proc of a killed host agent and leaves none running", function()
+    local B = os.getenv("MONARCH_BUILD") or "build"
+    local log, pidf = os.tmpname(), os.tmpname()
+    os.execute(string.format("MONARCH_TOKEN='%s' %s/bin/monarch-worker --listen 127.0.0.1:0 >%s 2>&1 & echo $! >%s",
+      runtime.token, B, log, pidf))
+    local port
+    for _ = 1, 100 do
+      local s = io.open(log):read("*a")
+      port = tonumber(s:match("listening on 127%.0%.0%.1:(%d+)"))
+      if port then break end
+      os.execute("sleep 0.05")
+    end
+    local agent_pid = io.open(pidf):read("*l")
+    local agents = mesh_mod.connect_agents{ "127.0.0.1:" .. port }
+    local procs = mesh_mod.host_mesh(agents):spawn_procs{ procs = 2 }
+    procs:load "basic"
+    local events = {}
+    procs:on_failure(function(e) events[#events + 1] = e end)
+    local f = procs:call("sleep", 10)
+    sh("kill -9 " .. agent_pid)
+    local err = fails(function() return f:get(15) end)
+    assert.are.equal("proc_failed", err.kind)
+    assert.are.equal(2, #events)
+    for _, p in ipairs(procs:procs()) do
+      assert.are.equal("dead", p.state)
+      assert.is_false(alive(p.pid), "proc " .. p.pid .. " outlived its agent")
+    end
+    os.remove(log)
+    os.remove(pidf)
+  end)
+
+  it("stops the script on a failure nobody handles", function()
+    local procs = monarch.hosts():spawn_procs{ procs = 1 }
+    local pid = procs:procs()[1].pid
+    sh("kill -9 " .. pid)
+    local err = fails(function()
+      for _ = 1, 50 do runtime.pump(0.05) end
+    end)
+    assert.are.equal("proc_failed", err.kind)
+    assert.matches("killed by SIGKILL", tostring(err))
+  end)
+end)
