@@ -1,17 +1,35 @@
 #!/usr/bin/env bash
 # make bench: every figure measured in this one run, next to its baseline.
 # Medians of several batches; these machines are noisy, so compare ratios.
+#   bench/run.sh [quick]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${BUILD:-build}
 mode=${1:-full}
+q=$([ "$mode" = quick ] && echo quick || true)
 echo "monarch bench ($(nproc) cores, $(date -u +%Y-%m-%dT%H:%MZ))"
+ratio() { echo "$1 / $2" | bc -l; }
 base=$($B/bench/tcp_pingpong 20000 40 | awk '/tcp_rtt_us/ {print $2}')
-out=$($B/bin/monarch-run bench/core.lua $([ "$mode" = quick ] && echo quick))
-get() { echo "$out" | awk -v k="$1" '$1 == k {print $2}'; }
-rtt=$(get call_one_rtt_us); rate=$(get pipelined_calls_per_s); g8=$(get gather8_us)
-printf '\n%-44s %14s %12s\n' "measure" "value" "vs baseline"
-printf '%-44s %11.1f us %12s\n' "raw C TCP ping-pong round trip (baseline)" "$base" "1.00x"
-printf '%-44s %11.1f us %11.2fx\n' "call_one(\"noop\"):get() round trip" "$rtt" "$(echo "$rtt / $base" | bc -l)"
-printf '%-44s %11.0f /s %12s\n' "pipelined no-op calls to one proc" "$rate" "target 200000"
-printf '%-44s %11.1f us %11.2fx\n' "call(\"noop\") + gather on 8 procs" "$g8" "$(echo "$g8 / $base" | bc -l)"
+base1=$(taskset -c 0 $B/bench/tcp_pingpong 20000 40 | awk '/tcp_rtt_us/ {print $2}')
+out=$($B/bin/monarch-run bench/core.lua $q)
+get() { echo "$2" | awk -v k="$1" '$1 == k {print $2}'; }
+rtt=$(get call_one_rtt_us "$out"); rate=$(get pipelined_calls_per_s "$out"); g8=$(get gather8_us "$out")
+# The same round trip with the sequence/ack machinery off (no unacked copies, no replay cache).
+noack=$(MONARCH_NO_ACK=1 MONARCH_NO_REPLAY=1 $B/bin/monarch-run bench/core.lua $q)
+rtt0=$(get call_one_rtt_us "$noack")
+fail=$($B/bin/monarch-run bench/failures.lua $q 2>/dev/null)
+printf '\n%-52s %14s %12s\n' "measure" "value" "vs baseline"
+printf '%-52s %11.1f us %12s\n' "raw C TCP ping-pong round trip (baseline)" "$base" "1.00x"
+printf '%-52s %11.1f us %12s\n' "raw C TCP ping-pong, both ends on one core" "$base1" ""
+printf '%-52s %11.1f us %11.2fx\n' "call_one(\"noop\"):get() round trip" "$rtt" "$(ratio "$rtt" "$base")"
+printf '%-52s %14s %11.2fx\n' "  ... against the one-core raw TCP" "" "$(ratio "$rtt" "$base1")"
+printf '%-52s %11.0f /s %12s\n' "pipelined no-op calls to one proc" "$rate" "target 200000"
+printf '%-52s %11.1f us %11.2fx\n' "call(\"noop\") + gather on 8 procs" "$g8" "$(ratio "$g8" "$base")"
+printf '%-52s %11.1f us %11.2fx\n' "round trip without seq/ack machinery" "$rtt0" "$(ratio "$rtt0" "$base")"
+printf '%-52s %13.1f%% %12s\n' "  cost of seq/ack + replay cache" "$(echo "($rtt - $rtt0) / $rtt0 * 100" | bc -l)" "target <10%"
+printf '%-52s %11.1f ms %12s\n' "kill -9 -> failure delivered to the script" "$(get kill_to_failure_ms "$fail")" ""
+printf '%-52s %11.1f ms %12s\n' "kill -9 -> restarted proc serving again" "$(get kill_to_serving_ms "$fail")" ""
+for extra in bench/collective.sh bench/actors.sh; do
+  [ -x "$extra" ] && { echo; "$extra" $q || echo "$extra failed"; }
+done
+exit 0

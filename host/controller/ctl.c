@@ -100,6 +100,7 @@ void mn_ctl_disconnect(mn_ctl_t *c, int id, const char *reason) {
   stop_retry(k);
   k->out.len = 0;
   mn_buf_free(&k->unacked);
+  k->unacked_off = 0;
   push_event(c, MN_EV_CLOSED, id, 0, 0);
 }
 
@@ -201,10 +202,17 @@ int mn_ctl_call(mn_ctl_t *c, mn_conn_t *k, char *frame, size_t n, size_t seq_off
 
 void mn_ctl_acked(mn_conn_t *k, uint64_t seq) {
   k->acked = seq;
-  if (k->unacked.len >= MN_FRAME_HEADER) {
-    /* Frames are in seq order and answered in order: the front one is seq. */
-    size_t n = MN_FRAME_HEADER + mn_be32(k->unacked.data);
-    mn_buf_consume(&k->unacked, n);
+  if (k->unacked.len - k->unacked_off >= MN_FRAME_HEADER) {
+    /* Frames are in seq order and answered in order: the front one is seq.
+     * Advance an offset; compact only when the dead prefix dominates, so a
+     * deep pipeline costs O(1) per answer instead of a memmove. */
+    k->unacked_off += MN_FRAME_HEADER + mn_be32(k->unacked.data + k->unacked_off);
+    if (k->unacked_off == k->unacked.len) {
+      k->unacked.len = k->unacked_off = 0;
+    } else if (k->unacked_off > (1u << 16) && k->unacked_off * 2 > k->unacked.len) {
+      mn_buf_consume(&k->unacked, k->unacked_off);
+      k->unacked_off = 0;
+    }
   }
 }
 
@@ -345,7 +353,8 @@ static int open_session(mn_ctl_t *c, mn_conn_t *k) {
   /* Whatever was queued for the old link is superseded by this order. */
   k->out.len = 0;
   int rc = mn_ctl_send(c, k, b.data, b.len);
-  if (rc == 0 && k->unacked.len > 0) rc = mn_ctl_send(c, k, k->unacked.data, k->unacked.len);
+  if (rc == 0 && k->unacked.len > k->unacked_off)
+    rc = mn_ctl_send(c, k, k->unacked.data + k->unacked_off, k->unacked.len - k->unacked_off);
   mn_buf_free(&b);
   return rc;
 }
@@ -440,9 +449,9 @@ static void on_connect(uv_connect_t *req, int status) {
     char msg[400];
     snprintf(msg, sizeof(msg), "cannot connect to %s:%d: %s", k->host, k->port, uv_strerror(status));
     drop_link(k);
-    /* Refused means nobody listens there any more (the process is gone);
-     * only silence (a partition) is worth waiting out. */
-    if (k->ever_ready && status != UV_ECONNREFUSED) schedule_retry(k, msg);
+    /* Even "refused" is retried within the window: a cut link can answer
+     * that way locally. A proc that really died is reported by its agent. */
+    if (k->ever_ready) schedule_retry(k, msg);
     else mn_ctl_disconnect(k->ctl, k->id, msg);
     return;
   }

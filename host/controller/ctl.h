@@ -74,6 +74,7 @@ struct mn_conn_s {
   mn_buf_t in;       /* bytes read, not yet drained */
   mn_buf_t out;      /* frames queued, not yet written */
   mn_buf_t unacked;  /* CALL frames (procs) without a RESULT yet, in seq order: resent after a reconnect */
+  size_t unacked_off; /* bytes at the front of `unacked` already answered (compacted lazily) */
   int dirty;         /* on ctl's dirty list */
   int readable;      /* on ctl's readable list */
   int ever_ready;

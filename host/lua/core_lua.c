@@ -295,6 +295,7 @@ static int l_call(lua_State *L) {
   const char *kernel = luaL_checklstring(L, 3, &kl);
   encode_call(L, c, kernel, kl, 4);
   mn_buf_t *b = &c->scratch;
+  size_t deepest = 0;
   int single = lua_type(L, 2) == LUA_TNUMBER;
   int n = single ? 1 : (int)lua_objlen(L, 2);
   for (int i = 1; i <= n; i++) {
@@ -308,8 +309,11 @@ static int l_call(lua_State *L) {
     mn_conn_t *k = ready_conn(L, c, id, 1);
     if (mn_ctl_call(&c->ctl, k, b->data, b->len, MN_SEQ_OFFSET, call, i) != 0)
       return luaL_error(L, "out of memory queueing a call");
+    if (k->rcount > deepest) deepest = k->rcount;
   }
-  return 0;
+  /* The deepest queue among the targets: Lua holds back past its window. */
+  lua_pushnumber(L, (lua_Number)deepest);
+  return 1;
 }
 
 /* core.call_as(call_id, conn, slot, kernel, ...) : one target with an explicit slot. */
@@ -324,7 +328,8 @@ static int l_call_as(lua_State *L) {
   mn_conn_t *k = ready_conn(L, c, id, 1);
   if (mn_ctl_call(&c->ctl, k, c->scratch.data, c->scratch.len, MN_SEQ_OFFSET, call, slot) != 0)
     return luaL_error(L, "out of memory queueing a call");
-  return 0;
+  lua_pushnumber(L, (lua_Number)k->rcount);
+  return 1;
 }
 
 /* Decodes the frames waiting on conn k into ev; returns the new count. */
@@ -485,6 +490,14 @@ static int l_take_pending(lua_State *L) {
   return 1;
 }
 
+/* core.inflight(id) -> calls sent to that connection and not yet answered */
+static int l_inflight(lua_State *L) {
+  lctl_t *c = get_ctl(L);
+  mn_conn_t *k = mn_ctl_conn(&c->ctl, (int)luaL_checkinteger(L, 1));
+  lua_pushnumber(L, k ? (lua_Number)k->rcount : 0);
+  return 1;
+}
+
 /* core.oldest_pending(id) -> call id of the call now running there, or nil */
 static int l_oldest_pending(lua_State *L) {
   lctl_t *c = get_ctl(L);
@@ -550,7 +563,7 @@ int luaopen_monarch_core(lua_State *L) {
       {"init", l_init},           {"shutdown", l_shutdown},   {"start_agent", l_start_agent},
       {"connect", l_connect},     {"disconnect", l_disconnect}, {"info", l_info},
       {"send", l_send},           {"call", l_call},           {"call_as", l_call_as},           {"poll", l_poll},
-      {"take_pending", l_take_pending}, {"oldest_pending", l_oldest_pending},
+      {"take_pending", l_take_pending}, {"inflight", l_inflight}, {"oldest_pending", l_oldest_pending},
       {"flush", l_flush},         {"configure", l_configure},         {"now", l_now},             {"generate_token", l_generate_token},
       {"prefix", l_prefix},       {"sleep", l_sleep},         {NULL, NULL}};
   lua_createtable(L, 0, 20);

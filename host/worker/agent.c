@@ -46,6 +46,7 @@ typedef struct {
   asession_t *sessions;
   uv_timer_t tick;
   uint64_t grace_ms;
+  uint64_t silence_ms;
   int nprocs;
   int served;
   int stopping;
@@ -344,7 +345,7 @@ static void on_tick(uv_timer_t *t) {
     s = next;
   }
   for (aconn_t *c = a->conns; c; c = c->next) {
-    if (c->ready && !c->closing && now - c->last_rx > MN_AGENT_SILENCE_MS) {
+    if (c->ready && !c->closing && now - c->last_rx > a->silence_ms) {
       conn_close(c);
     }
   }
@@ -614,6 +615,8 @@ int mn_agent_main(const mn_agent_opts_t *o) {
   }
   const char *grace = getenv("MONARCH_AGENT_GRACE");
   a->grace_ms = grace ? (uint64_t)(atof(grace) * 1000) : MN_AGENT_GRACE_MS;
+  const char *silence = getenv("MONARCH_AGENT_SILENCE");
+  a->silence_ms = silence ? (uint64_t)(atof(silence) * 1000) : MN_AGENT_SILENCE_MS;
   uv_timer_init(a->loop, &a->tick);
   a->tick.data = a;
   uv_timer_start(&a->tick, on_tick, 1000, 1000);

@@ -94,7 +94,8 @@ static int64_t bumps;
 
 static int k_bump(mk_ctx_t *ctx, int argc, const mk_arg_t *argv) {
   (void)argc, (void)argv;
-  return mk_return_int(ctx, ++bumps);
+  if (mk_return_int(ctx, ++bumps) != 0) return -1;
+  return mk_return_int(ctx, (int64_t)getpid()); /* which incarnation counted it */
 }
 
 static int k_bumps(mk_ctx_t *ctx, int argc, const mk_arg_t *argv) {
@@ -111,7 +112,7 @@ static const mk_kernel_t kernels[] = {
   { "hang", k_hang, "", "Sleeps forever ignoring cancel (pause() in a loop)." },
   { "print", k_print, "s", "print(s): writes s and a newline to stdout and flushes." },
   { "eprint", k_eprint, "s", "eprint(s): writes s and a newline to stderr and flushes." },
-  { "bump", k_bump, "", "Adds one to this proc's counter and returns the new value." },
+  { "bump", k_bump, "", "Adds one to this proc's counter; returns the new value and the pid." },
   { "bumps", k_bumps, "", "Returns this proc's counter without changing it." },
 };
 

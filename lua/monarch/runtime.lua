@@ -163,6 +163,22 @@ send_slot = function(rec, slot)
   end
 end
 
+--- Most calls in flight to one proc before submit waits (backpressure):
+-- memory on both ends stays bounded however many calls a script issues.
+R.window = 65536
+
+--- Runs the loop until every proc in procs has at most half a window in flight.
+function R.wait_window(procs)
+  local low = R.window / 2
+  local function deep()
+    for _, p in ipairs(procs) do
+      if p.conn and core.inflight(p.conn) > low then return true end
+    end
+    return false
+  end
+  while deep() do R.pump(0.01) end
+end
+
 --- Sends the calls a restarted proc missed, in the order they were made.
 function R.flush_queue(p)
   local q = p.queue
@@ -209,7 +225,8 @@ function R.submit(procs, kernel, args, nargs, opts)
     -- The common case: one encoding, copied to every connection.
     local targets = {}
     for i, p in ipairs(procs) do targets[i] = p.conn end
-    core.call(id, targets, kernel, unpack(args, 1, nargs))
+    local depth = core.call(id, targets, kernel, unpack(args, 1, nargs))
+    if depth > R.window then R.wait_window(procs) end
   else
     for i = 1, #procs do send_slot(rec, i) end
   end

@@ -1,0 +1,116 @@
+-- A real network cut between the controller and a host, made with a network
+-- namespace and a veth pair (needs root and iproute2; skipped otherwise).
+local monarch = require "monarch"
+local mesh_mod = require "monarch.mesh"
+local runtime = require "monarch.runtime"
+
+local B = os.getenv("MONARCH_BUILD") or "build"
+local NS, HOST_IF, NS_IF = "mn_part", "mnpart0", "mnpart1"
+local HOST_IP, NS_IP = "10.77.91.1", "10.77.91.2"
+
+local function sh(cmd) return os.execute(cmd .. " >/dev/null 2>&1") == 0 end
+
+local function can_netns()
+  if not sh("id -u | grep -qx 0") then return false, "not root" end
+  if not sh("command -v ip") then return false, "iproute2 (ip) not installed" end
+  sh("ip netns del " .. NS)
+  if not sh("ip netns add " .. NS) then return false, "ip netns add failed (no network namespace support)" end
+  sh("ip netns del " .. NS)
+  return true
+end
+
+local ok_netns, why = can_netns()
+if not ok_netns then
+  describe("network partition", function()
+    pending("skipped: " .. why)
+  end)
+  print("partition_spec: skipped: " .. why)
+  return
+end
+
+local function ns_pids()
+  local f = io.popen("ip netns pids " .. NS .. " 2>/dev/null")
+  local s = f:read("*a")
+  f:close()
+  local n = 0
+  for _ in s:gmatch("%d+") do n = n + 1 end
+  return n
+end
+
+describe("a network partition between the controller and a host", function()
+  local port, log
+
+  before_each(function()
+    monarch.hosts()
+    monarch.configure{ heartbeat = 0.1, heartbeat_timeout = 1.0, reconnect = 4.0 }
+    sh("ip netns del " .. NS)
+    sh("ip link del " .. HOST_IF)
+    assert(sh("ip netns add " .. NS))
+    assert(sh(("ip link add %s type veth peer name %s"):format(HOST_IF, NS_IF)))
+    assert(sh(("ip link set %s netns %s"):format(NS_IF, NS)))
+    assert(sh(("ip addr add %s/24 dev %s && ip link set %s up"):format(HOST_IP, HOST_IF, HOST_IF)))
+    assert(sh(("ip netns exec %s sh -c 'ip addr add %s/24 dev %s && ip link set %s up && ip link set lo up'")
+      :format(NS, NS_IP, NS_IF, NS_IF)))
+    log = os.tmpname()
+    -- The far side gives up quickly too: silence 2 s, grace 1 s, procs' orphan timeout 3 s.
+    os.execute(("ip netns exec %s env MONARCH_TOKEN='%s' MONARCH_AGENT_SILENCE=2 MONARCH_AGENT_GRACE=1 " ..
+      "%s/bin/monarch-worker --listen %s:0 --orphan-timeout 3 >%s 2>&1 &"):format(NS, runtime.token, B, NS_IP, log))
+    for _ = 1, 100 do
+      local f = io.open(log)
+      port = tonumber(f:read("*a"):match("listening on [%d.]+:(%d+)"))
+      f:close()
+      if port then break end
+      os.execute("sleep 0.05")
+    end
+    assert.is_number(port)
+  end)
+
+  after_each(function()
+    sh("ip link set " .. HOST_IF .. " up")
+    sh("ip netns pids " .. NS .. " | xargs -r kill -9")
+    sh("ip netns del " .. NS)
+    sh("ip link del " .. HOST_IF)
+    os.remove(log)
+    monarch.configure{ heartbeat = 0.5, heartbeat_timeout = 3.0, reconnect = 5.0 }
+  end)
+
+  it("heals within the reconnect window and runs every call exactly once", function()
+    local agents = mesh_mod.connect_agents{ NS_IP .. ":" .. port }
+    local procs = mesh_mod.host_mesh(agents):spawn_procs{ procs = 1 }
+    procs:load "faulty"
+    procs:load "basic"
+    local futs = {}
+    for i = 1, 100 do futs[i] = procs:call_one("bump") end
+    futs[100]:get(5)
+    -- Cut, keep sending, heal after the heartbeat has noticed.
+    assert(sh("ip link set " .. HOST_IF .. " down"))
+    for i = 101, 300 do futs[i] = procs:call_one("bump") end
+    local t0 = monarch.now()
+    while monarch.now() - t0 < 1.8 do runtime.pump(0.05) end
+    assert.are.equal("reconnecting", procs:procs()[1].state)
+    assert(sh("ip link set " .. HOST_IF .. " up"))
+    for i = 1, 300 do assert.are.equal(i, futs[i]:get(10)[1]) end
+    assert.are.equal(300, procs:call_one("bumps"):get(5))
+    assert.are.equal("ready", procs:procs()[1].state)
+    procs:stop()
+  end)
+
+  it("fails clearly when the cut does not heal, and the far side cleans up", function()
+    local agents = mesh_mod.connect_agents{ NS_IP .. ":" .. port }
+    local procs = mesh_mod.host_mesh(agents):spawn_procs{ procs = 2 }
+    procs:load "basic"
+    procs:on_failure(function() end)
+    local f = procs:call("sleep", 0.2)
+    f:get(5)
+    assert(sh("ip link set " .. HOST_IF .. " down"))
+    local g = procs:call("noop")
+    local ok, err = pcall(function() return g:get(20) end)
+    assert.is_false(ok)
+    assert.are.equal("proc_failed", err.kind)
+    assert.matches("reconnecting failed", err.message)
+    -- Nothing stays behind on the far side: agent silence + grace kill the procs.
+    local t0 = monarch.now()
+    while ns_pids() > 1 and monarch.now() - t0 < 10 do runtime.pump(0.2) end
+    assert.are.equal(1, ns_pids()) -- only the agent daemon itself
+  end)
+end)
