@@ -38,6 +38,7 @@ typedef enum {
   MN_MSG_SESSION = 22,    /* controller -> agent/proc, first after WELCOME: session id, acked seq */
   MN_MSG_ACK = 24,        /* controller -> proc: highest seq whose RESULT arrived */
   MN_MSG_GOODBYE = 25,    /* controller -> agent: clean exit, stop my procs now */
+  MN_MSG_LOG = 26,        /* agent -> controller: rank, stream (1 stdout, 2 stderr), text of whole lines */
 } mn_msg_t;
 
 /* Error codes: negative, errno-style; mn_strerror() names them. */

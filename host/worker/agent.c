@@ -31,6 +31,7 @@
 #define MN_AGENT_GRACE_MS 10000   /* a departed controller's procs live this long (default) */
 #define MN_AGENT_SILENCE_MS 10000 /* a controller connection silent this long is dropped */
 #define MN_MAX_BACKLOG (1u << 20) /* bytes of events kept for a detached session */
+#define MN_MAX_LOG_LINE (64u << 10) /* a longer unterminated line is forwarded in pieces */
 
 typedef struct aconn_s aconn_t;
 typedef struct asession_s asession_t;
@@ -78,7 +79,9 @@ struct aconn_s {
 
 typedef struct {
   uv_process_t proc;
-  uv_pipe_t pipe;
+  uv_pipe_t pipe;     /* fd 3: the port report */
+  uv_pipe_t out, err; /* the proc's stdout and stderr, forwarded as LOG */
+  mn_buf_t obuf, ebuf; /* partial lines */
   agent_t *a;
   asession_t *owner;
   uint64_t req;
@@ -133,6 +136,8 @@ static void proc_handle_closed(uv_handle_t *h) {
   aproc_t *p = h->data;
   if (--p->open_handles == 0) {
     agent_t *a = p->a;
+    mn_buf_free(&p->obuf);
+    mn_buf_free(&p->ebuf);
     free(p);
     a->nprocs--;
     maybe_exit(a);
@@ -217,6 +222,52 @@ static void on_port(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
   uv_close((uv_handle_t *)&p->pipe, proc_handle_closed);
 }
 
+/* Sends [LOG, rank, stream, text] for the complete lines in b (all of b if `all`). */
+static void forward_lines(aproc_t *p, int stream, mn_buf_t *b, int all) {
+  size_t end = b->len;
+  if (!all) {
+    while (end > 0 && b->data[end - 1] != '\n') end--;
+    if (end == 0 && b->len >= MN_MAX_LOG_LINE) end = b->len;
+  }
+  if (end == 0) return;
+  mn_buf_t f;
+  msgpack_packer pk;
+  mn_buf_init(&f);
+  msgpack_packer_init(&pk, &f, mn_buf_write_cb);
+  size_t s = mn_frame_begin(&f);
+  msgpack_pack_array(&pk, 4);
+  msgpack_pack_int(&pk, MN_MSG_LOG);
+  msgpack_pack_int(&pk, p->rank);
+  msgpack_pack_int(&pk, stream);
+  msgpack_pack_str(&pk, end);
+  msgpack_pack_str_body(&pk, b->data, end);
+  mn_frame_end(&f, s);
+  session_send(p->owner, &f);
+  mn_buf_free(&f);
+  mn_buf_consume(b, end);
+}
+
+static void log_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf) {
+  aproc_t *p = h->data;
+  mn_buf_t *b = h == (uv_handle_t *)&p->out ? &p->obuf : &p->ebuf;
+  (void)hint;
+  if (mn_buf_reserve(b, 16 * 1024) != 0) {
+    *buf = uv_buf_init(NULL, 0);
+    return;
+  }
+  *buf = uv_buf_init(b->data + b->len, (unsigned)(b->cap - b->len));
+}
+
+static void log_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
+  aproc_t *p = s->data;
+  int stream = s == (uv_stream_t *)&p->out ? 1 : 2;
+  mn_buf_t *b = stream == 1 ? &p->obuf : &p->ebuf;
+  (void)buf;
+  if (n > 0) b->len += (size_t)n;
+  forward_lines(p, stream, b, n < 0);
+  if (n < 0) uv_close((uv_handle_t *)s, proc_handle_closed);
+}
+
 static int spawn_one(asession_t *c, uint64_t req, int index, int rank, int world) {
   agent_t *a = c->a;
   aproc_t *p = calloc(1, sizeof(*p));
@@ -234,14 +285,16 @@ static int spawn_one(asession_t *c, uint64_t req, int index, int rank, int world
   char *args[] = {(char *)a->o->exe, "--proc", "--rank", srank, "--world", sworld, "--bind", a->host,
                   "--parent", sparent, "--port-fd", "3", "--orphan-timeout", sorphan, NULL};
   uv_pipe_init(a->loop, &p->pipe, 0);
-  p->pipe.data = p;
+  uv_pipe_init(a->loop, &p->out, 0);
+  uv_pipe_init(a->loop, &p->err, 0);
+  p->pipe.data = p->out.data = p->err.data = p;
   p->proc.data = p;
   uv_stdio_container_t stdio[4];
   stdio[0].flags = UV_IGNORE;
-  stdio[1].flags = UV_INHERIT_FD;
-  stdio[1].data.fd = 1;
-  stdio[2].flags = UV_INHERIT_FD;
-  stdio[2].data.fd = 2;
+  stdio[1].flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE;
+  stdio[1].data.stream = (uv_stream_t *)&p->out;
+  stdio[2].flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE;
+  stdio[2].data.stream = (uv_stream_t *)&p->err;
   stdio[3].flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE;
   stdio[3].data.stream = (uv_stream_t *)&p->pipe;
   uv_process_options_t po;
@@ -253,15 +306,19 @@ static int spawn_one(asession_t *c, uint64_t req, int index, int rank, int world
   po.stdio_count = 4;
   int rc = uv_spawn(a->loop, &p->proc, &po);
   if (rc != 0) {
-    p->open_handles = 1;
+    p->open_handles = 3;
     p->owner = NULL;
     a->nprocs++;
     uv_close((uv_handle_t *)&p->pipe, proc_handle_closed);
+    uv_close((uv_handle_t *)&p->out, proc_handle_closed);
+    uv_close((uv_handle_t *)&p->err, proc_handle_closed);
     return rc;
   }
-  p->open_handles = 2;
+  p->open_handles = 4;
   a->nprocs++;
   uv_read_start((uv_stream_t *)&p->pipe, pipe_alloc, on_port);
+  uv_read_start((uv_stream_t *)&p->out, log_alloc, log_read);
+  uv_read_start((uv_stream_t *)&p->err, log_alloc, log_read);
   return 0;
 }
 

@@ -12,7 +12,9 @@ local errors = require "monarch.errors"
 local runtime = require "monarch.runtime"
 
 local M = {}
-local MSG = { SPAWN = 10, SPAWNED = 11, SPAWN_FAILED = 12, PROC_EXIT = 13, KILL = 14, ERROR = 4, PONG = 6 }
+local log = require "monarch.log"
+
+local MSG = { SPAWN = 10, SPAWNED = 11, SPAWN_FAILED = 12, PROC_EXIT = 13, KILL = 14, ERROR = 4, PONG = 6, LOG = 26 }
 M.MSG = MSG
 M.CONNECT_TIMEOUT = 10 -- seconds to reach and authenticate a host agent
 M.SPAWN_TIMEOUT = 30   -- seconds for procs to start and accept our connection
@@ -87,7 +89,7 @@ function M.finalize_death(p)
     if not ok then runtime.unhandled(errors.new { kind = "script", message = "on_failure handler failed: " .. tostring(err) }) end
   end
   if will_restart then
-    io.stderr:write(tostring(ev), " (restarting)\n")
+    log.log("warn", tostring(ev):gsub("^monarch: ", "") .. " (restarting)")
     restart_proc(p)
   elseif not handled and #pending == 0 and not M.shutting_down then
     -- Nobody was waiting on it and nobody asked to hear: stop the script rather than fail silently later.
@@ -222,6 +224,8 @@ local function agent_handler(a)
           p.exit = { status = m[3], signal = m[4] }
           if p.state == "dying" then M.finalize_death(p) else mark_dying(p, "exited") end
         end
+      elseif t == MSG.LOG then
+        log.proc_output(a.hostname or a.addr, m[2], m[3], m[4])
       elseif t == MSG.ERROR then
         a.reason = tostring(m[3])
       end

@@ -104,8 +104,7 @@ describe("monarch-run", function()
   it("sends a broadcast issued just before the script ends", function()
     local out, rc = sh(RUN .. [[ -e "local m = require 'monarch'; local p = m.hosts():spawn_procs{procs = 2}; p:load 'faulty'; p:broadcast('print', 'last words')"]])
     assert.are.equal(0, rc)
-    local _, n = out:gsub("last words", "")
-    assert.are.equal(2, n)
+    assert.matches("%[[^%]]+ r0%-1%] last words", out) -- both ranks printed it
   end)
 
   it("fails clearly when --hosts has no token", function()
@@ -119,5 +118,30 @@ describe("monarch-run", function()
     assert.are.equal(1, rc)
     assert.matches("cannot reach host agent", out)
     assert.matches("127.0.0.1:1", out)
+  end)
+end)
+
+describe("proc output", function()
+  local B = os.getenv("MONARCH_BUILD") or "build"
+  local RUN = B .. "/bin/monarch-run"
+  local function sh(cmd)
+    local f = io.popen(cmd .. " 2>&1")
+    local out = f:read("*a")
+    f:close()
+    return out
+  end
+
+  it("reaches the controller prefixed with host and rank, identical lines collapsed", function()
+    local out = sh(RUN .. [[ -e "local m = require 'monarch'; local p = m.hosts():spawn_procs{procs = 4}; p:load 'faulty'; p:call('print', 'same everywhere'):get(); p:slice{procs = 2}:call_one('eprint', 'only two'):get()"]])
+    assert.matches("%[[^%]]+ r0%-3%] same everywhere", out)
+    local _, n = out:gsub("same everywhere", "")
+    assert.are.equal(1, n)
+    assert.matches("%[[^%]]+ r2%] only two", out)
+  end)
+
+  it("is dropped with log.quiet, stderr kept", function()
+    local out = sh(RUN .. [[ -e "local m = require 'monarch'; m.log.quiet = true; local p = m.hosts():spawn_procs{procs = 2}; p:load 'faulty'; p:call('print', 'chatter'):get(); p:call('eprint', 'problem'):get()"]])
+    assert.is_nil(out:find("chatter", 1, true))
+    assert.matches("problem", out)
   end)
 end)
