@@ -389,9 +389,19 @@ static int handshake_step(mn_ctl_t *c, mn_conn_t *k) {
       if (rc == 0) {
         const msgpack_object *info = m.via.array.size > 2 ? &m.via.array.ptr[2] : NULL;
         const msgpack_object *h = mn_map_get(info, "hostname"), *pid = mn_map_get(info, "pid");
+        int64_t new_pid = pid && pid->type == MSGPACK_OBJECT_POSITIVE_INTEGER ? (int64_t)pid->via.u64 : 0;
+        if (k->ever_ready && new_pid != k->info_pid) {
+          /* The port was taken over by another process: ours is gone, and
+           * resending its calls to a stranger would run them on the wrong proc. */
+          snprintf(err, sizeof(err), "the process behind %.200s:%d is gone (pid %lld answers there, not %lld)",
+                   k->host, k->port, (long long)new_pid, (long long)k->info_pid);
+          msgpack_zone_destroy(&zone);
+          mn_ctl_disconnect(c, k->id, err);
+          return -1;
+        }
         if (h && h->type == MSGPACK_OBJECT_STR)
           snprintf(k->info_host, sizeof(k->info_host), "%.*s", (int)h->via.str.size, h->via.str.ptr);
-        if (pid && pid->type == MSGPACK_OBJECT_POSITIVE_INTEGER) k->info_pid = (int64_t)pid->via.u64;
+        k->info_pid = new_pid;
         int again = k->ever_ready;
         k->state = MN_CS_READY;
         k->ever_ready = 1;

@@ -77,6 +77,7 @@ function M.finalize_death(p)
       or string.format("proc %s before running this call (queued behind '%s')", p.cause, tostring(first_kernel))
     runtime.fail_slot(id, slot, errors.new {
       kind = kind, message = msg, kernel = kernel, rank = p.rank, host = p.host, pid = p.pid, cause = p.cause,
+      stopped = p.stopping or nil,
     })
   end
   if p.stopping then return end

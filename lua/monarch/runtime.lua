@@ -78,7 +78,13 @@ local function finish(rec)
   if rec.done then return end
   rec.done = true
   if rec.mode == "broadcast" then
-    if rec.failures then R.unhandled(rec.failures[1]) end
+    -- Procs the script stopped itself are not a failure worth stopping it for.
+    for _, f in ipairs(rec.failures or {}) do
+      if not f.stopped then
+        R.unhandled(f)
+        break
+      end
+    end
     return
   end
   if rec.failures then
@@ -141,6 +147,7 @@ end
 local function dead_error(rec, p)
   return errors.new {
     kind = "proc_failed", kernel = rec.kernel, rank = p.rank, host = p.host, pid = p.pid, cause = p.cause,
+    stopped = p.state == "stopped" or nil,
     message = "proc is " .. p.state .. (p.cause and (" (" .. p.cause .. ")") or ""),
   }
 end

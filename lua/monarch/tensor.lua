@@ -113,8 +113,13 @@ function M.flush_frees()
   local batch = to_free
   to_free = {}
   for _, f in ipairs(batch) do
-    for _, p in ipairs(f[1]) do if p.tensors then p.tensors[f[2]] = nil end end
-    runtime.submit(f[1], "__tensor_free", { f[2] }, 1, { mode = "broadcast" })
+    -- Only procs that still hold it: a dead or stopped proc took its tensors along.
+    local live = {}
+    for _, p in ipairs(f[1]) do
+      if p.tensors then p.tensors[f[2]] = nil end
+      if p.state ~= "dead" and p.state ~= "stopped" then live[#live + 1] = p end
+    end
+    if #live > 0 then runtime.submit(live, "__tensor_free", { f[2] }, 1, { mode = "broadcast" }) end
   end
 end
 
