@@ -35,7 +35,7 @@ OBJ = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
 BIN    := $(BUILD)/bin
 KDIR   := $(BUILD)/lib/monarch
 LUAMOD := $(BUILD)/lib/monarch/lua/monarch/core.so
-KERNELS := $(KDIR)/basic.so $(KDIR)/faulty.so $(KDIR)/mlp.so
+KERNELS := $(KDIR)/basic.so $(KDIR)/faulty.so $(KDIR)/mlp.so $(KDIR)/cartpole.so
 
 NVCC ?= $(shell command -v nvcc 2>/dev/null)
 
@@ -65,6 +65,10 @@ $(KDIR)/basic.so: kernels/cpu/basic.c kernels/monarch_kernel.h
 $(KDIR)/mlp.so: kernels/cpu/mlp.c kernels/monarch_kernel.h
 	@mkdir -p $(KDIR)
 	$(CC) $(CFLAGS_BASE) -fvisibility=hidden -shared -Ikernels $< $(shell pkg-config --cflags --libs openblas zlib) -lm -o $@
+
+$(KDIR)/cartpole.so: kernels/cpu/cartpole.c kernels/monarch_kernel.h
+	@mkdir -p $(KDIR)
+	$(CC) $(CFLAGS_BASE) -fvisibility=hidden -shared -Ikernels $< -lm -o $@
 
 $(KDIR)/%.so: kernels/test/%.c kernels/monarch_kernel.h
 	@mkdir -p $(KDIR)
@@ -111,7 +115,7 @@ $(BUILD)/bench/%: bench/%.c $(call OBJ,$(CORE_SRC))
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/monarch/lua/monarch $(DESTDIR)$(PREFIX)/share/monarch/lua/monarch $(DESTDIR)$(PREFIX)/include
 	install -m 755 $(BIN)/monarch-run $(BIN)/monarch-worker $(DESTDIR)$(PREFIX)/bin/
-	install -m 644 $(KDIR)/basic.so $(DESTDIR)$(PREFIX)/lib/monarch/
+	install -m 644 $(KDIR)/basic.so $(KDIR)/mlp.so $(DESTDIR)$(PREFIX)/lib/monarch/
 	install -m 644 $(LUAMOD) $(DESTDIR)$(PREFIX)/lib/monarch/lua/monarch/
 	install -m 644 lua/monarch/*.lua $(DESTDIR)$(PREFIX)/share/monarch/lua/monarch/
 	install -m 644 kernels/monarch_kernel.h $(DESTDIR)$(PREFIX)/include/
@@ -121,3 +125,5 @@ clean:
 
 .PHONY: all run deps tests test test-asan valgrind bench install clean
 .SECONDARY:
+-include mk/cuda.mk
+-include mk/fuzz.mk
