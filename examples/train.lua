@@ -1,0 +1,517 @@
+-- train.lua: data-parallel training of a small neural network (one ReLU
+-- hidden layer) that classifies the UCI handwritten digits (8x8 images).
+--   monarch-run examples/train.lua                 # 4 procs, prints progress and a summary
+--   monarch-run examples/train.lua --help          # options
+--
+-- Each proc holds its own shard of the training rows and the same test
+-- rows (kernels digits_load, in kernels/cpu/mlp.c). Every step, each proc
+-- computes the gradient of its own batch (mlp_forward_backward), the
+-- gradients are summed across procs (ProcMesh:all_reduce), and every proc
+-- applies the same Adam update (mlp_adam), so the weights stay identical
+-- everywhere; the end of the run checks that, byte for byte.
+--
+-- Everything random is a function of --seed and the step, so a run is
+-- reproducible bit for bit: a run resumed from a checkpoint, or one that
+-- recovers from a failed proc, ends with the same weights as a run that was
+-- never interrupted.
+local monarch = require "monarch"
+local checkpoint = require "monarch.checkpoint"
+local ffi = require "ffi"
+
+local errors = monarch.errors
+
+for _, d in ipairs {
+  "int isatty(int fd);",
+  "int setenv(const char *name, const char *value, int overwrite);",
+  "char *realpath(const char *path, char *resolved);",
+  "void free(void *p);",
+} do pcall(ffi.cdef, d) end
+
+-- ---- options ------------------------------------------------------------------------------
+
+local SNAPSHOT_EVERY = 10     -- default steps between in-memory copies of the weights (for recovery)
+local READY_TIMEOUT = 60      -- seconds to wait for restarted procs
+local MAX_RECOVERIES = 5      -- failed steps tolerated in one run before giving up
+local REDRAW_INTERVAL = 0.1   -- seconds between progress bar redraws on a terminal
+local BAR_WIDTH = 24          -- characters in the progress bar
+
+local OPTIONS = { -- name, default, kind, help
+  { "procs", 4, "int", "procs to train on (on each host)" },
+  { "epochs", 20, "int", "passes over the training data" },
+  { "steps", nil, "int", "total steps instead of --epochs (for short runs)" },
+  { "batch", 32, "int", "samples per proc per step (the global batch is batch x procs)" },
+  { "lr", 0.003, "number", "Adam learning rate" },
+  { "hidden", 128, "int", "hidden units" },
+  { "seed", 1, "int", "seed of the split, the initial weights and the batch order" },
+  { "test-fraction", 0.2, "number", "share of the rows held out for testing" },
+  { "data", nil, "string", "data file (default: data/digits.csv.gz, fetched if missing)" },
+  { "checkpoint-dir", "checkpoints", "string", "directory for checkpoints" },
+  { "every", 100, "int", "steps between checkpoints (0: no checkpoints)" },
+  { "keep", 3, "int", "checkpoints kept" },
+  { "resume", false, "flag", "continue from the newest valid checkpoint in --checkpoint-dir" },
+  { "resume-from", nil, "string", "continue from this checkpoint file" },
+  { "snapshot-every", SNAPSHOT_EVERY, "int", "steps between in-memory copies of the weights, for recovery" },
+  { "log-every", 20, "int", "steps between progress lines when stdout is not a terminal" },
+  { "quiet", false, "flag", "print only the summary" },
+  { "fail-at", nil, "int", "testing: fail step N once (simulated) to exercise recovery" },
+  { "kill-at", nil, "int", "testing: kill the last proc at step N (needs restart support)" },
+  { "help", false, "flag", "show this help" },
+}
+
+local function usage()
+  local lines = { "usage: monarch-run examples/train.lua [options]", "" }
+  for _, o in ipairs(OPTIONS) do
+    local name = "--" .. o[1] .. (o[3] == "flag" and "" or " " .. o[3]:upper())
+    local def = (o[2] ~= nil and o[3] ~= "flag") and string.format(" (default %s)", tostring(o[2])) or ""
+    lines[#lines + 1] = string.format("  %-26s %s%s", name, o[4], def)
+  end
+  return table.concat(lines, "\n")
+end
+
+local function parse_args(argv)
+  local opts, spec = {}, {}
+  for _, o in ipairs(OPTIONS) do
+    opts[o[1]] = o[2]
+    spec[o[1]] = o
+  end
+  local i = 1
+  while argv[i] do
+    local a = argv[i]
+    local name, inline = a:match("^%-%-([%w%-]+)=(.*)$")
+    name = name or a:match("^%-%-([%w%-]+)$")
+    local o = name and spec[name]
+    if not o then error("train.lua: unknown argument '" .. a .. "'\n" .. usage(), 0) end
+    if o[3] == "flag" then
+      if inline then error("train.lua: --" .. name .. " takes no value", 0) end
+      opts[name] = true
+    else
+      local v = inline or argv[i + 1]
+      if v == nil then error("train.lua: --" .. name .. " needs a value", 0) end
+      if not inline then i = i + 1 end
+      if o[3] ~= "string" then
+        local n = tonumber(v)
+        if not n or (o[3] == "int" and n ~= math.floor(n)) then
+          error(string.format("train.lua: --%s wants %s, got '%s'", name, o[3] == "int" and "an integer" or "a number", v), 0)
+        end
+        v = n
+      end
+      opts[name] = v
+    end
+    i = i + 1
+  end
+  local function at_least(name, lo)
+    if opts[name] ~= nil and opts[name] < lo then error(string.format("train.lua: --%s must be at least %d", name, lo), 0) end
+  end
+  at_least("procs", 1); at_least("epochs", 1); at_least("steps", 1); at_least("batch", 1); at_least("hidden", 1)
+  at_least("every", 0); at_least("keep", 1); at_least("snapshot-every", 1); at_least("log-every", 1)
+  if not (opts.lr > 0) then error("train.lua: --lr must be positive", 0) end
+  if not (opts["test-fraction"] > 0 and opts["test-fraction"] < 1) then
+    error("train.lua: --test-fraction must be between 0 and 1", 0)
+  end
+  return opts
+end
+
+local opts = parse_args(arg or {})
+if opts.help then
+  print(usage())
+  return
+end
+
+-- ---- output ------------------------------------------------------------------------------
+
+local tty = ffi.C.isatty(1) == 1
+local function say(fmt, ...)
+  if not opts.quiet then io.stdout:write(string.format(fmt, ...), "\n") end
+end
+local bar_shown = false
+local function clear_bar()
+  if bar_shown then
+    io.stdout:write("\r\027[K")
+    bar_shown = false
+  end
+end
+local function note(fmt, ...) -- a line that is printed even with --quiet
+  clear_bar()
+  io.stdout:write(string.format(fmt, ...), "\n")
+  io.stdout:flush()
+end
+
+-- ---- paths and data --------------------------------------------------------------------
+
+local function realpath(p)
+  local r = ffi.C.realpath(p, nil)
+  if r == nil then return nil end
+  local s = ffi.string(r)
+  ffi.C.free(r)
+  return s
+end
+
+local function file_exists(p)
+  local f = io.open(p, "rb")
+  if f then f:close() end
+  return f ~= nil
+end
+
+local script = arg and arg[0] or "examples/train.lua"
+local repo = realpath((script:match("^(.*)/[^/]*$") or ".") .. "/..") or "."
+
+local function ensure_data()
+  local data = opts.data
+  if data then
+    return realpath(data) or error("train.lua: data file " .. data .. " does not exist", 0)
+  end
+  data = repo .. "/data/digits.csv.gz"
+  if not file_exists(data) then
+    local fetch = repo .. "/scripts/fetch-digits.sh"
+    note("data: %s is missing; fetching it with %s", data, fetch)
+    local ok = os.execute(string.format("'%s' '%s'", fetch:gsub("'", "'\\''"), data:gsub("'", "'\\''")))
+    if (ok ~= 0 and ok ~= true) or not file_exists(data) then
+      error("train.lua: could not fetch the digits data set (see the message above); or pass --data FILE", 0)
+    end
+  end
+  return data
+end
+
+local data = ensure_data()
+
+-- One BLAS thread per proc: several procs share this machine's cores. The
+-- local host agent passes our environment on to the procs.
+ffi.C.setenv("OPENBLAS_NUM_THREADS", "1", 0)
+
+-- ---- the mesh and its state -------------------------------------------------------------
+
+local procs = monarch.hosts():spawn_procs{ procs = opts.procs }
+local restartable = procs.ready ~= nil
+if restartable then procs = procs:options{ restart = true } end
+local world = procs:size()
+local rank0 = procs:slice{ hosts = 0, procs = 0 }
+procs:load "mlp"
+
+local tf, seed, batch, hidden = opts["test-fraction"], opts.seed, opts.batch, opts.hidden
+local info = procs:call("digits_info", data, tf):get()[1]
+local rows, features, classes, n_train, n_test, shard = unpack(info)
+local steps_per_epoch = math.floor(shard / batch)
+if steps_per_epoch < 1 then
+  error(string.format("train.lua: each of %d procs holds %d training rows, fewer than --batch %d", world, shard, batch), 0)
+end
+if n_test < 1 then
+  error(string.format("train.lua: --test-fraction %g of %d rows holds out no rows to test on", tf, rows), 0)
+end
+local total_steps = opts.steps or opts.epochs * steps_per_epoch
+local nparams = features * hidden + hidden + hidden * classes + classes
+
+--- Allocates every tensor on every proc and loads the data shards. Called at
+-- the start and again after procs were restarted (a new proc has nothing).
+local function setup()
+  local st = {
+    P = procs:tensor("f32", { nparams }),      -- parameters: W1 | b1 | W2 | b2
+    G = procs:tensor("f32", { nparams }),      -- gradients, same layout
+    S = procs:tensor("f32", { 2 * nparams }),  -- Adam moments m | v
+    X = procs:tensor("f32", { shard, features }),
+    Y = procs:tensor("i32", { shard }),
+    Xt = procs:tensor("f32", { n_test, features }),
+    Yt = procs:tensor("i32", { n_test }),
+  }
+  procs:call("digits_load", data, tf, seed, st.X, st.Y, st.Xt, st.Yt):get()
+  return st
+end
+
+local function free_state(st)
+  for _, t in pairs(st) do t:free() end
+end
+
+local st = setup()
+
+-- The parameters and optimizer state as bytes, from rank 0 only.
+local function fetch_state(step)
+  local p = rank0:call_one("mlp_bytes", st.P)
+  local s = rank0:call_one("mlp_bytes", st.S)
+  return { step = step, P = p:get(), S = s:get() }
+end
+
+local function put_state(snap)
+  local a, b = st.P:put(snap.P), st.S:put(snap.S)
+  a:get()
+  b:get()
+end
+
+-- ---- checkpoints ---------------------------------------------------------------------------
+
+local meta = {
+  model = "mlp-relu-softmax", features = features, hidden = hidden, classes = classes,
+  procs = world, batch = batch, lr = opts.lr, seed = seed, test_fraction = tf, rows = rows,
+}
+
+local function save_checkpoint(snap)
+  local path = checkpoint.write(opts["checkpoint-dir"], {
+    step = snap.step, meta = meta,
+    sections = { { name = "params", bytes = snap.P }, { name = "adam", bytes = snap.S } },
+  }, { keep = opts.keep })
+  return path
+end
+
+local function load_checkpoint()
+  local ck, where, rejected
+  if opts["resume-from"] then
+    where = opts["resume-from"]
+    local err
+    ck, err = checkpoint.read(where)
+    if not ck then error("train.lua: cannot resume: " .. err, 0) end
+  else
+    ck, where, rejected = checkpoint.latest(opts["checkpoint-dir"])
+    for _, why in ipairs(rejected or {}) do note("resume: skipping %s", why) end
+    if not ck then error("train.lua: cannot resume: " .. where, 0) end
+  end
+  for _, k in ipairs { "features", "hidden", "classes" } do
+    if ck.meta[k] ~= tostring(meta[k]) then
+      error(string.format("train.lua: cannot resume from %s: it has %s=%s but this run has %s=%s",
+        where, k, tostring(ck.meta[k]), k, tostring(meta[k])), 0)
+    end
+  end
+  local P, S = ck.by_name.params, ck.by_name.adam
+  if not P or #P ~= 4 * nparams or not S or #S ~= 8 * nparams then
+    error("train.lua: cannot resume from " .. where .. ": its params/adam sections do not fit this model", 0)
+  end
+  for _, k in ipairs { "procs", "batch", "lr", "seed", "test_fraction" } do
+    if ck.meta[k] ~= tostring(meta[k]) then
+      note("resume: note: the checkpoint has %s=%s, this run %s=%s; the result will differ from an uninterrupted run",
+        k, tostring(ck.meta[k]), k, tostring(meta[k]))
+    end
+  end
+  return { step = ck.step, P = P, S = S }, where
+end
+
+-- ---- gradient all-reduce ------------------------------------------------------------------
+
+local have_all_reduce = procs.all_reduce ~= nil
+
+--- Fallback while ProcMesh:all_reduce is missing: sums every proc's gradient on
+-- the controller in rank order (float32, like a kernel would) and puts the sum
+-- back on every proc.
+local function all_reduce_on_controller(G)
+  local copies = G:fetch():get()
+  local n = G.numel
+  local acc = ffi.new("float[?]", n)
+  for r = 1, copies:size() do
+    local d = copies[r].data
+    for j = 0, n - 1 do acc[j] = acc[j] + d[j] end
+  end
+  G:put(ffi.string(acc, 4 * n)):get()
+end
+
+local function all_reduce(G)
+  if have_all_reduce then
+    procs:all_reduce(G, "sum"):get()
+  else
+    all_reduce_on_controller(G)
+  end
+end
+
+-- ---- one step ---------------------------------------------------------------------------------
+
+local metrics = {} -- metrics[step] = {loss_sum, correct}; a replayed step overwrites its entry
+local injected = {}
+
+--- Runs step s (0-based): gradients on every proc, all-reduce, Adam.
+-- Raises if any proc fails; then the procs' state is undefined until restored.
+local function train_step(s)
+  local epoch, k = math.floor(s / steps_per_epoch), s % steps_per_epoch
+  if opts["kill-at"] == s and not injected.kill then
+    injected.kill = true
+    if not restartable then error("train.lua: --kill-at needs restart support (ProcMesh:ready)", 0) end
+    procs:load "faulty"
+    -- Its future fails with the proc; the step's own calls report the failure.
+    procs:slice{ hosts = 0, procs = procs:size("procs") - 1 }:call_one("exit", 9)
+  end
+  local fb = procs:call("mlp_forward_backward", st.P, st.X, st.Y, st.G, hidden, classes, batch, seed, epoch, k)
+  all_reduce(st.G)
+  local upd = procs:call("mlp_adam", st.P, st.G, st.S, opts.lr, s + 1, 1 / world)
+  local results = fb:get()
+  upd:get()
+  if opts["fail-at"] == s and not injected.fail then
+    -- The update above has already moved every proc on: recovery must undo it.
+    injected.fail = true
+    error(errors.new { kind = "proc_failed", message = "simulated failure at step " .. s .. " (--fail-at)" }, 0)
+  end
+  local loss, correct = 0, 0
+  for r = 1, results:size() do
+    loss = loss + results[r][1]
+    correct = correct + results[r][2]
+  end
+  metrics[s] = { loss, correct }
+end
+
+local function evaluate()
+  local r = rank0:call_one("mlp_evaluate", st.P, st.Xt, st.Yt, hidden, classes):get()
+  return r[1] / r[3], r[2] / r[3], r[2], r[3]
+end
+
+-- ---- recovery ---------------------------------------------------------------------------------
+
+local snapshot
+local recoveries = 0
+
+--- After a failed step: waits for the mesh to be whole again, rebuilds every
+-- proc's state and puts back the last consistent parameters. Returns the step
+-- to continue from. Raises err again when it is not a recoverable failure.
+local PROC_LOST = { proc_failed = true, unresponsive = true }
+
+--- Whether err comes from a proc that died. The survivors of a collective
+-- fail too ("lost the link from rank 3"), and their error may be the one that
+-- arrived first; the failures of the other procs, or the mesh, tell.
+local function proc_was_lost(err)
+  if not errors.is(err) then return false end
+  if PROC_LOST[err.kind] then return true end
+  for _, f in ipairs(err.failures or {}) do
+    if errors.is(f) and PROC_LOST[f.kind] then return true end
+  end
+  if err.kind == "collective" then
+    for _, p in ipairs(procs:procs()) do
+      if p.state ~= "ready" then return true end
+    end
+  end
+  return false
+end
+
+local function recover(err, s)
+  local simulated = opts["fail-at"] ~= nil and injected.fail and not injected.recovered_fail
+  if not (proc_was_lost(err) and (restartable or simulated)) then error(err, 0) end
+  recoveries = recoveries + 1
+  if recoveries > MAX_RECOVERIES then
+    error("train.lua: giving up after " .. MAX_RECOVERIES .. " failed steps; last: " .. tostring(err), 0)
+  end
+  if simulated then injected.recovered_fail = true end
+  note("step %d failed: %s", s + 1, tostring(err))
+  if restartable then
+    note("recovery: waiting up to %d s for the mesh to be whole", READY_TIMEOUT)
+    procs:ready(READY_TIMEOUT)
+  end
+  free_state(st)
+  procs:load "mlp" -- a restarted proc has loaded nothing
+  st = setup()
+  put_state(snapshot)
+  note("recovery: restored the weights of step %d; replaying %d step(s)", snapshot.step, s - snapshot.step)
+  return snapshot.step
+end
+
+-- ---- the run ----------------------------------------------------------------------------------
+
+local start_step = 0
+if opts.resume or opts["resume-from"] then
+  local snap, where = load_checkpoint()
+  put_state(snap)
+  start_step = snap.step
+  note("resumed from %s (step %d)", where, start_step)
+else
+  procs:call("mlp_init", st.P, features, hidden, classes, seed):get()
+end
+snapshot = fetch_state(start_step)
+
+say("digits: %d rows of %d features, %d classes; %d for training (%d per proc), %d held out",
+  rows, features, classes, n_train, shard, n_test)
+say("model: %d -> %d (ReLU) -> %d, %d parameters; Adam lr %g", features, hidden, classes, nparams, opts.lr)
+say("training on %d procs: batch %d per proc (%d global), %d steps per epoch, %d steps%s",
+  world, batch, batch * world, steps_per_epoch, total_steps,
+  have_all_reduce and "" or "; gradients summed on the controller (ProcMesh:all_reduce not available)")
+if start_step >= total_steps then note("the checkpoint is already at step %d of %d: nothing to train", start_step, total_steps) end
+
+local t_start = monarch.now()
+local t_epoch, t_train, samples = t_start, 0, 0
+local last_draw = 0
+local epoch_times = {}
+local last_ckpt
+
+local function epoch_stats(e, upto)
+  local loss, correct, n = 0, 0, 0
+  for s = e * steps_per_epoch, upto - 1 do
+    local m = metrics[s]
+    if m then
+      loss, correct, n = loss + m[1], correct + m[2], n + batch * world
+    end
+  end
+  return n > 0 and loss / n or 0, n > 0 and correct / n or 0
+end
+
+local function progress(s, rate)
+  if opts.quiet then return end
+  local e = math.floor((s - 1) / steps_per_epoch)
+  local loss, acc = epoch_stats(e, s)
+  local now = monarch.now()
+  local line = string.format("step %d/%d  epoch %d/%d  loss %.4f  acc %5.1f%%  %6.0f samples/s",
+    s, total_steps, e + 1, math.ceil(total_steps / steps_per_epoch), loss, 100 * acc, rate)
+  if tty then
+    if now - last_draw < REDRAW_INTERVAL and s < total_steps then return end
+    last_draw = now
+    local filled = math.floor(BAR_WIDTH * s / total_steps)
+    io.stdout:write("\r\027[K[", string.rep("=", filled), string.rep(" ", BAR_WIDTH - filled), "] ", line)
+    io.stdout:flush()
+    bar_shown = true
+  elseif s % opts["log-every"] == 0 then
+    io.stdout:write(line, "\n")
+    io.stdout:flush()
+  end
+end
+
+--- Runs step s and what follows it (progress, the epoch's evaluation, the
+-- snapshot and the checkpoint); returns s + 1. Raises if a proc fails.
+local function advance(s)
+  local t0 = monarch.now()
+  train_step(s)
+  t_train = t_train + (monarch.now() - t0)
+  samples = samples + batch * world
+  s = s + 1
+  progress(s, samples / t_train)
+  if s % steps_per_epoch == 0 or s == total_steps then
+    local e = math.floor((s - 1) / steps_per_epoch)
+    local loss, acc = epoch_stats(e, s)
+    local tl, ta = evaluate()
+    local now = monarch.now()
+    epoch_times[#epoch_times + 1] = now - t_epoch
+    t_epoch = now
+    clear_bar()
+    say("epoch %2d  loss %.4f  train acc %5.1f%%  test loss %.4f  test acc %5.1f%%  %.3f s",
+      e + 1, loss, 100 * acc, tl, 100 * ta, epoch_times[#epoch_times])
+  end
+  local ckpt_due = opts.every > 0 and (s % opts.every == 0 or s == total_steps)
+  if s % opts["snapshot-every"] == 0 or ckpt_due or s == total_steps then
+    snapshot = fetch_state(s)
+    if ckpt_due then last_ckpt = save_checkpoint(snapshot) end
+  end
+  return s
+end
+
+local s = start_step
+while s < total_steps do
+  local ok, res = pcall(advance, s)
+  if ok then s = res else s = recover(res, s) end
+end
+clear_bar()
+local total_time = monarch.now() - t_start
+
+-- ---- summary ----------------------------------------------------------------------------------
+
+-- Every proc must hold the same parameters and optimizer state, byte for byte.
+local function check_identical(t, what)
+  local copies = t:fetch():get()
+  local ref = copies[1]:bytes()
+  for r = 2, copies:size() do
+    if copies[r]:bytes() ~= ref then
+      error(string.format("train.lua: %s differ between rank 0 and rank %d", what, r - 1), 0)
+    end
+  end
+  return ref
+end
+local params = check_identical(st.P, "weights")
+check_identical(st.S, "Adam states")
+
+local test_loss, test_acc, test_correct, test_n = evaluate()
+local mean_epoch = 0
+for _, t in ipairs(epoch_times) do mean_epoch = mean_epoch + t end
+mean_epoch = #epoch_times > 0 and mean_epoch / #epoch_times or 0
+note("done: %d steps (%.1f epochs) in %.2f s; %.3f s per epoch; %.0f samples/s",
+  total_steps - start_step, (total_steps - start_step) / steps_per_epoch, total_time, mean_epoch,
+  t_train > 0 and samples / t_train or 0)
+note("test accuracy %.2f%% (%d/%d), test loss %.4f", 100 * test_acc, test_correct, test_n, test_loss)
+note("weights identical on all %d procs (%d parameters, crc32 %08x)", world, nparams, checkpoint.crc32(params))
+if recoveries > 0 then note("recovered from %d failed step(s)", recoveries) end
+if last_ckpt then note("checkpoint: %s", last_ckpt) end
