@@ -99,6 +99,10 @@ test: deps
 deps:
 	@scripts/deps.sh
 
+# The RL example: CartPole-v0 with Lua env actors; prints episodes and wall time to solve.
+rl: all
+	$(BIN)/monarch-run examples/rl/run.lua
+
 test-asan:
 	$(MAKE) BUILD=build-asan SAN="-fsanitize=address,undefined -fno-omit-frame-pointer" OPT=-O1 test
 
@@ -115,7 +119,7 @@ $(BUILD)/bench/%: bench/%.c $(call OBJ,$(CORE_SRC))
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/monarch/lua/monarch $(DESTDIR)$(PREFIX)/share/monarch/lua/monarch $(DESTDIR)$(PREFIX)/include
 	install -m 755 $(BIN)/monarch-run $(BIN)/monarch-worker $(DESTDIR)$(PREFIX)/bin/
-	install -m 644 $(KDIR)/basic.so $(KDIR)/mlp.so $(DESTDIR)$(PREFIX)/lib/monarch/
+	install -m 644 $(KDIR)/basic.so $(KDIR)/mlp.so $(KDIR)/cartpole.so $(DESTDIR)$(PREFIX)/lib/monarch/
 	install -m 644 $(LUAMOD) $(DESTDIR)$(PREFIX)/lib/monarch/lua/monarch/
 	install -m 644 lua/monarch/*.lua $(DESTDIR)$(PREFIX)/share/monarch/lua/monarch/
 	install -m 644 kernels/monarch_kernel.h $(DESTDIR)$(PREFIX)/include/
@@ -123,7 +127,7 @@ install: all
 clean:
 	rm -rf build build-asan
 
-.PHONY: all run deps tests test test-asan valgrind bench install clean
+.PHONY: all run rl deps tests test test-asan valgrind bench install clean
 .SECONDARY:
 -include mk/cuda.mk
 -include mk/fuzz.mk

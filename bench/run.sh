@@ -29,7 +29,11 @@ printf '%-52s %11.1f us %11.2fx\n' "round trip without seq/ack machinery" "$rtt0
 printf '%-52s %13.1f%% %12s\n' "  cost of seq/ack + replay cache" "$(echo "($rtt - $rtt0) / $rtt0 * 100" | bc -l)" "target <10%"
 printf '%-52s %11.1f ms %12s\n' "kill -9 -> failure delivered to the script" "$(get kill_to_failure_ms "$fail")" ""
 printf '%-52s %11.1f ms %12s\n' "kill -9 -> restarted proc serving again" "$(get kill_to_serving_ms "$fail")" ""
-for extra in bench/collective.sh bench/actors.sh; do
+act=$($B/bin/monarch-run bench/actors.lua $q 2>/dev/null || true)
+printf '%-52s %11.1f us %12s\n' "actor endpoint round trip (same proc)" "$(get actor_rtt_us "$act")" ""
+printf '%-52s %11.1f us %12s\n' "  kernel round trip in the same run" "$(get kernel_rtt_us "$act")" ""
+printf '%-52s %11.0f /s %12s\n' "CartPole env steps across the mesh" "$(get env_steps_per_s_mesh "$act")" ""
+for extra in bench/collective.sh; do
   [ -x "$extra" ] && { echo; "$extra" $q || echo "$extra failed"; }
 done
 exit 0

@@ -72,6 +72,7 @@ function M.finalize_death(p)
     local id, slot = pending[i], pending[i + 1]
     local rec = runtime.call_record(id)
     local kernel = rec and rec.kernel
+    if kernel == "__actor_call" and rec.args then kernel = tostring(rec.args[1]) .. "." .. tostring(rec.args[2]) end
     first_kernel = first_kernel or kernel
     local msg = i == 1 and string.format("proc %s while running '%s'", p.cause, tostring(kernel))
       or string.format("proc %s before running this call (queued behind '%s')", p.cause, tostring(first_kernel))

@@ -1,0 +1,73 @@
+--- CartPole-v0 learned by REINFORCE, with the environments as Lua actors on
+-- a mesh of procs, stepped in batches by a C kernel (kernels/cpu/cartpole.c).
+--
+--   monarch-run examples/rl/run.lua [--procs 3] [--envs 16] [--seed 1]
+--                                   [--kill-at UPDATE] [--restart] [--max-seconds 300]
+--   make rl
+--
+-- Prints progress about once a second (episodes, mean return over the last
+-- 100, policy version, env steps per second) and, when the mean return of
+-- 100 consecutive episodes reaches 195 (CartPole-v0's "solved"), the episodes
+-- and wall time it took. --kill-at N kills one environment proc (SIGKILL)
+-- after update N, to show rollouts going on without it; with --restart the
+-- mesh restarts it and its actor comes back.
+local here = (arg and arg[0] or ""):match("^(.*)/[^/]*$") or "."
+local root = here:match("^(.*)/rl$") or (here == "rl" and ".") or (here .. "/..")
+package.path = root .. "/?.lua;" .. package.path
+
+local monarch = require "monarch"
+local trainer = require "rl.trainer"
+
+local opts = { procs = 3, envs = 16, seed = 1, max_seconds = 300 }
+local i = 1
+while arg and arg[i] do
+  local a, v = arg[i], arg[i + 1]
+  if a == "--restart" then opts.restart = true
+  elseif a == "--procs" or a == "--envs" or a == "--seed" or a == "--kill-at" or a == "--max-seconds" then
+    local n = tonumber(v) or error(a .. " wants a number", 0)
+    opts[a:sub(3):gsub("-", "_")] = n
+    i = i + 1
+  else
+    error("unknown option " .. a .. " (see the header of examples/rl/run.lua)", 0)
+  end
+  i = i + 1
+end
+
+local procs = monarch.hosts():spawn_procs { procs = opts.procs }
+if opts.restart then procs = procs:options { restart = true } end
+print(string.format("CartPole-v0: %d env procs x %d envs, REINFORCE (linear softmax policy)", opts.procs, opts.envs))
+
+local killed = false
+local summary = trainer.train {
+  procs = procs, envs = opts.envs, seed = opts.seed, max_seconds = opts.max_seconds,
+  on_update = function(s)
+    if s.updates % 10 == 0 then
+      print(string.format("update %4d  episodes %6d  mean100 %6.1f  version %4d  steps/s %8.0f  lag %.2f  dropped %d",
+        s.updates, s.episodes, s.mean100, s.version, s.steps_per_s, s.mean_lag, s.dropped))
+    end
+    if opts.kill_at and not killed and s.updates >= opts.kill_at then
+      killed = true
+      local victim = procs:procs()[#procs:procs()]
+      print(string.format("killing env proc rank %d (pid %d) with SIGKILL", victim.rank, victim.pid))
+      os.execute("kill -KILL " .. victim.pid)
+    end
+  end,
+  on_env_failure = function(err, p)
+    print(string.format("env proc rank %d failed (%s): dropped its rollout in flight; %s", err.rank or -1,
+      tostring(err.cause or err.message), p.state == "dead" and "continuing on the others" or "waiting for its restart"))
+  end,
+}
+
+if summary.solved then
+  print(string.format("solved: mean return %.1f over the last 100 episodes after %d episodes, %.2f s wall " ..
+    "(policy version %d, %.0f env steps/s, %d stale episodes dropped)", summary.solved_mean, summary.solved_episodes,
+    summary.solved_seconds, summary.solved_version, summary.steps_per_s, summary.dropped))
+else
+  print(string.format("not solved within %.0f s: mean100 %.1f after %d episodes", summary.seconds, summary.mean100,
+    summary.episodes))
+end
+local by_rank = {}
+for r = 0, opts.procs - 1 do by_rank[#by_rank + 1] = string.format("rank %d: %d", r, summary.episodes_by_rank[r] or 0) end
+print("episodes by env proc: " .. table.concat(by_rank, ", ") .. string.format("; %d env proc failure(s)", #summary.failures))
+monarch.shutdown()
+if not summary.solved then os.exit(1) end
