@@ -109,7 +109,7 @@ test-asan:
 valgrind: tests
 	@for t in $(C_TESTS); do valgrind -q --error-exitcode=1 --leak-check=full $$t >/dev/null || exit 1; done; echo "valgrind: clean"
 
-bench: all $(BUILD)/bench/tcp_pingpong
+bench: all $(BUILD)/bench/tcp_pingpong $(BUILD)/bench/tcp_stream
 	@bench/run.sh
 
 $(BUILD)/bench/%: bench/%.c $(call OBJ,$(CORE_SRC))

@@ -29,6 +29,12 @@ printf '%-52s %11.1f us %11.2fx\n' "round trip without seq/ack machinery" "$rtt0
 printf '%-52s %13.1f%% %12s\n' "  cost of seq/ack + replay cache" "$(echo "($rtt - $rtt0) / $rtt0 * 100" | bc -l)" "target <10%"
 printf '%-52s %11.1f ms %12s\n' "kill -9 -> failure delivered to the script" "$(get kill_to_failure_ms "$fail")" ""
 printf '%-52s %11.1f ms %12s\n' "kill -9 -> restarted proc serving again" "$(get kill_to_serving_ms "$fail")" ""
+mib=$([ "$mode" = quick ] && echo 64 || echo 256)
+stream=$($B/bench/tcp_stream "$mib" 5 | awk '/tcp_stream_gbs/ {print $2}')
+bulk=$($B/bin/monarch-run bench/bulk.lua "$mib" 5)
+printf '%-52s %11.2f GB/s %10s\n' "raw C TCP stream, ${mib} MiB (baseline)" "$stream" "1.00x"
+printf '%-52s %11.2f GB/s %9.2fx\n' "tensor put, controller -> proc, ${mib} MiB" "$(get put_gbs "$bulk")" "$(ratio "$(get put_gbs "$bulk")" "$stream")"
+printf '%-52s %11.2f GB/s %9.2fx\n' "tensor fetch, proc -> controller, ${mib} MiB" "$(get fetch_gbs "$bulk")" "$(ratio "$(get fetch_gbs "$bulk")" "$stream")"
 act=$($B/bin/monarch-run bench/actors.lua $q 2>/dev/null || true)
 printf '%-52s %11.1f us %12s\n' "actor endpoint round trip (same proc)" "$(get actor_rtt_us "$act")" ""
 printf '%-52s %11.1f us %12s\n' "  kernel round trip in the same run" "$(get kernel_rtt_us "$act")" ""

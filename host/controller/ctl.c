@@ -12,7 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#define MN_READ_CHUNK (256 * 1024) /* bytes offered to each read */
+#define MN_READ_CHUNK (1024 * 1024) /* bytes offered to each read */
 
 static int push_event(mn_ctl_t *c, mn_ev_kind_t k, int conn, int64_t a, int64_t b) {
   if (c->nevents == c->evcap) {
@@ -69,7 +69,6 @@ mn_conn_t *mn_ctl_conn(mn_ctl_t *c, int id) {
 
 static void link_closed(uv_handle_t *h) {
   mn_link_t *l = h->data;
-  mn_buf_free(&l->inflight);
   free(l);
 }
 
@@ -119,7 +118,7 @@ static void say_goodbye(mn_ctl_t *c) {
   static const char bye[] = {0, 0, 0, 2, (char)0x91, MN_MSG_GOODBYE};
   for (int i = 1; i <= c->nconns; i++) {
     mn_conn_t *k = c->conns[i];
-    if (k->kind != MN_CONN_AGENT || k->state != MN_CS_READY || k->link == NULL || k->link->writing) continue;
+    if (k->kind != MN_CONN_AGENT || k->state != MN_CS_READY || k->link == NULL || k->link->writing > 0) continue;
     uv_buf_t b = uv_buf_init((char *)bye, sizeof(bye));
     if (uv_try_write((uv_stream_t *)&k->link->tcp, &b, 1) != (int)sizeof(bye)) continue; /* it will time out instead */
   }
@@ -219,10 +218,42 @@ void mn_ctl_acked(mn_conn_t *k, uint64_t seq) {
 static void flush_conn(mn_conn_t *k);
 static void conn_lost(mn_conn_t *k, const char *why);
 
+/* One uv_write: owns a copy of its bytes, or references a payload until done. */
+typedef struct {
+  uv_write_t req;
+  mn_link_t *l;
+  mn_ctl_t *c;
+  char *own;        /* bytes this write owns (freed when done) */
+  int ref;          /* payload reference to release, or -1 */
+} mn_wreq_t;
+
+static void release_ref(mn_ctl_t *c, int ref) {
+  if (ref < 0) return;
+  if (c->nreleased == c->released_cap) {
+    int cap = c->released_cap ? c->released_cap * 2 : 64;
+    int *r = realloc(c->released, (size_t)cap * sizeof(int));
+    if (r == NULL) return; /* the payload stays referenced: a leak, not a crash */
+    c->released = r;
+    c->released_cap = cap;
+  }
+  c->released[c->nreleased++] = ref;
+}
+
+int mn_ctl_take_released(mn_ctl_t *c, int *refs, int max) {
+  int n = c->nreleased < max ? c->nreleased : max;
+  memcpy(refs, c->released, (size_t)n * sizeof(int));
+  memmove(c->released, c->released + n, (size_t)(c->nreleased - n) * sizeof(int));
+  c->nreleased -= n;
+  return n;
+}
+
 static void on_written(uv_write_t *w, int status) {
-  mn_link_t *l = w->data;
-  l->writing = 0;
-  l->inflight.len = 0;
+  mn_wreq_t *r = w->data;
+  mn_link_t *l = r->l;
+  l->writing--;
+  release_ref(r->c, r->ref);
+  free(r->own);
+  free(r);
   mn_conn_t *k = l->k;
   if (k == NULL) return; /* an abandoned attempt */
   if (status != 0) {
@@ -232,34 +263,94 @@ static void on_written(uv_write_t *w, int status) {
   if (k->out.len > 0) flush_conn(k);
 }
 
+/* Issues one uv_write of bufs; takes ownership of `own` and `ref`. */
+static int start_write(mn_conn_t *k, uv_buf_t *bufs, unsigned nbufs, char *own, int ref) {
+  mn_link_t *l = k->link;
+  mn_wreq_t *r = malloc(sizeof(*r));
+  if (r == NULL) {
+    free(own);
+    release_ref(k->ctl, ref);
+    return UV_ENOMEM;
+  }
+  r->l = l;
+  r->c = k->ctl;
+  r->own = own;
+  r->ref = ref;
+  r->req.data = r;
+  int rc = uv_write(&r->req, (uv_stream_t *)&l->tcp, bufs, nbufs, on_written);
+  if (rc != 0) {
+    release_ref(k->ctl, ref);
+    free(own);
+    free(r);
+    return rc;
+  }
+  l->writing++;
+  return 0;
+}
+
 static void flush_conn(mn_conn_t *k) {
   mn_link_t *l = k->link;
   if (l == NULL || k->state == MN_CS_CLOSED || k->state == MN_CS_CONNECTING || k->state == MN_CS_RECONNECTING) return;
-  if (l->writing || k->out.len == 0) return;
+  if (k->out.len == 0) return;
   uv_buf_t b = uv_buf_init(k->out.data, (unsigned)k->out.len);
-  int n = uv_try_write((uv_stream_t *)&l->tcp, &b, 1);
-  if (n == (int)k->out.len) {
-    k->out.len = 0;
-    return;
+  /* Try the syscall now only when nothing is queued ahead, to keep the order. */
+  if (l->writing == 0) {
+    int n = uv_try_write((uv_stream_t *)&l->tcp, &b, 1);
+    if (n == (int)k->out.len) {
+      k->out.len = 0;
+      return;
+    }
+    if (n < 0 && n != UV_EAGAIN) {
+      conn_lost(k, uv_strerror(n));
+      return;
+    }
+    if (n > 0) mn_buf_consume(&k->out, (size_t)n);
   }
-  if (n < 0 && n != UV_EAGAIN) {
-    conn_lost(k, uv_strerror(n));
-    return;
+  /* Hand the rest to libuv: the write takes the buffer, `out` starts afresh. */
+  char *own = k->out.data;
+  b = uv_buf_init(own, (unsigned)k->out.len);
+  mn_buf_init(&k->out);
+  int rc = start_write(k, &b, 1, own, -1);
+  if (rc != 0) conn_lost(k, uv_strerror(rc));
+}
+
+int mn_ctl_call_bulk(mn_ctl_t *c, mn_conn_t *k, char *head, size_t n, size_t seq_off, const char *payload,
+                     size_t plen, int ref, double call, int32_t slot) {
+  if (k->state != MN_CS_READY || k->link == NULL) {
+    release_ref(c, ref);
+    return MN_ECLOSED;
   }
-  if (n > 0) mn_buf_consume(&k->out, (size_t)n);
-  /* Hand the rest to libuv; new frames keep appending to `out`. */
-  mn_buf_t t = l->inflight;
-  l->inflight = k->out;
-  k->out = t;
-  k->out.len = 0;
-  l->writing = 1;
-  l->wreq.data = l;
-  b = uv_buf_init(l->inflight.data, (unsigned)l->inflight.len);
-  int rc = uv_write(&l->wreq, (uv_stream_t *)&l->tcp, &b, 1, on_written);
-  if (rc != 0) {
-    l->writing = 0;
-    conn_lost(k, uv_strerror(rc));
+  uint64_t seq = k->seq + 1;
+  for (int j = 7; j >= 0; j--, seq >>= 8) head[seq_off + (size_t)j] = (char)seq;
+  if (push_pending(k, call, slot) != 0) {
+    release_ref(c, ref);
+    return MN_ENOMEM;
   }
+  if (!c->no_acks) {
+    /* What a reconnect resends in its place: a CALL that fails as "lost". */
+    char lost[24];
+    static const char tail[] = {(char)0xa6, '_', '_', 'l', 'o', 's', 't', (char)0x90};
+    memcpy(lost, head, MN_FRAME_HEADER + 2 + 9);
+    memcpy(lost + MN_FRAME_HEADER + 11, tail, sizeof(tail));
+    mn_put_be32(lost, 11 + sizeof(tail));
+    if (mn_buf_append(&k->unacked, lost, MN_FRAME_HEADER + 11 + sizeof(tail)) != 0) {
+      release_ref(c, ref);
+      return MN_ENOMEM;
+    }
+  }
+  k->seq++;
+  /* Everything queued before it goes first, then head + payload in one write. */
+  flush_conn(k);
+  char *own = malloc(n);
+  if (own == NULL) {
+    release_ref(c, ref);
+    return MN_ENOMEM;
+  }
+  memcpy(own, head, n);
+  uv_buf_t bufs[2] = {uv_buf_init(own, (unsigned)n), uv_buf_init((char *)payload, (unsigned)plen)};
+  int rc = start_write(k, bufs, 2, own, ref);
+  if (rc != 0) conn_lost(k, uv_strerror(rc));
+  return 0;
 }
 
 void mn_ctl_flush(mn_ctl_t *c) {
@@ -468,6 +559,7 @@ static void on_connect(uv_connect_t *req, int status) {
   uv_tcp_nodelay(&l->tcp, 1);
   k->state = MN_CS_HELLO;
   k->in.len = 0;
+  k->in_off = 0;
   k->last_rx = uv_now(&k->ctl->loop);
   uv_read_start((uv_stream_t *)&l->tcp, on_alloc, on_read);
 }
@@ -646,6 +738,9 @@ int mn_ctl_start_agent(mn_ctl_t *c, const char *exe, const char *token, char *er
   po.args = args;
   po.env = env;
   po.exit_cb = on_agent_exit;
+  /* Its own process group: a Ctrl-C at the terminal (which the REPL turns into
+   * "stop waiting") must not reach the agent and its procs. It still dies with us (--parent). */
+  po.flags = UV_PROCESS_DETACHED;
   po.stdio = stdio;
   po.stdio_count = 4;
   c->agent.data = c;

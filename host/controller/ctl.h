@@ -55,9 +55,7 @@ typedef struct mn_conn_s mn_conn_t;
 typedef struct {
   uv_tcp_t tcp;
   uv_connect_t req;
-  uv_write_t wreq;
-  mn_buf_t inflight; /* bytes owned by the uv_write in progress */
-  int writing;
+  int writing;       /* uv_writes in flight (each owns its bytes) */
   mn_conn_t *k;      /* NULL once this attempt is abandoned */
   uint64_t started;  /* uv_now when the attempt began, for the handshake deadline */
 } mn_link_t;
@@ -72,6 +70,7 @@ struct mn_conn_s {
   int port;
   uint8_t ns[MN_NONCE_LEN], nc[MN_NONCE_LEN];
   mn_buf_t in;       /* bytes read, not yet drained */
+  size_t in_off;     /* bytes at the front of `in` already drained (compacted lazily) */
   mn_buf_t out;      /* frames queued, not yet written */
   mn_buf_t unacked;  /* CALL frames (procs) without a RESULT yet, in seq order: resent after a reconnect */
   size_t unacked_off; /* bytes at the front of `unacked` already answered (compacted lazily) */
@@ -114,6 +113,8 @@ struct mn_ctl_s {
   uv_timer_t heartbeat;
   uint64_t hb_ms, hb_timeout_ms, reconnect_ms;
   uint64_t hb_count;
+  int *released;        /* payload refs whose writes are over */
+  int nreleased, released_cap;
   int no_acks;          /* MONARCH_NO_ACK=1: no unacked copies (to measure their cost) */
   uv_process_t agent;   /* the embedded local agent, when started */
   int agent_running;
@@ -145,6 +146,18 @@ int mn_ctl_send(mn_ctl_t *c, mn_conn_t *conn, const char *frame, size_t n);
  */
 int mn_ctl_call(mn_ctl_t *c, mn_conn_t *conn, char *frame, size_t n, size_t seq_off, double call,
                 int32_t slot);
+/*
+ * Queues a CALL whose last bytes are a large payload written straight from
+ * the caller's memory (no copy): `head` (n bytes, a frame prefix ending in
+ * a bin header) is copied, `payload` is referenced until written, then
+ * `ref` is reported by mn_ctl_take_released(). Needs a ready connection.
+ * A reconnect cannot resend the payload: its CALL is replaced by one that
+ * fails with kind "lost" unless the proc already ran it.
+ */
+int mn_ctl_call_bulk(mn_ctl_t *c, mn_conn_t *conn, char *head, size_t n, size_t seq_off,
+                     const char *payload, size_t plen, int ref, double call, int32_t slot);
+/* Hands out refs whose payload writes finished; returns how many (at most max). */
+int mn_ctl_take_released(mn_ctl_t *c, int *refs, int max);
 /* Records that the RESULT for `seq` arrived: drops its frame copy. */
 void mn_ctl_acked(mn_conn_t *conn, uint64_t seq);
 /* Writes every dirty connection's output (one syscall each, where possible). */

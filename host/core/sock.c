@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -97,6 +98,33 @@ static int64_t now_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int mn_write2_all(int fd, const void *a, size_t an, const void *b, size_t bn) {
+  struct iovec iov[2] = {{(void *)a, an}, {(void *)b, bn}};
+  struct msghdr mh;
+  memset(&mh, 0, sizeof(mh));
+  mh.msg_iov = iov;
+  mh.msg_iovlen = 2;
+  while (iov[0].iov_len + iov[1].iov_len > 0) {
+    ssize_t w = sendmsg(fd, &mh, MSG_NOSIGNAL);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return -errno;
+    }
+    size_t left = (size_t)w;
+    for (int i = 0; i < 2; i++) {
+      size_t k = left < iov[i].iov_len ? left : iov[i].iov_len;
+      iov[i].iov_base = (char *)iov[i].iov_base + k;
+      iov[i].iov_len -= k;
+      left -= k;
+    }
+    if (iov[0].iov_len == 0) { /* skip the emptied first segment */
+      mh.msg_iov = &iov[1];
+      mh.msg_iovlen = 1;
+    }
+  }
+  return 0;
 }
 
 int64_t mn_read_frame(int fd, mn_buf_t *in, const char **body, size_t max, int timeout_ms) {

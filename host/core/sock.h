@@ -11,6 +11,8 @@ int mn_sock_connect(const char *host, int port);
 void mn_sock_nodelay(int fd);
 /* Writes all n bytes, retrying on EINTR and short writes; returns 0 or -errno. */
 int mn_write_all(int fd, const void *p, size_t n);
+/* Writes a then b with one writev where possible (b straight from its memory); 0 or -errno. */
+int mn_write2_all(int fd, const void *a, size_t an, const void *b, size_t bn);
 /*
  * Reads until `in` holds one complete frame of at most `max` bytes; returns
  * its body length and sets *body (pointing into in), or MN_ECLOSED /

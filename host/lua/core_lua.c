@@ -13,6 +13,7 @@
 #include <lauxlib.h>
 #include <lua.h>
 #include <math.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -21,11 +22,21 @@
 
 static char ctl_key;
 
+/* Where a fetch's bytes land: RESULT bins of (call, slot) are copied here. */
+typedef struct {
+  double call;
+  int32_t slot;
+  char *dest;
+  size_t cap;
+} mn_dest_t;
+
 typedef struct {
   mn_ctl_t ctl;
   int open;
   mn_buf_t scratch;
   msgpack_zone zone;
+  mn_dest_t *dests;
+  size_t ndests, dcap;
 } lctl_t;
 
 static lctl_t *get_ctl(lua_State *L) {
@@ -154,6 +165,7 @@ static int l_gc(lua_State *L) {
     mn_ctl_close(&c->ctl);
     mn_buf_free(&c->scratch);
     msgpack_zone_destroy(&c->zone);
+    free(c->dests);
   }
   return 0;
 }
@@ -334,7 +346,7 @@ static int l_call_as(lua_State *L) {
 
 /* Decodes the frames waiting on conn k into ev; returns the new count. */
 static int drain_conn(lua_State *L, lctl_t *c, mn_conn_t *k, int ev, int n) {
-  size_t off = 0;
+  size_t off = k->in_off;
   while (off < k->in.len) {
     const char *body;
     char err[300];
@@ -374,7 +386,20 @@ static int drain_conn(lua_State *L, lctl_t *c, mn_conn_t *k, int ev, int n) {
       lua_rawseti(L, ev, ++n);
       lua_pushboolean(L, ok);
       lua_rawseti(L, ev, ++n);
-      if (ok && v->type == MSGPACK_OBJECT_ARRAY && v->via.array.size <= 1) {
+      mn_dest_t *d = NULL;
+      for (size_t i = 0; i < c->ndests && d == NULL; i++)
+        if (c->dests[i].call == p.call && c->dests[i].slot == p.slot) d = &c->dests[i];
+      if (d != NULL) {
+        /* A fetch into place: the bytes go to their destination, Lua gets the count. */
+        const msgpack_object *b = ok && v->type == MSGPACK_OBJECT_ARRAY && v->via.array.size == 1 ? &v->via.array.ptr[0] : NULL;
+        if (b != NULL && b->type == MSGPACK_OBJECT_BIN && b->via.bin.size <= d->cap) {
+          memcpy(d->dest, b->via.bin.ptr, b->via.bin.size);
+          lua_pushnumber(L, (lua_Number)b->via.bin.size);
+        } else {
+          push_obj(L, v);
+        }
+        *d = c->dests[--c->ndests];
+      } else if (ok && v->type == MSGPACK_OBJECT_ARRAY && v->via.array.size <= 1) {
         if (v->via.array.size == 1) push_obj(L, &v->via.array.ptr[0]);
         else lua_pushnil(L);
       } else {
@@ -396,7 +421,17 @@ static int drain_conn(lua_State *L, lctl_t *c, mn_conn_t *k, int ev, int n) {
       lua_rawseti(L, ev, ++n);
     }
   }
-  mn_buf_consume(&k->in, off);
+  /* Drop what was drained; move a partial frame down only when the dead
+   * prefix dominates, so bulk frames are not copied twice. */
+  if (off >= k->in.len) {
+    k->in.len = 0;
+    k->in_off = 0;
+  } else if (off > (1u << 20) && off * 2 > k->in.len) {
+    mn_buf_consume(&k->in, off);
+    k->in_off = 0;
+  } else {
+    k->in_off = off;
+  }
   return n;
 }
 
@@ -426,6 +461,9 @@ static int l_poll(lua_State *L) {
   int timeout = (int)luaL_optinteger(L, 2, -1);
   mn_ctl_t *ctl = &c->ctl;
   mn_ctl_wait(ctl, timeout);
+  int refs[256], nr;
+  while ((nr = mn_ctl_take_released(ctl, refs, 256)) > 0) /* payloads the sockets are done with */
+    for (int i = 0; i < nr; i++) luaL_unref(L, LUA_REGISTRYINDEX, refs[i]);
   int n = 0;
   /* Connected events first, then data, then closures: a proc's last results precede its death. */
   for (size_t i = 0; i < ctl->nevents; i++) {
@@ -552,9 +590,114 @@ static int l_prefix(lua_State *L) {
   return 1;
 }
 
+/* ---- Ctrl-C, for the REPL ------------------------------------------------------ */
+
+static volatile sig_atomic_t interrupted; /* set by SIGINT while catch_interrupts is on */
+
+static void on_sigint(int sig) { interrupted = 1; }
+
+/* Returns whether Ctrl-C was pressed since the last call that cleared it; clears it if `clear`. */
+int mn_lua_interrupted(int clear) {
+  int was = interrupted != 0;
+  if (clear) interrupted = 0;
+  return was;
+}
+
+/* core.catch_interrupts(on): SIGINT sets a flag (checked by the REPL's waits) instead of ending the process. */
+static int l_catch_interrupts(lua_State *L) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof(sa));
+  sigemptyset(&sa.sa_mask);
+  sa.sa_handler = lua_toboolean(L, 1) ? on_sigint : SIG_DFL;
+  sa.sa_flags = 0; /* no SA_RESTART: a blocking read or poll returns EINTR at once */
+  interrupted = 0;
+  if (sigaction(SIGINT, &sa, NULL) != 0) return luaL_error(L, "cannot install the SIGINT handler");
+  return 0;
+}
+
+/* core.interrupted([keep]) -> true once after each Ctrl-C (with keep, the flag stays set). */
+static int l_interrupted(lua_State *L) {
+  lua_pushboolean(L, mn_lua_interrupted(!lua_toboolean(L, 1)));
+  return 1;
+}
+
 static int l_sleep(lua_State *L) {
   double s = luaL_checknumber(L, 1);
   if (s > 0) usleep((useconds_t)(s * 1e6));
+  return 0;
+}
+
+/* ---- bulk transfer ---------------------------------------------------------- */
+
+#define MN_PUT_HEAD 64 /* room for a __tensor_put CALL before its payload (52 bytes) */
+
+/*
+ * core.put_chunk(call_id, targets, tensor_id, offset, src, src_off, len [, owner]) -> deepest
+ * Queues [CALL, seq, "__tensor_put", [tensor_id, offset, bin]] to every
+ * target, the bin written straight from src (a string, or an address given
+ * as a number whose memory `owner` keeps alive) with no copy.
+ */
+static int l_put_chunk(lua_State *L) {
+  lctl_t *c = get_ctl(L);
+  double call = luaL_checknumber(L, 1);
+  luaL_checktype(L, 2, LUA_TTABLE);
+  uint64_t id = (uint64_t)luaL_checknumber(L, 3), off = (uint64_t)luaL_checknumber(L, 4);
+  size_t soff = (size_t)luaL_checknumber(L, 6), len = (size_t)luaL_checknumber(L, 7), slen;
+  const char *src;
+  int keep;
+  if (lua_type(L, 5) == LUA_TSTRING) {
+    src = lua_tolstring(L, 5, &slen);
+    if (soff + len > slen) return luaL_argerror(L, 7, "range runs past the end of the string");
+    keep = 5;
+  } else {
+    src = (const char *)(uintptr_t)luaL_checknumber(L, 5);
+    keep = 8;
+    luaL_checkany(L, 8);
+  }
+  if (len > MN_MAX_FRAME - MN_PUT_HEAD) return luaL_argerror(L, 7, "chunk larger than MN_MAX_FRAME");
+  char head[MN_PUT_HEAD];
+  size_t h = 0;
+  static const unsigned char start[] = {0x94, MN_MSG_CALL, 0xcf, 0, 0, 0, 0, 0, 0, 0, 0, 0xac, '_', '_', 't', 'e',
+                                        'n', 's', 'o', 'r', '_', 'p', 'u', 't', 0x93, 0xcf};
+  memcpy(head + 4, start, sizeof(start));
+  h = 4 + sizeof(start);
+  for (int j = 7; j >= 0; j--) head[h + (size_t)(7 - j)] = (char)(id >> (8 * j));
+  h += 8;
+  head[h++] = (char)0xcf;
+  for (int j = 7; j >= 0; j--) head[h + (size_t)(7 - j)] = (char)(off >> (8 * j));
+  h += 8;
+  head[h++] = (char)0xc6;
+  mn_put_be32(head + h, (uint32_t)len);
+  h += 4;
+  mn_put_be32(head, (uint32_t)(h - 4 + len));
+  size_t deepest = 0;
+  int n = (int)lua_objlen(L, 2);
+  for (int i = 1; i <= n; i++) {
+    lua_rawgeti(L, 2, i);
+    mn_conn_t *k = ready_conn(L, c, (int)lua_tointeger(L, -1), 0);
+    lua_pop(L, 1);
+    lua_pushvalue(L, keep);
+    int ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    if (mn_ctl_call_bulk(&c->ctl, k, head, h, MN_SEQ_OFFSET, src + soff, len, ref, call, i) != 0)
+      return luaL_error(L, "cannot queue a bulk put on connection %d", k->id);
+    if (k->rcount > deepest) deepest = k->rcount;
+  }
+  lua_pushnumber(L, (lua_Number)deepest);
+  return 1;
+}
+
+/* core.fetch_into(call_id, slot, address, capacity): that call's bytes land at address. */
+static int l_fetch_into(lua_State *L) {
+  lctl_t *c = get_ctl(L);
+  if (c->ndests == c->dcap) {
+    size_t cap = c->dcap ? c->dcap * 2 : 64;
+    mn_dest_t *d = realloc(c->dests, cap * sizeof(*d));
+    if (d == NULL) return luaL_error(L, "out of memory");
+    c->dests = d;
+    c->dcap = cap;
+  }
+  c->dests[c->ndests++] = (mn_dest_t){luaL_checknumber(L, 1), (int32_t)luaL_checkinteger(L, 2),
+                                      (char *)(uintptr_t)luaL_checknumber(L, 3), (size_t)luaL_checknumber(L, 4)};
   return 0;
 }
 
@@ -562,10 +705,11 @@ int luaopen_monarch_core(lua_State *L) {
   static const luaL_Reg fns[] = {
       {"init", l_init},           {"shutdown", l_shutdown},   {"start_agent", l_start_agent},
       {"connect", l_connect},     {"disconnect", l_disconnect}, {"info", l_info},
-      {"send", l_send},           {"call", l_call},           {"call_as", l_call_as},           {"poll", l_poll},
+      {"send", l_send},           {"call", l_call},           {"call_as", l_call_as}, {"put_chunk", l_put_chunk}, {"fetch_into", l_fetch_into},           {"poll", l_poll},
       {"take_pending", l_take_pending}, {"inflight", l_inflight}, {"oldest_pending", l_oldest_pending},
       {"flush", l_flush},         {"configure", l_configure},         {"now", l_now},             {"generate_token", l_generate_token},
-      {"prefix", l_prefix},       {"sleep", l_sleep},         {NULL, NULL}};
+      {"prefix", l_prefix},       {"sleep", l_sleep},         {"catch_interrupts", l_catch_interrupts},
+      {"interrupted", l_interrupted}, {NULL, NULL}};
   lua_createtable(L, 0, 20);
   luaL_register(L, NULL, fns);
   lua_pushinteger(L, MN_PROTOCOL_VERSION);

@@ -95,7 +95,8 @@ static void reply_err(mn_exec_t *x, uint64_t seq, const char *kind, const char *
 
 /* [RESULT, seq, true, [values...]] from the packed results in x->rbuf. */
 static void reply_ok(mn_exec_t *x, uint64_t seq, const char *kernel, size_t klen) {
-  if (x->rbuf.len > MN_MAX_FRAME - 64) {
+  if (x->rbuf.len + x->ref_len > MN_MAX_FRAME - 64) {
+    x->ref_len = 0;
     char msg[160];
     snprintf(msg, sizeof(msg), "results of %zu bytes do not fit in one frame (MN_MAX_FRAME is %u)",
              x->rbuf.len, MN_MAX_FRAME);
@@ -110,14 +111,21 @@ static void reply_ok(mn_exec_t *x, uint64_t seq, const char *kernel, size_t klen
   msgpack_pack_uint64(&pk, seq);
   msgpack_pack_true(&pk);
   msgpack_pack_array(&pk, x->nresults);
-  if (mn_buf_append(&x->out, x->rbuf.data, x->rbuf.len) != 0) x->out.len = start;
-  else mn_frame_end(&x->out, start);
+  if (mn_buf_append(&x->out, x->rbuf.data, x->rbuf.len) != 0) {
+    x->out.len = start;
+    x->ref_len = 0;
+    return;
+  }
+  mn_frame_end(&x->out, start);
+  if (x->ref_len > 0) /* the payload written after these bytes belongs to this frame */
+    mn_put_be32(x->out.data + start, (uint32_t)(x->out.len - start - MN_FRAME_HEADER + x->ref_len));
 }
 
 /* [RESULT, seq, false, {kind, message, kernel}] */
 static void reply_err(mn_exec_t *x, uint64_t seq, const char *kind, const char *kernel,
                       size_t klen, const char *msg) {
   msgpack_packer pk;
+  x->ref_len = 0;
   msgpack_packer_init(&pk, &x->out, mn_buf_write_cb);
   size_t start = mn_frame_begin(&x->out);
   msgpack_pack_array(&pk, 4);
@@ -375,23 +383,55 @@ static int run_builtin(mn_exec_t *x, mk_ctx_t *ctx, const char *name, size_t nl,
       snprintf(err, errlen, "tensor %llu does not exist on this proc", (unsigned long long)id);
       return -1;
     }
-    if (IS("__tensor_fetch")) {
-      if (t->nbytes > MN_MAX_FRAME - 64) {
-        snprintf(err, errlen, "tensor of %zu bytes is larger than one frame (MN_MAX_FRAME)", t->nbytes);
+    /* Optional byte range: (tensor, offset, len) to fetch, (tensor, offset, bytes) to put. */
+    int64_t off = 0, len = (int64_t)t->nbytes;
+    uint32_t data_at = 1;
+    if (args->via.array.size >= 3) {
+      if (mn_get_i64(args, 1, &off) != 0 || off < 0 || (size_t)off > t->nbytes) {
+        snprintf(err, errlen, "%.*s: offset must be an integer within 0..%zu", (int)nl, name, t->nbytes);
         return -1;
       }
-      return api_bytes(ctx, t->data, t->nbytes);
+      data_at = 2;
+      if (IS("__tensor_fetch") && (mn_get_i64(args, 2, &len) != 0 || len < 0 || (size_t)(off + len) > t->nbytes)) {
+        snprintf(err, errlen, "__tensor_fetch: range %lld+%lld is outside the tensor's %zu bytes", (long long)off,
+                 (long long)len, t->nbytes);
+        return -1;
+      }
     }
-    if (mn_get_bin(args, 1, &s, &sl) != 0 && mn_get_str(args, 1, &s, &sl) != 0) {
-      snprintf(err, errlen, "__tensor_put takes (tensor, bytes)");
+    if (IS("__tensor_fetch")) {
+      if ((uint64_t)len > MN_MAX_FRAME - 64) {
+        snprintf(err, errlen, "fetch of %lld bytes is larger than one frame (MN_MAX_FRAME): fetch in ranges",
+                 (long long)len);
+        return -1;
+      }
+      /* Only the bin header is packed; the bytes go out from the tensor itself. */
+      if (count_result(x)) return -1;
+      msgpack_pack_bin(&x->rpk, (size_t)len);
+      x->ref_ptr = (const char *)t->data + off;
+      x->ref_len = (size_t)len;
+      return 0;
+    }
+    if (mn_get_bin(args, data_at, &s, &sl) != 0 && mn_get_str(args, data_at, &s, &sl) != 0) {
+      snprintf(err, errlen, "__tensor_put takes (tensor, bytes) or (tensor, offset, bytes)");
       return -1;
     }
-    if (sl != t->nbytes) {
+    if (data_at == 1 && sl != t->nbytes) {
       snprintf(err, errlen, "put of %zu bytes into a tensor of %zu bytes", sl, t->nbytes);
       return -1;
     }
-    memcpy(t->data, s, sl);
+    if ((size_t)off + sl > t->nbytes) {
+      snprintf(err, errlen, "put of %zu bytes at offset %lld runs past the tensor's %zu bytes", sl, (long long)off,
+               t->nbytes);
+      return -1;
+    }
+    memcpy((char *)t->data + off, s, sl);
     return 0;
+  }
+  if (IS("__lost")) {
+    /* Stands in for a bulk CALL whose payload a reconnect could not resend. */
+    x->err_kind = "lost";
+    snprintf(err, errlen, "the call's payload was lost in a reconnect before the proc ran it; send it again");
+    return -1;
   }
   if (IS("__kernels")) {
     int total = 0;
@@ -496,6 +536,8 @@ int mn_exec_frame(mn_exec_t *x, const char *body, size_t len) {
   x->rbuf.len = 0;
   x->nresults = 0;
   x->failed = 0;
+  x->ref_ptr = NULL;
+  x->ref_len = 0;
   x->errmsg[0] = '\0';
   err[0] = '\0';
   if (kl >= 2 && kname[0] == '_' && kname[1] == '_') {

@@ -37,6 +37,8 @@ typedef struct {
   msgpack_zone zone;
   const char *running;    /* kernel now running, for crash reports */
   const char *err_kind;   /* a built-in's error kind; "bad_args" unless it sets another */
+  const char *ref_ptr;    /* payload of the last RESULT in `out`, written from here (no copy) */
+  size_t ref_len;         /* its length; 0 when the last RESULT is all in `out` */
 } mn_exec_t;
 
 /*

@@ -13,18 +13,22 @@
  * every connection with SESSION(id, acked). The same id resumes: sequence
  * numbers continue, and a resent CALL that already ran is answered from the
  * replay cache. A new id starts afresh. With no controller traffic for
- * --orphan-timeout seconds the proc exits.
+ * --orphan-timeout seconds the proc exits, unless it belongs to a persistent
+ * mesh (__persist): then it waits for the controller that attaches it next.
  */
 #include "proc.h"
 
 #include "actor.h"
+#include "collective.h"
 #include "exec.h"
+#include "gpu.h"
 #include "handshake.h"
 #include "replay.h"
 #include "sock.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <malloc.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -40,6 +44,8 @@
 #define MN_SPIN_NS_DEFAULT 0 /* executor busy-wait before sleeping; 0: spinning measured slower on 2 cores */
 #define MN_MAX_QUEUED (256u << 20) /* bytes of calls queued before the reader stops reading */
 #define MN_MAX_HANDSHAKES 16       /* concurrent unauthenticated connections accepted */
+#define MN_BIG_FRAME (256u << 10)  /* frames this large are received straight into their queue item */
+#define MN_BIG_FRAME_TIMEOUT_MS 30000 /* a bulk frame must keep arriving at least this often */
 
 typedef struct item_s {
   struct item_s *next;
@@ -146,16 +152,30 @@ static void replay_one(proc_t *p, uint64_t session, uint64_t seq) {
   pthread_mutex_unlock(&p->wlock);
 }
 
-/* Flushes the executor's batch: caches each result for replay, then writes them all. */
-static void flush_out(proc_t *p, uint64_t session, mn_buf_t *out, uint64_t *seqs, size_t *offs, int n) {
+/*
+ * Flushes the executor's batch: caches each result for replay, then writes
+ * them all. A last result with a payload by reference (ref, rlen: tensor
+ * bytes) is written straight from that memory and is too big to cache.
+ */
+static void flush_out(proc_t *p, uint64_t session, mn_buf_t *out, uint64_t *seqs, size_t *offs, int n,
+                      const char *ref, size_t rlen) {
   pthread_mutex_lock(&p->wlock);
   if (p->replay_on && p->session == session) {
     for (int i = 0; i < n; i++) {
       size_t end = i + 1 < n ? offs[i + 1] : out->len;
-      if (seqs[i] != 0 && mn_replay_add(&p->replay, seqs[i], out->data + offs[i], end - offs[i]) != 0) break;
+      if (seqs[i] == 0) continue;
+      if (rlen > 0 && i == n - 1) {
+        if (seqs[i] > p->replay.evicted) p->replay.evicted = seqs[i];
+        break;
+      }
+      if (mn_replay_add(&p->replay, seqs[i], out->data + offs[i], end - offs[i]) != 0) break;
     }
   }
-  write_locked(p, session, out->data, out->len);
+  if (rlen == 0) {
+    write_locked(p, session, out->data, out->len);
+  } else if (p->fd >= 0 && p->session == session && mn_write2_all(p->fd, out->data, out->len, ref, rlen) != 0) {
+    shutdown(p->fd, SHUT_RDWR);
+  }
   pthread_mutex_unlock(&p->wlock);
   out->len = 0;
 }
@@ -189,7 +209,7 @@ static void *executor(void *arg) {
         size_t before = x->out.len;
         rc = mn_exec_frame(x, it->data, it->len);
         if (rc == 1) {
-          if (x->out.len > 0) flush_out(p, xsession, &x->out, seqs, offs, nb);
+          if (x->out.len > 0) flush_out(p, xsession, &x->out, seqs, offs, nb, NULL, 0);
           nb = 0;
           replay_one(p, xsession, x->dup_seq);
           rc = 0;
@@ -201,9 +221,11 @@ static void *executor(void *arg) {
       }
       free(it);
       it = next;
-      /* Flush when the burst is done, when the batch is full, or before closing. */
-      if (nb > 0 && (it == NULL || nb == MN_BATCH || x->out.len > (1u << 18) || rc < 0)) {
-        flush_out(p, xsession, &x->out, seqs, offs, nb);
+      /* Flush when the burst is done, when the batch is full, before closing,
+       * or at once behind a payload by reference (the next call may change it). */
+      if (nb > 0 && (it == NULL || nb == MN_BATCH || x->out.len > (1u << 18) || rc < 0 || x->ref_len > 0)) {
+        flush_out(p, xsession, &x->out, seqs, offs, nb, x->ref_ptr, x->ref_len);
+        x->ref_len = 0;
         nb = 0;
       }
       if (rc < 0) {
@@ -298,6 +320,23 @@ static void start_handshake(proc_t *p, int fd) {
   pthread_attr_destroy(&attr);
 }
 
+/* ---- persistence ------------------------------------------------------------- */
+
+/* Set by __persist(true): no orphan timeout. The agent still reaps us (PDEATHSIG). */
+static atomic_int persistent;
+
+/* __persist(on): marks this proc as part of a persistent mesh (or not). Runs on the executor thread. */
+static int persist_builtin(mn_exec_t *x, mk_ctx_t *ctx, const char *name, size_t nl, const msgpack_object *args,
+                           char *err, size_t errlen) {
+  if (nl != sizeof("__persist") - 1 || args->via.array.size != 1 ||
+      args->via.array.ptr[0].type != MSGPACK_OBJECT_BOOLEAN) {
+    snprintf(err, errlen, "__persist takes one boolean");
+    return -1;
+  }
+  atomic_store(&persistent, args->via.array.ptr[0].via.boolean ? 1 : 0);
+  return 0;
+}
+
 /* ---- the I/O thread ------------------------------------------------------------ */
 
 /* Answers a PING inline: body is [5, id]. */
@@ -386,6 +425,40 @@ static int parse_frames(proc_t *p, conn_t *c, int *has_session) {
   for (;;) {
     const char *body;
     int64_t len = mn_frame_peek(in->data + off, in->len - off, MN_MAX_FRAME, &body);
+    if (len == MN_EAGAIN && *has_session && in->len - off >= MN_FRAME_HEADER &&
+        mn_be32(in->data + off) >= MN_BIG_FRAME && mn_be32(in->data + off) <= MN_MAX_FRAME) {
+      /* A bulk frame: receive the rest straight into its queue item rather
+       * than growing the read buffer and copying it out afterwards. */
+      size_t flen = mn_be32(in->data + off), have = in->len - off - MN_FRAME_HEADER;
+      item_t *it = malloc(sizeof(*it) + flen);
+      if (it == NULL) {
+        rc = -1;
+        break;
+      }
+      memcpy(it->data, in->data + off + MN_FRAME_HEADER, have);
+      while (have < flen) {
+        struct pollfd pf = {c->fd, POLLIN, 0};
+        if (poll(&pf, 1, MN_BIG_FRAME_TIMEOUT_MS) <= 0) break;
+        ssize_t r = recv(c->fd, it->data + have, flen - have, 0);
+        if (r <= 0 && !(r < 0 && errno == EINTR)) break;
+        if (r > 0) have += (size_t)r;
+      }
+      if (have < flen) {
+        free(it);
+        rc = -1;
+        break;
+      }
+      it->next = NULL;
+      it->session = session;
+      it->len = flen;
+      if (last) last->next = it;
+      else first = it;
+      last = it;
+      bytes += flen;
+      n++;
+      off = in->len; /* consumed: the frame's start was all that was buffered */
+      break;
+    }
     if (len == MN_EAGAIN) break;
     if (len < 0) {
       char msg[128];
@@ -450,7 +523,11 @@ static void io_loop(proc_t *p, int lfd, double orphan_timeout) {
   for (;;) {
     struct pollfd pfd[3] = {{lfd, POLLIN, 0}, {p->hs_pipe[0], POLLIN, 0}, {cur ? cur->fd : -1, POLLIN, 0}};
     int64_t left = last_rx + orphan_ns - now_ns();
-    if (left <= 0) break; /* orphaned: no controller traffic for orphan_timeout */
+    if (left <= 0 && !atomic_load(&persistent)) break; /* orphaned: no controller traffic for orphan_timeout */
+    if (left <= 0) {
+      last_rx = now_ns(); /* persistent: keep waiting for a controller to attach */
+      continue;
+    }
     int r = poll(pfd, 3, (int)(left / 1000000) + 1);
     if (r < 0 && errno != EINTR) break;
     if (r <= 0) continue;
@@ -489,6 +566,10 @@ int mn_proc_main(const mn_proc_opts_t *o) {
   char err[256];
   int port = 0;
   signal(SIGPIPE, SIG_IGN);
+  /* Bulk frames are malloc'd per chunk: keep such blocks in the heap for
+   * reuse instead of fresh mmaps whose page faults would halve throughput. */
+  mallopt(M_MMAP_THRESHOLD, 64 << 20);
+  mallopt(M_TRIM_THRESHOLD, 256 << 20);
   if (o->parent > 0) {
     /* Die with the host agent, so a killed agent leaves no orphans. */
     if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != o->parent) return 3;
@@ -517,7 +598,10 @@ int mn_proc_main(const mn_proc_opts_t *o) {
   const char *spin = getenv("MONARCH_SPIN_US");
   p->spin_ns = spin ? atol(spin) * 1000 : MN_SPIN_NS_DEFAULT;
   if (mn_exec_init(&p->exec, o->prefix, o->rank, o->world, &p->cancel) != 0) return 2;
+  if (mn_gpu_register() != 0) return 2;
+  if (mn_coll_start(o->bind_host, &auth, o->rank) != 0) return 2;
   if (mn_actor_register() != 0) return 2;
+  if (mn_exec_register("__persist", persist_builtin) != 0) return 2;
   pthread_t th;
   if (pthread_create(&th, NULL, executor, p) != 0) return 2;
 

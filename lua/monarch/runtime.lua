@@ -249,6 +249,29 @@ function R.submit(procs, kernel, args, nargs, opts)
   return rec
 end
 
+--- Submits a call whose bytes C queues itself: send(id) queues it to every
+-- proc (slot i = procs[i]) and returns the deepest queue. For bulk transfers.
+function R.submit_custom(procs, kernel, send, opts)
+  opts = opts or {}
+  next_call = next_call + 1
+  local id = next_call
+  local rec = {
+    id = id, kernel = kernel, n = #procs, remaining = #procs, values = {}, procs = {}, tries = {},
+    mode = "mesh", make_result = function(v) return v end, args = {}, nargs = 0,
+  }
+  for i, p in ipairs(procs) do rec.procs[i] = p end
+  rec.future = future.new(opts.what or ("call '" .. kernel .. "'"))
+  calls[id] = rec
+  if #procs == 0 then
+    calls[id] = nil
+    finish(rec)
+    return rec
+  end
+  local depth = send(id)
+  if depth > R.window then R.wait_window(procs) end
+  return rec
+end
+
 local function check_deadlines(now)
   local keep = {}
   for _, rec in ipairs(timed) do

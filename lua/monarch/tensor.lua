@@ -4,6 +4,8 @@
 --   local vm = t:fetch():get()              -- ValueMesh of HostTensor
 --   vm[1][1], vm[1]:totable(), t:free()     -- or let the GC free it
 local ffi = require "ffi"
+local core = require "monarch.core"
+local future = require "monarch.future"
 local runtime = require "monarch.runtime"
 local value_mesh = require "monarch.value_mesh"
 
@@ -66,12 +68,23 @@ local function numel_of(shape)
   return n
 end
 
---- Makes a host tensor; bytes (a string) fills it if given.
-function M.host(dtype, shape, bytes)
+ffi.cdef [[ void *malloc(size_t); void free(void *); ]]
+
+--- Makes a host tensor; bytes (a string) fills it if given. `uninit` skips
+-- zeroing (for a tensor about to be overwritten whole, like a fetch's).
+function M.host(dtype, shape, bytes, uninit)
   local d = M.dtypes[dtype] or error("unknown dtype '" .. tostring(dtype) .. "'", 2)
   if type(shape) == "number" then shape = { shape } end
   local n = numel_of(shape)
-  local data = ffi.new(d.ctype .. "[?]", math.max(n, 1))
+  local data
+  if uninit and n * d.size >= 65536 then
+    -- Big and about to be overwritten: malloc, not ffi.new's zero-filling pass.
+    local p = ffi.C.malloc(n * d.size)
+    if p == nil then error(string.format("out of memory for a %d-byte host tensor", n * d.size), 2) end
+    data = ffi.gc(ffi.cast(d.ctype .. "*", p), ffi.C.free)
+  else
+    data = ffi.new(d.ctype .. "[?]", math.max(n, 1))
+  end
   if bytes then
     if #bytes ~= n * d.size then
       error(string.format("host tensor of %d bytes built from %d bytes", n * d.size, #bytes), 2)
@@ -153,14 +166,56 @@ local function check_live(t)
   if rawget(t, "freed") then error("tensor " .. t.__mn_tensor .. " was freed", 3) end
 end
 
---- Fetches every proc's copy: Future of a ValueMesh of HostTensor.
-function Tensor:fetch()
+--- Bytes per bulk message: big tensors stream in chunks of this size, so
+-- neither side ever holds a second copy of the whole tensor.
+M.CHUNK = 4 * 1024 * 1024
+
+local function address(cdata) return tonumber(ffi.cast("uintptr_t", cdata)) end
+
+-- A future done when every future in futs is, failing with the first error.
+local function all_of(futs, what, value)
+  local f = future.new(what)
+  local left = #futs
+  if left == 0 then f:resolve(value) end
+  for _, x in ipairs(futs) do
+    x:on_done(function(d)
+      local ok, err = d:result()
+      if not ok then return f:fail(err) end
+      left = left - 1
+      if left == 0 then f:resolve(value) end
+    end)
+  end
+  return f
+end
+
+--- Fetches every proc's copy: Future of a ValueMesh of HostTensor. Big
+-- tensors come in M.CHUNK pieces that land in place in the host tensors.
+-- `into` (a ValueMesh or list of HostTensors, one per proc, of the same
+-- byte size) reuses memory: fresh pages cost more than the copy itself.
+function Tensor:fetch(into)
   check_live(self)
-  local dtype, shape = self.dtype, self.shape
-  return self.mesh:_submit("__tensor_fetch", { self }, 1, {
-    what = "fetch of tensor " .. self.__mn_tensor,
-    convert = function(bytes) return M.host(dtype, shape, bytes) end,
-  })
+  local procs, n = self.mesh._procs, #self.mesh._procs
+  local nbytes = self.numel * M.dtypes[self.dtype].size
+  local hosts = {}
+  for i = 1, n do
+    local h = into and into[i]
+    if into and (getmetatable(h) ~= HostTensor or h.numel * M.dtypes[h.dtype].size ~= nbytes) then
+      error(string.format("fetch into: entry %d must be a HostTensor of %d bytes", i, nbytes), 2)
+    end
+    hosts[i] = h or M.host(self.dtype, self.shape)
+  end
+  local futs = {}
+  for off = 0, nbytes - 1, M.CHUNK do
+    local len = math.min(M.CHUNK, nbytes - off)
+    local rec = runtime.submit(procs, "__tensor_fetch", { self, off, len }, 3, {
+      what = "fetch of tensor " .. self.__mn_tensor, make_result = function(v) return v end,
+    })
+    if not rec.done then
+      for i = 1, n do core.fetch_into(rec.id, i, address(hosts[i].data) + off, len) end
+    end
+    futs[#futs + 1] = rec.future
+  end
+  return all_of(futs, "fetch of tensor " .. self.__mn_tensor, value_mesh.new(self.mesh.shape, hosts, n))
 end
 
 --- Writes the same values (a Lua array, a HostTensor or a byte string) to every proc's copy.
@@ -170,7 +225,11 @@ function Tensor:put(values)
   local bytes = values
   if type(values) == "table" then
     if getmetatable(values) == HostTensor then
-      bytes = values:bytes()
+      local nbytes = self.numel * M.dtypes[self.dtype].size
+      if values.numel * M.dtypes[values.dtype].size ~= nbytes then
+        error(string.format("put of a %d-byte HostTensor into a tensor of %d bytes", values.numel * M.dtypes[values.dtype].size, nbytes), 2)
+      end
+      return self:_put_bytes(address(values.data), 0, nbytes, values) -- straight from its memory
     else
       if #values ~= self.numel then
         error(string.format("put of %d values into a tensor of %d", #values, self.numel), 2)
@@ -181,7 +240,32 @@ function Tensor:put(values)
     end
   end
   if type(bytes) ~= "string" then error("put wants a table, a HostTensor or a string", 2) end
-  return self.mesh:call("__tensor_put", self, bytes)
+  local nbytes = self.numel * M.dtypes[self.dtype].size
+  if #bytes ~= nbytes then error(string.format("put of %d bytes into a tensor of %d bytes", #bytes, nbytes), 2) end
+  return self:_put_bytes(bytes, 0, nbytes)
+end
+
+-- Streams nbytes from src (a string, or an address kept alive by owner) in
+-- chunks written straight from that memory to every proc.
+function Tensor:_put_bytes(src, base, nbytes, owner)
+  local procs = self.mesh._procs
+  for _, p in ipairs(procs) do
+    if p.state ~= "ready" then
+      error(require("monarch.errors").new { kind = "proc_failed", rank = p.rank, host = p.host, pid = p.pid,
+        message = "put needs every proc ready; this one is " .. p.state }, 3)
+    end
+  end
+  local targets = {}
+  for i, p in ipairs(procs) do targets[i] = p.conn end
+  local futs = {}
+  for off = 0, math.max(nbytes - 1, 0), M.CHUNK do
+    local len = math.min(M.CHUNK, nbytes - off)
+    local rec = runtime.submit_custom(procs, "__tensor_put", function(id)
+      return core.put_chunk(id, targets, self.__mn_tensor, off, src, base + off, len, owner)
+    end)
+    futs[#futs + 1] = rec.future
+  end
+  return all_of(futs, "put of tensor " .. self.__mn_tensor, nil)
 end
 
 --- Frees the tensor on every proc now (instead of when collected).

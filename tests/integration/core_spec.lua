@@ -74,6 +74,33 @@ describe("a mesh of real procs", function()
     assert.matches("was freed", tostring(err))
   end)
 
+  it("streams tensors larger than one chunk both ways, landing in place", function()
+    local tensor = require "monarch.tensor"
+    local n = 3 * tensor.CHUNK / 4 + 123 -- f32: three chunks and a bit
+    local t = procs:tensor("f32", { n })
+    procs:call("iota", t, 1):get()
+    local vm = t:fetch():get()
+    for _, h in vm:items() do
+      assert.are.equal(1, h[1])
+      assert.are.equal(n, h[n])
+      assert.are.equal(tensor.CHUNK / 4 + 1, h[tensor.CHUNK / 4 + 1])
+    end
+    -- put from a host tensor, straight from its memory
+    local src = tensor.host("f32", { n })
+    for i = 1, n, 997 do src[i] = -i end
+    t:put(src):get()
+    local back = t:fetch(vm):get() -- into the same host tensors
+    assert.are.equal(vm[1], back[1]) -- the same host tensors, refilled
+    for _, h in back:items() do
+      assert.are.equal(-1, h[1])
+      assert.are.equal(-998, h[998])
+      assert.are.equal(0, h[2])
+    end
+    assert.has_error(function() t:put(tensor.host("f32", { 3 })) end)
+    assert.has_error(function() t:fetch({ tensor.host("f32", { 3 }) }) end)
+    t:free()
+  end)
+
   it("frees tensors that the garbage collector collects", function()
     local p = procs:slice{ procs = 0 }
     collectgarbage()
