@@ -398,6 +398,11 @@ static int run_builtin(mn_exec_t *x, mk_ctx_t *ctx, const char *name, size_t nl,
         return -1;
       }
     }
+    if (t->device >= 0) {
+      snprintf(err, errlen, "tensor %llu is on cuda:%d: use __gpu_fetch / __gpu_put", (unsigned long long)id,
+               t->device);
+      return -1;
+    }
     if (IS("__tensor_fetch")) {
       if ((uint64_t)len > MN_MAX_FRAME - 64) {
         snprintf(err, errlen, "fetch of %lld bytes is larger than one frame (MN_MAX_FRAME): fetch in ranges",
@@ -472,6 +477,7 @@ int mn_exec_init(mn_exec_t *x, const char *prefix, int rank, int world, atomic_i
   x->rank = rank;
   x->world = world;
   x->cancel = cancel;
+  x->device = -1;
   if (!msgpack_zone_init(&x->zone, 8192)) return MN_ENOMEM;
   msgpack_packer_init(&x->rpk, &x->rbuf, mn_buf_write_cb);
   return 0;
@@ -528,7 +534,7 @@ int mn_exec_frame(mn_exec_t *x, const char *body, size_t len) {
     reply_err(x, seq, "bad_args", kname, kl, err);
     return 0;
   }
-  mk_ctx_t ctx = {&api, x->rank, x->world, -1, NULL, NULL, x};
+  mk_ctx_t ctx = {&api, x->rank, x->world, x->device, NULL, NULL, x};
   char namebuf[MN_MAX_NAME + 1];
   memcpy(namebuf, kname, kl);
   namebuf[kl] = '\0';

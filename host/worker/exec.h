@@ -19,6 +19,7 @@ typedef struct {
   mn_registry_t reg;
   int rank;
   int world;
+  int device;             /* CUDA device of a GPU proc (ctx->device), -1 on a CPU proc */
   const char *host;       /* hostname, for error messages */
   mn_buf_t out;           /* reply frames waiting to be written */
   mn_buf_t rbuf;          /* the running kernel's packed results */

@@ -574,6 +574,11 @@ int mn_proc_main(const mn_proc_opts_t *o) {
     /* Die with the host agent, so a killed agent leaves no orphans. */
     if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != o->parent) return 3;
   }
+  /* Before any thread starts (setenv is not thread-safe) and before CUDA loads. */
+  if (o->device >= 0 && mn_gpu_pin(o->device, err, sizeof(err)) != 0) {
+    fprintf(stderr, "monarch-worker --proc: %s\n", err);
+    return 2;
+  }
   if (mn_auth_load(&auth, NULL, err, sizeof(err)) != 0) {
     fprintf(stderr, "monarch-worker --proc: %s\n", err);
     return 2;
@@ -599,6 +604,7 @@ int mn_proc_main(const mn_proc_opts_t *o) {
   p->spin_ns = spin ? atol(spin) * 1000 : MN_SPIN_NS_DEFAULT;
   if (mn_exec_init(&p->exec, o->prefix, o->rank, o->world, &p->cancel) != 0) return 2;
   if (mn_gpu_register() != 0) return 2;
+  p->exec.device = o->device >= 0 ? 0 : -1; /* pinned: its GPU is the only one it sees, device 0 */
   if (mn_coll_start(o->bind_host, &auth, o->rank) != 0) return 2;
   if (mn_actor_register() != 0) return 2;
   if (mn_exec_register("__persist", persist_builtin) != 0) return 2;

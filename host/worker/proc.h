@@ -12,6 +12,7 @@ typedef struct {
   int port_fd;             /* write "port\n" here once listening (-1: stdout) */
   double orphan_timeout;   /* seconds without a controller before exiting */
   const char *prefix;      /* install prefix, for kernel libraries */
+  int device;              /* GPU to pin this proc to (mn_gpu_pin), -1: a CPU proc */
 } mn_proc_opts_t;
 
 /* Runs until orphaned or killed; returns the process exit code. */

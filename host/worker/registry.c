@@ -7,6 +7,20 @@
 #include <string.h>
 #include <unistd.h>
 
+static const mn_device_ops_t *device_ops; /* set once by gpu.c before the executor starts */
+
+void mn_registry_set_device_ops(const mn_device_ops_t *ops) { device_ops = ops; }
+
+/* Frees a tensor and its memory, host or device. */
+static void tensor_release(mk_tensor_t *t) {
+  if (t->device >= 0) {
+    if (device_ops != NULL) device_ops->release(t->device, t->data);
+  } else {
+    free(t->data);
+  }
+  free(t);
+}
+
 struct mn_kentry_s {
   const mk_kernel_t *k;
   size_t len;
@@ -36,10 +50,7 @@ void mn_registry_close(mn_registry_t *r) {
   free(r->buckets);
   for (size_t i = 0; i < r->tcap; i++) {
     mk_tensor_t *t = r->tslots[i];
-    if (t != NULL && t != (mk_tensor_t *)r) {
-      free(t->data);
-      free(t);
-    }
+    if (t != NULL && t != (mk_tensor_t *)r) tensor_release(t);
   }
   free(r->tslots);
   for (int i = 0; i < r->nlibs; i++) {
@@ -224,6 +235,11 @@ mk_tensor_t *mn_tensor_get(const mn_registry_t *r, uint64_t id) {
 
 mk_tensor_t *mn_tensor_new(mn_registry_t *r, uint64_t id, mk_dtype_t dtype, int ndim,
                            const int64_t *shape, char *err, size_t errlen) {
+  return mn_tensor_new_on(r, id, dtype, ndim, shape, -1, err, errlen);
+}
+
+mk_tensor_t *mn_tensor_new_on(mn_registry_t *r, uint64_t id, mk_dtype_t dtype, int ndim,
+                              const int64_t *shape, int device, char *err, size_t errlen) {
   int64_t numel = 1;
   if (ndim < 0 || ndim > MK_MAX_DIMS) {
     snprintf(err, errlen, "tensor has %d dimensions; MK_MAX_DIMS is %d", ndim, MK_MAX_DIMS);
@@ -240,6 +256,10 @@ mk_tensor_t *mn_tensor_new(mn_registry_t *r, uint64_t id, mk_dtype_t dtype, int 
     snprintf(err, errlen, "tensor %llu already exists", (unsigned long long)id);
     return NULL;
   }
+  if (device >= 0 && device_ops == NULL) {
+    snprintf(err, errlen, "this proc cannot hold tensors on cuda:%d (no device support registered)", device);
+    return NULL;
+  }
   if (r->ntensors >= MN_MAX_TENSORS) {
     snprintf(err, errlen, "MN_MAX_TENSORS (%d) tensors already live on this proc", MN_MAX_TENSORS);
     return NULL;
@@ -248,17 +268,25 @@ mk_tensor_t *mn_tensor_new(mn_registry_t *r, uint64_t id, mk_dtype_t dtype, int 
   mk_tensor_t *t = calloc(1, sizeof(*t));
   if (t == NULL) goto nomem;
   t->nbytes = (size_t)numel * mk_dtype_size(dtype);
-  /* 64-byte alignment keeps SIMD kernels and later zero-copy sends happy. */
-  if (posix_memalign(&t->data, 64, t->nbytes ? t->nbytes : 64) != 0) {
-    free(t);
-    goto nomem;
+  if (device >= 0) {
+    t->data = device_ops->alloc(device, t->nbytes, err, errlen);
+    if (t->data == NULL) {
+      free(t);
+      return NULL;
+    }
+  } else {
+    /* 64-byte alignment keeps SIMD kernels and later zero-copy sends happy. */
+    if (posix_memalign(&t->data, 64, t->nbytes ? t->nbytes : 64) != 0) {
+      free(t);
+      goto nomem;
+    }
+    memset(t->data, 0, t->nbytes);
   }
-  memset(t->data, 0, t->nbytes);
   t->dtype = dtype;
   t->ndim = ndim;
   memcpy(t->shape, shape, sizeof(int64_t) * (size_t)ndim);
   t->numel = numel;
-  t->device = -1;
+  t->device = device >= 0 ? device : -1;
   t->id = id;
   size_t j = slot_of(id, r->tcap);
   while (r->tslots[j] != NULL && r->tslots[j] != TOMB(r)) j = (j + 1) & (r->tcap - 1);
@@ -280,8 +308,7 @@ int mn_tensor_free(mn_registry_t *r, uint64_t id) {
     if (t == NULL) return -1;
     if (t != TOMB(r) && t->id == id) {
       r->tensor_bytes -= t->nbytes;
-      free(t->data);
-      free(t);
+      tensor_release(t);
       r->tslots[j] = TOMB(r);
       r->ntensors--;
       r->ntombs++;

@@ -45,6 +45,25 @@ const mk_kernel_t *mn_registry_find(const mn_registry_t *r, const char *name, si
 /* Creates a zeroed CPU tensor; returns it or NULL with err set. */
 mk_tensor_t *mn_tensor_new(mn_registry_t *r, uint64_t id, mk_dtype_t dtype, int ndim,
                            const int64_t *shape, char *err, size_t errlen);
+
+/*
+ * Device memory. The module that drives devices (gpu.c) installs these hooks
+ * once, before the executor starts; tensors with device >= 0 are allocated
+ * and released through them, so the registry never free()s device memory.
+ * Without hooks, device tensors cannot be created.
+ */
+#define MN_DEVICE_HOOKS 1 /* this registry has mn_device_ops_t and mn_tensor_new_on */
+typedef struct {
+  /* Returns nbytes (may be 0) of zeroed memory on `device`, or NULL with err set. */
+  void *(*alloc)(int device, size_t nbytes, char *err, size_t errlen);
+  /* Releases what alloc returned; must not fail loudly (the tensor is gone either way). */
+  void (*release)(int device, void *p);
+} mn_device_ops_t;
+/* Installs the hooks for every registry of this process (NULL removes them). */
+void mn_registry_set_device_ops(const mn_device_ops_t *ops);
+/* Like mn_tensor_new, on CUDA device `device` (-1: host memory, exactly mn_tensor_new). */
+mk_tensor_t *mn_tensor_new_on(mn_registry_t *r, uint64_t id, mk_dtype_t dtype, int ndim,
+                              const int64_t *shape, int device, char *err, size_t errlen);
 mk_tensor_t *mn_tensor_get(const mn_registry_t *r, uint64_t id);
 /* Frees a tensor; returns 0, or -1 if there was none with that id. */
 int mn_tensor_free(mn_registry_t *r, uint64_t id);

@@ -65,7 +65,7 @@ local function parse_dims(spec)
     end
   else
     for k, v in pairs(spec) do
-      if type(k) == "string" and k ~= "name" then names[#names + 1], sizes[#sizes + 1] = k, v end
+      if type(k) == "string" and k ~= "name" and k ~= "gpus" then names[#names + 1], sizes[#sizes + 1] = k, v end
     end
     if #names > 1 then
       error("spawn_procs: several named dimensions need an order; write {{'" .. names[1] .. "', " ..
@@ -87,18 +87,29 @@ local function parse_dims(spec)
 end
 
 --- Spawns procs on every host. spec: {procs = n} (or any one name), or an
--- ordered list {{"dp", 2}, {"tp", 2}}. Returns a ProcMesh of shape {hosts = H, ...}.
+-- ordered list {{"dp", 2}, {"tp", 2}}; gpus = G (GPUs per host) makes GPU
+-- procs, local proc i pinned to GPU i (at most G procs per host). Returns a
+-- ProcMesh of shape {hosts = H, ...}.
 function HostMesh:spawn_procs(spec)
   spec = spec or { procs = 1 }
   if type(spec) ~= "table" then error("spawn_procs wants a table like {procs = 4}", 2) end
   local names, sizes = parse_dims(spec)
   local per_host = 1
   for _, s in ipairs(sizes) do per_host = per_host * s end
+  local gpus = spec.gpus
+  if gpus ~= nil then
+    if type(gpus) ~= "number" or gpus < 1 or gpus ~= math.floor(gpus) then
+      error("spawn_procs: gpus wants the number of GPUs per host (a positive integer), got " .. tostring(gpus), 2)
+    end
+    if per_host > gpus then
+      error(string.format("spawn_procs: %d procs per host but gpus = %d: GPU procs are pinned one per GPU", per_host, gpus), 2)
+    end
+  end
   local world = per_host * #self.agents
   local reqs = {}
   for h, a in ipairs(self.agents) do
     if a.state ~= "ready" then error(errors.new { kind = "connect", host = a.addr, message = "host agent is not connected" }, 2) end
-    reqs[h] = procs_mod.request_spawn(a, per_host, (h - 1) * per_host, world)
+    reqs[h] = procs_mod.request_spawn(a, per_host, (h - 1) * per_host, world, nil, gpus and 0 or nil)
   end
   local procs = {}
   local ok, err = pcall(wait_until, function()
@@ -116,7 +127,7 @@ function HostMesh:spawn_procs(spec)
       local rank = (h - 1) * per_host + i - 1
       if r and r.port then
         local p = { rank = rank, world = world, host = a.hostname, addr = a.addr, pid = r.pid, port = r.port,
-          agent = a, state = "connecting", libs = {}, tensors = {} }
+          agent = a, state = "connecting", libs = {}, tensors = {}, device = gpus and (i - 1) or nil }
         a.procs[r.pid] = p
         procs_mod.connect(p)
         procs[rank + 1] = p

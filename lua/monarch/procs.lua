@@ -243,12 +243,13 @@ function M.connect_agent(a)
   runtime.handle(a.conn, agent_handler(a))
 end
 
---- Asks agent a for n procs with ranks base..base+n-1 of `world`; returns the request.
-function M.request_spawn(a, n, base, world, on_done)
+--- Asks agent a for n procs with ranks base..base+n-1 of `world`; returns the
+-- request. device_base (optional): pin proc i to GPU device_base + i.
+function M.request_spawn(a, n, base, world, on_done, device_base)
   next_req = next_req + 1
   local req = { id = next_req, results = {}, count = 0, n = n, on_done = on_done }
   a.requests[req.id] = req
-  core.send(a.conn, { MSG.SPAWN, req.id, { count = n, rank_base = base, world = world } })
+  core.send(a.conn, { MSG.SPAWN, req.id, { count = n, rank_base = base, world = world, device_base = device_base } })
   return req
 end
 
@@ -310,7 +311,7 @@ restart_proc = function(p)
     p.pid, p.port = r.pid, r.port
     a.procs[r.pid] = p
     M.connect(p)
-  end)
+  end, p.device) -- a restarted GPU proc gets its own GPU back
 end
 
 return M

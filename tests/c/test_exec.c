@@ -82,6 +82,12 @@ static int call_run(mn_exec_t *x, call_t *c) {
   int64_t n = mn_frame_peek(c->b.data, c->b.len, MN_MAX_FRAME, &body);
   assert_int_equal(n, (int64_t)(c->b.len - MN_FRAME_HEADER));
   int rc = mn_exec_frame(x, body, (size_t)n);
+  /* A payload by reference (a fetch) goes on the wire right after the frame's
+   * bytes: append it, as the proc's writev would. */
+  if (x->ref_len > 0) {
+    assert_int_equal(mn_buf_append(&x->out, x->ref_ptr, x->ref_len), 0);
+    x->ref_len = 0;
+  }
   mn_buf_free(&c->b);
   return rc;
 }
