@@ -1,6 +1,7 @@
 /*
  * monarch-run: the controller. Runs one Lua script (or -e code) in LuaJIT
- * with the monarch library; argument parsing and main() only.
+ * with the monarch library, or with -i an interactive REPL (lua/monarch/repl.lua);
+ * argument parsing and main() only.
  */
 #include "path.h"
 
@@ -8,12 +9,17 @@
 #include <lua.h>
 #include <lualib.h>
 #include <luajit.h>
+#include <errno.h>
 #include <limits.h>
+#include <locale.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#define MN_RUN_MAX_LIBS 32 /* most -l options */
+
 int luaopen_monarch_core(lua_State *L);
+int luaopen_monarch_lineedit(lua_State *L);
 
 static const char usage[] =
     "usage: monarch-run [options] [script.lua [args...]]\n"
@@ -21,15 +27,29 @@ static const char usage[] =
     "Runs a Monarch controller script. With no --hosts, a host agent is started\n"
     "on this machine and procs are spawned there.\n"
     "\n"
-    "  -e CODE            run CODE (after any script given before it is not run)\n"
+    "  -e CODE            run CODE (before the script, when both are given)\n"
     "  -l NAME            require library NAME before the script\n"
+    "  -i                 interactive REPL, after the script if one is given\n"
+    "                     (its globals and meshes stay; see docs/repl.md)\n"
     "  --hosts H:P,...    connect to running host agents (needs MONARCH_TOKEN\n"
     "                     or MONARCH_TOKEN_FILE)\n"
-    "  -i                 interactive REPL (not built yet: see docs)\n"
+    "  --hostfile FILE    the same, one HOST:PORT per line (# starts a comment)\n"
+    "  --slurm            start host agents on the nodes of this Slurm allocation\n"
+    "  --status           report on the cluster and exit\n"
+    "  --quiet            drop what procs print on stdout (stderr still shows)\n"
+    "  --log-level LEVEL  debug, info, warn or error (default info)\n"
     "  -v, --version      print the version\n"
     "  -h, --help         this text\n"
     "\n"
     "The script's arguments are in the global table `arg` (arg[0] is the script).\n";
+
+typedef struct {
+  const char *code, *hosts, *hostfile, *log_level;
+  const char *libs[MN_RUN_MAX_LIBS];
+  int nlibs;
+  int script_at; /* argv index of the script, argc if none */
+  int interactive, slurm, status, quiet;
+} opts_t;
 
 /* Adds a traceback to errors, keeping structured error objects intact. */
 static int msgh(lua_State *L) {
@@ -57,29 +77,44 @@ static int report(lua_State *L, int status) {
   return status;
 }
 
-static int run_chunk(lua_State *L, int nargs) {
+/* Calls the function below its nargs arguments; leaves nresults results (LUA_MULTRET: all). */
+static int run_chunk_n(lua_State *L, int nargs, int nresults) {
   int base = lua_gettop(L) - nargs;
   lua_pushcfunction(L, msgh);
   lua_insert(L, base);
-  int status = lua_pcall(L, nargs, 0, base);
+  int status = lua_pcall(L, nargs, nresults, base);
   lua_remove(L, base);
   return report(L, status);
 }
 
-/* Calls monarch.shutdown() if the library was loaded: waits for tasks, stops procs. */
-static int shutdown(lua_State *L) {
+static int run_chunk(lua_State *L, int nargs) { return run_chunk_n(L, nargs, 0); }
+
+/* Pushes package.loaded[name][field] (nil if either is missing). */
+static void push_loaded_field(lua_State *L, const char *name, const char *field) {
   lua_getglobal(L, "package");
   lua_getfield(L, -1, "loaded");
-  lua_getfield(L, -1, "monarch");
-  if (!lua_istable(L, -1)) {
-    lua_pop(L, 3);
+  lua_getfield(L, -1, name);
+  if (lua_istable(L, -1)) lua_getfield(L, -1, field);
+  else lua_pushnil(L);
+  lua_replace(L, -4);
+  lua_pop(L, 2);
+}
+
+/* Calls monarch.shutdown() if the library was loaded: waits for tasks, stops procs. */
+static int shutdown(lua_State *L) {
+  push_loaded_field(L, "monarch", "shutdown");
+  if (!lua_isfunction(L, -1)) {
+    lua_pop(L, 1);
     return 0;
   }
-  lua_getfield(L, -1, "shutdown");
-  lua_remove(L, -2);
-  lua_remove(L, -2);
-  lua_remove(L, -2);
   return run_chunk(L, 0);
+}
+
+/* require(name), leaving its value on the stack; 0 or a Lua status (reported). */
+static int require(lua_State *L, const char *name) {
+  lua_getglobal(L, "require");
+  lua_pushstring(L, name);
+  return run_chunk_n(L, 1, 1);
 }
 
 static void set_paths(lua_State *L, const char *prefix) {
@@ -92,21 +127,14 @@ static void set_paths(lua_State *L, const char *prefix) {
   lua_getfield(L, -1, "preload");
   lua_pushcfunction(L, luaopen_monarch_core);
   lua_setfield(L, -2, "monarch.core");
+  lua_pushcfunction(L, luaopen_monarch_lineedit);
+  lua_setfield(L, -2, "monarch.lineedit");
   lua_pop(L, 2);
 }
 
-/* Sets monarch.config.hosts from a comma-separated list, through package.loaded. */
-static void set_hosts(lua_State *L, const char *hosts) {
-  lua_getglobal(L, "require");
-  lua_pushstring(L, "monarch");
-  if (run_chunk(L, 1) != 0) exit(1);
-  lua_getglobal(L, "package");
-  lua_getfield(L, -1, "loaded");
-  lua_getfield(L, -1, "monarch");
-  lua_getfield(L, -1, "config");
-  lua_newtable(L);
-  int n = 0;
-  const char *p = hosts;
+/* Appends the comma-separated addresses in list to the table on top. */
+static int add_host_list(lua_State *L, const char *list, int n) {
+  const char *p = list;
   while (*p) {
     const char *c = strchr(p, ',');
     size_t len = c ? (size_t)(c - p) : strlen(p);
@@ -116,93 +144,257 @@ static void set_hosts(lua_State *L, const char *hosts) {
     }
     p += len + (c ? 1 : 0);
   }
-  lua_setfield(L, -2, "hosts");
-  lua_pop(L, 4);
+  return n;
 }
 
-int main(int argc, char **argv) {
-  static char prefix[PATH_MAX];
-  const char *code = NULL, *hosts = NULL, *script = NULL;
-  const char *libs[32];
-  int nlibs = 0, script_at = argc, interactive = 0;
+/* HOST:PORT, with a numeric port and no blanks inside. */
+static int is_host_port(const char *s, size_t n) {
+  size_t colon = n;
+  for (size_t i = 0; i < n; i++) {
+    if (s[i] == ' ' || s[i] == '\t' || s[i] == ',') return 0;
+    if (s[i] == ':') colon = i;
+  }
+  if (colon == 0 || colon + 1 >= n) return 0;
+  for (size_t i = colon + 1; i < n; i++)
+    if (s[i] < '0' || s[i] > '9') return 0;
+  return 1;
+}
+
+/* Appends the hosts of a --hostfile to the table on top; returns the new count, or -1 (reported). */
+static int add_hostfile(lua_State *L, const char *path, int n) {
+  FILE *f = fopen(path, "r");
+  if (f == NULL) {
+    fprintf(stderr, "monarch-run: cannot read --hostfile %s: %s\n", path, strerror(errno));
+    return -1;
+  }
+  char *line = NULL;
+  size_t cap = 0;
+  int lineno = 0, bad = 0;
+  while (!bad && getline(&line, &cap, f) >= 0) {
+    lineno++;
+    char *hash = strchr(line, '#');
+    if (hash != NULL) *hash = '\0';
+    char *s = line;
+    while (*s == ' ' || *s == '\t') s++;
+    size_t len = strlen(s);
+    while (len > 0 && (s[len - 1] == ' ' || s[len - 1] == '\t' || s[len - 1] == '\n' || s[len - 1] == '\r')) len--;
+    if (len == 0) continue;
+    if (!is_host_port(s, len)) {
+      fprintf(stderr, "monarch-run: %s:%d: '%.*s' is not HOST:PORT\n", path, lineno, (int)len, s);
+      bad = 1;
+    } else {
+      lua_pushlstring(L, s, len);
+      lua_rawseti(L, -2, ++n);
+    }
+  }
+  free(line);
+  fclose(f);
+  return bad ? -1 : n;
+}
+
+/* Fills monarch.config from the options (which loads the library); 0, or an exit code. */
+static int set_config(lua_State *L, const opts_t *o) {
+  if (require(L, "monarch") != 0) return 1;
+  lua_getfield(L, -1, "config");
+  if (!lua_istable(L, -1)) {
+    fprintf(stderr, "monarch-run: the monarch library has no config table\n");
+    return 1;
+  }
+  if (o->hosts != NULL || o->hostfile != NULL) {
+    lua_newtable(L);
+    int n = o->hosts ? add_host_list(L, o->hosts, 0) : 0;
+    if (o->hostfile != NULL && (n = add_hostfile(L, o->hostfile, n)) < 0) return 2;
+    if (n == 0) {
+      fprintf(stderr, "monarch-run: %s names no hosts\n", o->hostfile ? o->hostfile : "--hosts");
+      return 2;
+    }
+    lua_setfield(L, -2, "hosts");
+  }
+  if (o->slurm) {
+    lua_pushliteral(L, "slurm");
+    lua_setfield(L, -2, "launcher");
+  }
+  if (o->status) {
+    lua_pushboolean(L, 1);
+    lua_setfield(L, -2, "status");
+  }
+  if (o->quiet) {
+    lua_pushboolean(L, 1);
+    lua_setfield(L, -2, "quiet");
+  }
+  if (o->log_level != NULL) {
+    lua_pushstring(L, o->log_level);
+    lua_setfield(L, -2, "log_level");
+  }
+  lua_pop(L, 2);
+  return 0;
+}
+
+/* Parses argv into o; returns -1 to go on, or the exit code. */
+static int parse_args(int argc, char **argv, opts_t *o) {
+  memset(o, 0, sizeof(*o));
+  o->script_at = argc;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
+    int takes = strcmp(a, "-e") == 0 || strcmp(a, "-l") == 0 || strcmp(a, "--hosts") == 0 ||
+                strcmp(a, "--hostfile") == 0 || strcmp(a, "--log-level") == 0;
+    if (takes && i + 1 >= argc) {
+      fprintf(stderr, "monarch-run: %s needs an argument\n", a);
+      return 2;
+    }
     if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
       fputs(usage, stdout);
       return 0;
     } else if (strcmp(a, "-v") == 0 || strcmp(a, "--version") == 0) {
       printf("monarch-run 0.1.0 (%s)\n", LUAJIT_VERSION);
       return 0;
-    } else if (strcmp(a, "-e") == 0 || strcmp(a, "-l") == 0 || strcmp(a, "--hosts") == 0) {
-      if (i + 1 >= argc) {
-        fprintf(stderr, "monarch-run: %s needs an argument\n", a);
+    } else if (strcmp(a, "-e") == 0) {
+      o->code = argv[++i];
+    } else if (strcmp(a, "-l") == 0) {
+      if (o->nlibs == MN_RUN_MAX_LIBS) {
+        fprintf(stderr, "monarch-run: more than %d -l options\n", MN_RUN_MAX_LIBS);
         return 2;
       }
-      if (a[1] == 'e') code = argv[++i];
-      else if (a[1] == 'l') {
-        if (nlibs == 32) return 2;
-        libs[nlibs++] = argv[++i];
-      } else hosts = argv[++i];
+      o->libs[o->nlibs++] = argv[++i];
+    } else if (strcmp(a, "--hosts") == 0) {
+      o->hosts = argv[++i];
+    } else if (strcmp(a, "--hostfile") == 0) {
+      o->hostfile = argv[++i];
+    } else if (strcmp(a, "--log-level") == 0) {
+      o->log_level = argv[++i];
+      if (strcmp(o->log_level, "debug") != 0 && strcmp(o->log_level, "info") != 0 &&
+          strcmp(o->log_level, "warn") != 0 && strcmp(o->log_level, "error") != 0) {
+        fprintf(stderr, "monarch-run: --log-level wants debug, info, warn or error, got '%s'\n", o->log_level);
+        return 2;
+      }
+    } else if (strcmp(a, "--slurm") == 0) {
+      o->slurm = 1;
+    } else if (strcmp(a, "--status") == 0) {
+      o->status = 1;
+    } else if (strcmp(a, "--quiet") == 0) {
+      o->quiet = 1;
     } else if (strcmp(a, "-i") == 0) {
-      interactive = 1;
+      o->interactive = 1;
     } else if (strcmp(a, "--") == 0) {
-      script_at = i + 1;
+      o->script_at = i + 1;
       break;
     } else if (a[0] == '-' && a[1] != '\0') {
       fprintf(stderr, "monarch-run: unknown option '%s' (see --help)\n", a);
       return 2;
     } else {
-      script_at = i;
+      o->script_at = i;
       break;
     }
   }
-  if (script_at < argc) script = argv[script_at];
-  if (interactive) {
-    fprintf(stderr, "monarch-run: the interactive REPL (-i) is not built yet\n");
+  if (o->slurm && (o->hosts != NULL || o->hostfile != NULL)) {
+    fprintf(stderr, "monarch-run: --slurm starts its own host agents; it cannot be combined with --hosts or --hostfile\n");
     return 2;
   }
-  if (script == NULL && code == NULL) {
+  if (o->script_at >= argc && o->code == NULL && !o->interactive && !o->status) {
     fputs(usage, stderr);
     return 2;
   }
+  return -1;
+}
+
+/* --status: monarch.status() reports, where a module provides it. */
+static int run_status(lua_State *L) {
+  push_loaded_field(L, "monarch", "status");
+  if (!lua_isfunction(L, -1)) {
+    lua_pop(L, 1);
+    fprintf(stderr, "monarch-run: --status is not implemented yet\n");
+    return 2;
+  }
+  return run_chunk(L, 0) == 0 ? 0 : 1;
+}
+
+/* The script (if any) with its arguments; 0 or a Lua status (reported). */
+static int run_script(lua_State *L, int argc, char **argv, int script_at) {
+  int status = luaL_loadfile(L, argv[script_at]);
+  if (status != 0) return report(L, status);
+  int nargs = argc - script_at - 1;
+  luaL_checkstack(L, nargs + 8, "too many arguments");
+  for (int i = script_at + 1; i < argc; i++) lua_pushstring(L, argv[i]);
+  return run_chunk(L, nargs);
+}
+
+/* monarch.repl.run(): the REPL's own exit status (it shuts the cluster down itself). */
+static int run_repl(lua_State *L) {
+  push_loaded_field(L, "monarch.repl", "run");
+  if (run_chunk_n(L, 0, 1) != 0) return 1;
+  int code = lua_isnumber(L, -1) ? (int)lua_tointeger(L, -1) : 0;
+  lua_pop(L, 1);
+  return code;
+}
+
+int main(int argc, char **argv) {
+  static char prefix[PATH_MAX];
+  opts_t o;
+  int rc = parse_args(argc, argv, &o);
+  if (rc >= 0) return rc;
+  const char *script = o.script_at < argc ? argv[o.script_at] : NULL;
   if (mn_prefix((const void *)main, prefix, sizeof(prefix)) != 0) {
     fprintf(stderr, "monarch-run: cannot find my own install prefix\n");
     return 2;
+  }
+  /* Line editing decodes the terminal's characters in the user's locale. */
+  if (o.interactive && setlocale(LC_CTYPE, "") == NULL) {
+    /* An unknown locale: stay in "C", bytes pass through unchanged. */
   }
   lua_State *L = luaL_newstate();
   if (L == NULL) return 1;
   luaL_openlibs(L);
   set_paths(L, prefix);
-  if (hosts != NULL) set_hosts(L, hosts);
+  if (o.hosts || o.hostfile || o.slurm || o.status || o.quiet || o.log_level || o.interactive) {
+    if ((rc = set_config(L, &o)) != 0) {
+      lua_close(L);
+      return rc;
+    }
+  }
 
   /* arg: arg[0] is the script, arg[1..] its arguments, arg[-k] what came before. */
   lua_createtable(L, argc, 2);
   for (int i = 0; i < argc; i++) {
     lua_pushstring(L, argv[i]);
-    lua_rawseti(L, -2, i - (script ? script_at : argc - 1));
+    lua_rawseti(L, -2, i - (script ? o.script_at : argc - 1));
   }
   lua_setglobal(L, "arg");
 
   int status = 0;
-  for (int i = 0; i < nlibs && status == 0; i++) {
+  if (o.status) {
+    status = run_status(L);
+    if (shutdown(L) != 0 && status == 0) status = 1;
+    lua_close(L);
+    return status;
+  }
+  /* The REPL is set up first, so a Ctrl-C in the script stops its wait, not the process. */
+  if (o.interactive) {
+    if (require(L, "monarch.repl") != 0) {
+      lua_close(L);
+      return 1;
+    }
+    lua_getfield(L, -1, "start");
+    lua_remove(L, -2);
+    if (run_chunk(L, 0) != 0) {
+      lua_close(L);
+      return 1;
+    }
+  }
+  for (int i = 0; i < o.nlibs && (status == 0 || o.interactive); i++) {
     lua_getglobal(L, "require");
-    lua_pushstring(L, libs[i]);
+    lua_pushstring(L, o.libs[i]);
     status = run_chunk(L, 1);
   }
-  if (status == 0 && code != NULL) {
-    status = luaL_loadbuffer(L, code, strlen(code), "=(command line)");
+  if ((status == 0 || o.interactive) && o.code != NULL) {
+    status = luaL_loadbuffer(L, o.code, strlen(o.code), "=(command line)");
     status = status ? report(L, status) : run_chunk(L, 0);
   }
-  if (status == 0 && script != NULL) {
-    status = luaL_loadfile(L, script);
-    if (status != 0) {
-      report(L, status);
-    } else {
-      int nargs = argc - script_at - 1;
-      luaL_checkstack(L, nargs + 8, "too many arguments");
-      for (int i = script_at + 1; i < argc; i++) lua_pushstring(L, argv[i]);
-      status = run_chunk(L, nargs);
-    }
+  if ((status == 0 || o.interactive) && script != NULL) status = run_script(L, argc, argv, o.script_at);
+  if (o.interactive) {
+    /* Errors above were reported; the REPL starts anyway, with what the script left. */
+    rc = run_repl(L);
+    lua_close(L);
+    return rc;
   }
   /* Always stop the cluster this script started, even after an error. */
   if (shutdown(L) != 0) status = 1;

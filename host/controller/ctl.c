@@ -241,6 +241,7 @@ static void release_ref(mn_ctl_t *c, int ref) {
 
 int mn_ctl_take_released(mn_ctl_t *c, int *refs, int max) {
   int n = c->nreleased < max ? c->nreleased : max;
+  if (n == 0) return 0;
   memcpy(refs, c->released, (size_t)n * sizeof(int));
   memmove(c->released, c->released + n, (size_t)(c->nreleased - n) * sizeof(int));
   c->nreleased -= n;

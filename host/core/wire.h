@@ -33,6 +33,11 @@ typedef enum {
   MN_MSG_SPAWN_FAILED = 12, /* agent -> controller: req, index, message */
   MN_MSG_PROC_EXIT = 13,  /* agent -> controller: pid, exit code, signal name */
   MN_MSG_KILL = 14,       /* controller -> agent: pid, signal number */
+  MN_MSG_PERSIST = 15,    /* controller -> agent: req, name, pids, description: keep these procs up */
+  MN_MSG_ATTACH = 16,     /* controller -> agent: req, name: take over a persistent mesh */
+  MN_MSG_REPLY = 17,      /* agent -> controller: req, ok, value (answers 15, 16, 18, 19) */
+  MN_MSG_DETACH = 18,     /* controller -> agent: req, name: let go of a persistent mesh */
+  MN_MSG_LIST = 19,       /* controller -> agent: req: the persistent meshes kept here */
   MN_MSG_CALL = 20,       /* controller -> proc: seq, kernel, args */
   MN_MSG_RESULT = 21,     /* proc -> controller: seq, ok, value */
   MN_MSG_SESSION = 22,    /* controller -> agent/proc, first after WELCOME: session id, acked seq */

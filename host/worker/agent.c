@@ -13,6 +13,11 @@
  * period finds its procs alive and receives the events it missed. A session
  * whose controller says GOODBYE, or stays away past the grace period, has
  * its procs killed: no orphans.
+ *
+ * The exception is a persistent mesh (PERSIST, from mesh:persist(name)): its
+ * procs outlive their session, parked (no owner) until a controller takes
+ * them over with ATTACH. The agent keeps the mesh's name and the
+ * controller's description of it (an opaque msgpack value) for that.
  */
 #include "agent.h"
 
@@ -32,9 +37,19 @@
 #define MN_AGENT_SILENCE_MS 10000 /* a controller connection silent this long is dropped */
 #define MN_MAX_BACKLOG (1u << 20) /* bytes of events kept for a detached session */
 #define MN_MAX_LOG_LINE (64u << 10) /* a longer unterminated line is forwarded in pieces */
+#define MN_MAX_PERSISTED 256      /* most persistent meshes one agent keeps */
 
 typedef struct aconn_s aconn_t;
 typedef struct asession_s asession_t;
+typedef struct apersist_s apersist_t;
+
+/* A persistent mesh's record: its procs point at it. */
+struct apersist_s {
+  char name[MN_MAX_NAME + 1];
+  mn_buf_t blob;     /* the controller's description, packed msgpack; returned verbatim by ATTACH */
+  int nprocs;        /* live procs marked with this record; the record goes with the last */
+  apersist_t *next;
+};
 
 typedef struct {
   uv_loop_t *loop;
@@ -45,6 +60,8 @@ typedef struct {
   aconn_t *conns;
   int nconns;
   asession_t *sessions;
+  apersist_t *persisted;
+  int npersisted;
   uv_timer_t tick;
   uint64_t grace_ms;
   uint64_t silence_ms;
@@ -83,7 +100,8 @@ typedef struct {
   uv_pipe_t out, err; /* the proc's stdout and stderr, forwarded as LOG */
   mn_buf_t obuf, ebuf; /* partial lines */
   agent_t *a;
-  asession_t *owner;
+  asession_t *owner;  /* NULL once killed, or while parked (persistent, no controller) */
+  apersist_t *persist; /* the persistent mesh it belongs to, or NULL */
   uint64_t req;
   int index;
   int rank;
@@ -128,6 +146,21 @@ static void maybe_exit(agent_t *a) {
     a->stopping = 1;
     uv_stop(a->loop);
   }
+}
+
+/* Unmarks a persistent proc; its mesh's record goes with the last one. */
+static void persist_unmark(aproc_t *p) {
+  apersist_t *r = p->persist;
+  if (r == NULL) return;
+  p->persist = NULL;
+  if (--r->nprocs > 0) return;
+  agent_t *a = p->a;
+  apersist_t **pp = &a->persisted;
+  while (*pp && *pp != r) pp = &(*pp)->next;
+  if (*pp) *pp = r->next;
+  a->npersisted--;
+  mn_buf_free(&r->blob);
+  free(r);
 }
 
 /* ---- procs ----------------------------------------------------------------- */
@@ -185,6 +218,7 @@ static void on_proc_exit(uv_process_t *h, int64_t status, int sig) {
       mn_buf_free(&b);
     }
   }
+  persist_unmark(p);
   uv_close((uv_handle_t *)&p->proc, proc_handle_closed);
   if (!uv_is_closing((uv_handle_t *)&p->pipe)) uv_close((uv_handle_t *)&p->pipe, proc_handle_closed);
 }
@@ -268,10 +302,10 @@ static void log_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
   if (n < 0) uv_close((uv_handle_t *)s, proc_handle_closed);
 }
 
-static int spawn_one(asession_t *c, uint64_t req, int index, int rank, int world) {
+static int spawn_one(asession_t *c, uint64_t req, int index, int rank, int world, int device) {
   agent_t *a = c->a;
   aproc_t *p = calloc(1, sizeof(*p));
-  char srank[16], sworld[16], sparent[16], sorphan[32];
+  char srank[16], sworld[16], sparent[16], sorphan[32], sdevice[16];
   if (p == NULL) return UV_ENOMEM;
   p->a = a;
   p->owner = c;
@@ -282,8 +316,11 @@ static int spawn_one(asession_t *c, uint64_t req, int index, int rank, int world
   snprintf(sworld, sizeof(sworld), "%d", world);
   snprintf(sparent, sizeof(sparent), "%d", (int)getpid());
   snprintf(sorphan, sizeof(sorphan), "%g", a->o->orphan_timeout);
+  snprintf(sdevice, sizeof(sdevice), "%d", device);
+  /* A GPU proc gets "--device D" (it pins itself); a CPU proc ends the list there. */
   char *args[] = {(char *)a->o->exe, "--proc", "--rank", srank, "--world", sworld, "--bind", a->host,
-                  "--parent", sparent, "--port-fd", "3", "--orphan-timeout", sorphan, NULL};
+                  "--parent", sparent, "--port-fd", "3", "--orphan-timeout", sorphan,
+                  device >= 0 ? "--device" : NULL, sdevice, NULL};
   uv_pipe_init(a->loop, &p->pipe, 0);
   uv_pipe_init(a->loop, &p->out, 0);
   uv_pipe_init(a->loop, &p->err, 0);
@@ -347,6 +384,17 @@ static void walk_kill(uv_handle_t *h, void *arg) {
   aproc_t *p = h->data;
   if (p->owner == arg) {
     p->owner = NULL;
+    /* A persistent mesh's procs stay up, parked, for the next ATTACH. */
+    if (p->persist == NULL) uv_process_kill((uv_process_t *)h, SIGKILL);
+  }
+}
+
+/* The agent is stopping: parked procs go too (they would die with it anyway). */
+static void walk_kill_parked(uv_handle_t *h, void *arg) {
+  if (h->type != UV_PROCESS || uv_is_closing(h)) return;
+  aproc_t *p = h->data;
+  if (p->owner == NULL && p->persist != NULL) {
+    persist_unmark(p);
     uv_process_kill((uv_process_t *)h, SIGKILL);
   }
 }
@@ -440,7 +488,7 @@ static void handle_spawn(aconn_t *c, const msgpack_object *m) {
   uint64_t req;
   const msgpack_object *spec = m->via.array.size > 2 ? &m->via.array.ptr[2] : NULL;
   const msgpack_object *cnt = mn_map_get(spec, "count"), *base = mn_map_get(spec, "rank_base"),
-                       *world = mn_map_get(spec, "world");
+                       *world = mn_map_get(spec, "world"), *dev = mn_map_get(spec, "device_base");
   if (mn_get_u64(m, 1, &req) != 0 || cnt == NULL || cnt->type != MSGPACK_OBJECT_POSITIVE_INTEGER) {
     refuse(c, MN_EPROTO, "malformed SPAWN: want [10, req, {count=, rank_base=, world=}]");
     return;
@@ -452,8 +500,15 @@ static void handle_spawn(aconn_t *c, const msgpack_object *m) {
   int n = (int)cnt->via.u64;
   int rb = base && base->type == MSGPACK_OBJECT_POSITIVE_INTEGER ? (int)base->via.u64 : 0;
   int w = world && world->type == MSGPACK_OBJECT_POSITIVE_INTEGER ? (int)world->via.u64 : n;
+  /* device_base d: proc i is pinned to GPU d + i. Absent (or nil): CPU procs. */
+  int db = -1;
+  if (dev != NULL && dev->type == MSGPACK_OBJECT_POSITIVE_INTEGER && dev->via.u64 <= MN_MAX_SPAWN) db = (int)dev->via.u64;
+  else if (dev != NULL && dev->type != MSGPACK_OBJECT_NIL) {
+    send_spawn_failed(c->session, req, 0, "SPAWN device_base must be a GPU number 0..4096");
+    return;
+  }
   for (int i = 0; i < n; i++) {
-    int rc = spawn_one(c->session, req, i, rb + i, w);
+    int rc = spawn_one(c->session, req, i, rb + i, w, db >= 0 ? db + i : -1);
     if (rc != 0) {
       char msg[200];
       snprintf(msg, sizeof(msg), "cannot start %s: %s", c->a->o->exe, uv_strerror(rc));
@@ -485,6 +540,282 @@ static void handle_kill(aconn_t *c, const msgpack_object *m) {
   /* Only this controller's own procs: it cannot signal arbitrary pids. */
   kill_req_t k = {pid, (int)sig, c->session};
   uv_walk(c->a->loop, walk_signal, &k);
+}
+
+/* ---- persistent meshes ------------------------------------------------------ */
+
+/* Starts [REPLY, req, ok, ...] in b; the caller packs the value and ends the frame at the returned offset. */
+static size_t reply_begin(mn_buf_t *b, msgpack_packer *pk, uint64_t req, int ok) {
+  mn_buf_init(b);
+  msgpack_packer_init(pk, b, mn_buf_write_cb);
+  size_t s = mn_frame_begin(b);
+  msgpack_pack_array(pk, 4);
+  msgpack_pack_int(pk, MN_MSG_REPLY);
+  msgpack_pack_uint64(pk, req);
+  if (ok) msgpack_pack_true(pk);
+  else msgpack_pack_false(pk);
+  return s;
+}
+
+static void reply_end(aconn_t *c, mn_buf_t *b, size_t s) {
+  mn_frame_end(b, s);
+  send_buf(c, b);
+  mn_buf_free(b);
+}
+
+/* A request that cannot be granted: [REPLY, req, false, message]; the connection stays open. */
+static void reply_fail(aconn_t *c, uint64_t req, const char *msg) {
+  mn_buf_t b;
+  msgpack_packer pk;
+  size_t s = reply_begin(&b, &pk, req, 0);
+  mn_pack_cstr(&pk, msg);
+  reply_end(c, &b, s);
+}
+
+typedef struct {
+  int64_t pid;
+  aproc_t *found;
+} find_t;
+
+static void walk_find(uv_handle_t *h, void *arg) {
+  find_t *f = arg;
+  if (h->type == UV_PROCESS && !uv_is_closing(h) && ((uv_process_t *)h)->pid == f->pid) f->found = h->data;
+}
+
+/* The live proc with this pid, or NULL. */
+static aproc_t *find_proc(agent_t *a, int64_t pid) {
+  find_t f = {pid, NULL};
+  uv_walk(a->loop, walk_find, &f);
+  return f.found;
+}
+
+static apersist_t *find_record(agent_t *a, const char *name, size_t n) {
+  for (apersist_t *r = a->persisted; r; r = r->next)
+    if (strlen(r->name) == n && memcmp(r->name, name, n) == 0) return r;
+  return NULL;
+}
+
+typedef struct {
+  apersist_t *r;
+  asession_t *me;   /* the asking controller's session */
+  int op;           /* one of the EACH_* below */
+  int count;
+  msgpack_packer *pk;
+} each_t;
+
+enum { EACH_HELD_ELSEWHERE, EACH_UNMARK, EACH_TAKE, EACH_PARK, EACH_PACK_PID };
+
+static void walk_each(uv_handle_t *h, void *arg) {
+  each_t *e = arg;
+  if (h->type != UV_PROCESS || uv_is_closing(h)) return;
+  aproc_t *p = h->data;
+  if (p->persist != e->r) return;
+  switch (e->op) {
+  case EACH_HELD_ELSEWHERE: /* owned by another controller that is connected now */
+    if (p->owner != NULL && p->owner != e->me && p->owner->conn != NULL) e->count++;
+    break;
+  case EACH_UNMARK: persist_unmark(p); break;
+  case EACH_TAKE: p->owner = e->me; break;
+  case EACH_PARK:
+    if (p->owner == e->me) {
+      p->owner = NULL;
+      e->count++;
+    }
+    break;
+  case EACH_PACK_PID: msgpack_pack_int64(e->pk, ((uv_process_t *)h)->pid); break;
+  }
+}
+
+static int each_proc(agent_t *a, apersist_t *r, asession_t *me, int op, msgpack_packer *pk) {
+  each_t e = {r, me, op, 0, pk};
+  uv_walk(a->loop, walk_each, &e);
+  return e.count;
+}
+
+/* Reads [type, req, name, ...]; refuses the connection (and returns -1) when malformed. */
+static int get_req_name(aconn_t *c, const msgpack_object *m, uint32_t size, uint64_t *req, const char **name,
+                        size_t *nl, const char *want) {
+  if (m->via.array.size != size || mn_get_u64(m, 1, req) != 0 || mn_get_str(m, 2, name, nl) != 0 || *nl == 0 ||
+      *nl > MN_MAX_NAME) {
+    char err[200];
+    snprintf(err, sizeof(err), "malformed %s (name of 1..%d bytes)", want, MN_MAX_NAME);
+    refuse(c, MN_EPROTO, err);
+    return -1;
+  }
+  return 0;
+}
+
+/* [PERSIST, req, name, pids, description]: these procs (this controller's) outlive it, under `name`. */
+static void handle_persist(aconn_t *c, const msgpack_object *m) {
+  agent_t *a = c->a;
+  uint64_t req;
+  const char *name;
+  size_t nl;
+  char msg[400];
+  if (get_req_name(c, m, 5, &req, &name, &nl, "PERSIST: want [15, req, name, pids, description]") != 0) return;
+  const msgpack_object *pids = &m->via.array.ptr[3];
+  if (a->o->once) {
+    reply_fail(c, req, "this host agent exits with its controller (--once), so nothing can outlive it: run "
+                       "long-lived agents (monarch-worker --listen HOST:PORT) and connect with --hosts");
+    return;
+  }
+  if (pids->type != MSGPACK_OBJECT_ARRAY || pids->via.array.size == 0) {
+    reply_fail(c, req, "PERSIST names no procs");
+    return;
+  }
+  for (uint32_t i = 0; i < pids->via.array.size; i++) {
+    const msgpack_object *o = &pids->via.array.ptr[i];
+    aproc_t *p = o->type == MSGPACK_OBJECT_POSITIVE_INTEGER ? find_proc(a, (int64_t)o->via.u64) : NULL;
+    if (p == NULL || p->owner != c->session) {
+      snprintf(msg, sizeof(msg), "pid %lld is not a live proc of this controller on this host",
+               o->type == MSGPACK_OBJECT_POSITIVE_INTEGER ? (long long)o->via.u64 : -1LL);
+      reply_fail(c, req, msg);
+      return;
+    }
+  }
+  apersist_t *r = find_record(a, name, nl);
+  if (r != NULL && each_proc(a, r, c->session, EACH_HELD_ELSEWHERE, NULL) > 0) {
+    snprintf(msg, sizeof(msg), "a persistent mesh named '%.*s' is already held by another controller here",
+             (int)nl, name);
+    reply_fail(c, req, msg);
+    return;
+  }
+  if (r == NULL && a->npersisted >= MN_MAX_PERSISTED) {
+    snprintf(msg, sizeof(msg), "this host already keeps %d persistent meshes (MN_MAX_PERSISTED)", MN_MAX_PERSISTED);
+    reply_fail(c, req, msg);
+    return;
+  }
+  mn_buf_t blob;
+  msgpack_packer bpk;
+  mn_buf_init(&blob);
+  msgpack_packer_init(&bpk, &blob, mn_buf_write_cb);
+  if (msgpack_pack_object(&bpk, m->via.array.ptr[4]) != 0) {
+    mn_buf_free(&blob);
+    reply_fail(c, req, "out of memory");
+    return;
+  }
+  if (r == NULL) {
+    if ((r = calloc(1, sizeof(*r))) == NULL) {
+      mn_buf_free(&blob);
+      reply_fail(c, req, "out of memory");
+      return;
+    }
+    memcpy(r->name, name, nl);
+    r->next = a->persisted;
+    a->persisted = r;
+    a->npersisted++;
+  }
+  /* A new description replaces the old; procs it leaves out stop being persistent. */
+  mn_buf_free(&r->blob);
+  r->blob = blob;
+  r->nprocs++; /* holds the record while its procs change */
+  each_proc(a, r, c->session, EACH_UNMARK, NULL);
+  for (uint32_t i = 0; i < pids->via.array.size; i++) {
+    aproc_t *p = find_proc(a, (int64_t)pids->via.array.ptr[i].via.u64);
+    if (p->persist == r) continue; /* listed twice */
+    persist_unmark(p);
+    p->persist = r;
+    r->nprocs++;
+  }
+  r->nprocs--;
+  mn_buf_t b;
+  msgpack_packer pk;
+  size_t s = reply_begin(&b, &pk, req, 1);
+  msgpack_pack_map(&pk, 2);
+  mn_pack_cstr(&pk, "name");
+  mn_pack_cstr(&pk, r->name);
+  mn_pack_cstr(&pk, "procs");
+  msgpack_pack_int(&pk, r->nprocs);
+  reply_end(c, &b, s);
+}
+
+/* Names the meshes kept here, for the message of a failed ATTACH. */
+static void known_names(agent_t *a, char *out, size_t n) {
+  size_t len = (size_t)snprintf(out, n, a->persisted ? "kept here:" : "none is kept here");
+  for (apersist_t *r = a->persisted; r && len < n; r = r->next)
+    len += (size_t)snprintf(out + len, n - len, " '%s'%s", r->name, r->next ? "," : "");
+}
+
+/* [ATTACH, req, name]: this controller takes the mesh's procs over; the reply carries their pids and the description. */
+static void handle_attach(aconn_t *c, const msgpack_object *m) {
+  agent_t *a = c->a;
+  uint64_t req;
+  const char *name;
+  size_t nl;
+  char msg[600], known[300];
+  if (get_req_name(c, m, 3, &req, &name, &nl, "ATTACH: want [16, req, name]") != 0) return;
+  apersist_t *r = find_record(a, name, nl);
+  if (r == NULL) {
+    known_names(a, known, sizeof(known));
+    snprintf(msg, sizeof(msg), "no persistent mesh named '%.*s' on this host (%s)", (int)nl, name, known);
+    reply_fail(c, req, msg);
+    return;
+  }
+  if (each_proc(a, r, c->session, EACH_HELD_ELSEWHERE, NULL) > 0) {
+    snprintf(msg, sizeof(msg), "persistent mesh '%s' is held by another controller that is still connected: "
+             "detach it there (mesh:detach()) or end that controller first", r->name);
+    reply_fail(c, req, msg);
+    return;
+  }
+  each_proc(a, r, c->session, EACH_TAKE, NULL);
+  mn_buf_t b;
+  msgpack_packer pk;
+  size_t s = reply_begin(&b, &pk, req, 1);
+  msgpack_pack_map(&pk, 3);
+  mn_pack_cstr(&pk, "name");
+  mn_pack_cstr(&pk, r->name);
+  mn_pack_cstr(&pk, "pids");
+  msgpack_pack_array(&pk, (size_t)r->nprocs);
+  each_proc(a, r, c->session, EACH_PACK_PID, &pk);
+  mn_pack_cstr(&pk, "description");
+  mn_buf_append(&b, r->blob.data, r->blob.len);
+  reply_end(c, &b, s);
+}
+
+/* [DETACH, req, name]: this controller lets go of the mesh's procs; they stay up, parked. */
+static void handle_detach(aconn_t *c, const msgpack_object *m) {
+  uint64_t req;
+  const char *name;
+  size_t nl;
+  char msg[400];
+  if (get_req_name(c, m, 3, &req, &name, &nl, "DETACH: want [18, req, name]") != 0) return;
+  apersist_t *r = find_record(c->a, name, nl);
+  if (r == NULL) {
+    snprintf(msg, sizeof(msg), "no persistent mesh named '%.*s' on this host", (int)nl, name);
+    reply_fail(c, req, msg);
+    return;
+  }
+  int parked = each_proc(c->a, r, c->session, EACH_PARK, NULL);
+  mn_buf_t b;
+  msgpack_packer pk;
+  size_t s = reply_begin(&b, &pk, req, 1);
+  msgpack_pack_map(&pk, 2);
+  mn_pack_cstr(&pk, "name");
+  mn_pack_cstr(&pk, r->name);
+  mn_pack_cstr(&pk, "procs");
+  msgpack_pack_int(&pk, parked);
+  reply_end(c, &b, s);
+}
+
+/* [LIST, req]: the persistent meshes kept here, as [{name, procs}]. */
+static void handle_list(aconn_t *c, const msgpack_object *m) {
+  uint64_t req;
+  if (m->via.array.size != 2 || mn_get_u64(m, 1, &req) != 0) {
+    refuse(c, MN_EPROTO, "malformed LIST: want [19, req]");
+    return;
+  }
+  mn_buf_t b;
+  msgpack_packer pk;
+  size_t s = reply_begin(&b, &pk, req, 1);
+  msgpack_pack_array(&pk, (size_t)c->a->npersisted);
+  for (apersist_t *r = c->a->persisted; r; r = r->next) {
+    msgpack_pack_map(&pk, 2);
+    mn_pack_cstr(&pk, "name");
+    mn_pack_cstr(&pk, r->name);
+    mn_pack_cstr(&pk, "procs");
+    msgpack_pack_int(&pk, r->nprocs);
+  }
+  reply_end(c, &b, s);
 }
 
 static void handle(aconn_t *c, const msgpack_object *m) {
@@ -526,6 +857,10 @@ static void handle(aconn_t *c, const msgpack_object *m) {
   case MN_MSG_GOODBYE: session_end(c->session); break;
   case MN_MSG_SPAWN: handle_spawn(c, m); break;
   case MN_MSG_KILL: handle_kill(c, m); break;
+  case MN_MSG_PERSIST: handle_persist(c, m); break;
+  case MN_MSG_ATTACH: handle_attach(c, m); break;
+  case MN_MSG_DETACH: handle_detach(c, m); break;
+  case MN_MSG_LIST: handle_list(c, m); break;
   case MN_MSG_PING:
     if (m->via.array.size == 2) {
       msgpack_packer pk;
@@ -624,6 +959,7 @@ static void on_signal(uv_signal_t *s, int sig) {
   (void)sig;
   for (aconn_t *c = a->conns; c; c = c->next) conn_close(c);
   while (a->sessions) session_end(a->sessions);
+  uv_walk(a->loop, walk_kill_parked, NULL);
   a->stopping = 1;
   uv_stop(a->loop);
 }
@@ -690,6 +1026,7 @@ int mn_agent_main(const mn_agent_opts_t *o) {
   /* Stopped: kill what is left and let the close callbacks run. */
   for (aconn_t *c = a->conns; c; c = c->next) conn_close(c);
   while (a->sessions) session_end(a->sessions);
+  uv_walk(a->loop, walk_kill_parked, NULL);
   uv_close((uv_handle_t *)&a->tick, NULL);
   uv_close((uv_handle_t *)&a->server, NULL);
   uv_close((uv_handle_t *)&sigterm, NULL);

@@ -11,6 +11,9 @@ local mesh = require "monarch.mesh"
 local value_mesh = require "monarch.value_mesh"
 local tensor = require "monarch.tensor"
 require "monarch.actor" -- adds ProcMesh:spawn (Lua actors on the procs)
+require "monarch.collective" -- adds ProcMesh:all_reduce, broadcast_tensor, all_gather, reduce_scatter, barrier, copy
+require "monarch.gpu" -- adds ProcMesh:gpu_tensor, gpu_info, gpu_all_reduce and the other NCCL collectives
+local persist = require "monarch.persist" -- ProcMesh:persist/detach; must load before agents connect
 
 local M = { _VERSION = "0.1.0" }
 
@@ -48,13 +51,21 @@ end
 -- agent started as a child process.
 function M.hosts()
   if host_mesh then return host_mesh end
+  -- monarch-run's --quiet and --log-level arrive in M.config after this module loads.
+  if M.config.quiet then M.log.quiet = true end
+  if M.config.log_level then M.log.level = M.config.log_level end
   local addrs = M.config.hosts
   local env = os.getenv("MONARCH_HOSTS")
   if not addrs and env and env ~= "" then
     addrs = {}
     for a in env:gmatch("[^,%s]+") do addrs[#addrs + 1] = a end
   end
-  if addrs and #addrs > 0 then
+  local launcher = M.config.launcher or os.getenv("MONARCH_LAUNCHER")
+  if launcher and launcher ~= "" then -- agents started by a cluster manager (monarch.launch)
+    if addrs then error("a launcher (" .. launcher .. ") and --hosts/MONARCH_HOSTS cannot be used together", 2) end
+    runtime.init(token_from_env() or core.generate_token())
+    addrs = require("monarch.launch").start(launcher, { token = runtime.token, worker = worker_path(), monarch = M })
+  elseif addrs and #addrs > 0 then
     local tok = token_from_env()
     if not tok then
       error("connecting to --hosts needs the cluster token: set MONARCH_TOKEN or MONARCH_TOKEN_FILE", 2)
@@ -124,12 +135,17 @@ function M.shutdown()
   local ok, err = true, nil
   if runtime.initialized then
     ok, err = pcall(runtime.drain_tasks)
+    -- Output the procs printed last is still on its way through the agents.
+    pcall(M.log.drain)
   end
   mesh.shutting_down = true
   require("monarch.procs").shutting_down = true
   core.shutdown()
   if not ok then error(err, 0) end
 end
+
+M.log = require "monarch.log"
+M.attach, M.persistent = persist.attach, persist.list
 
 M.errors, M.future, M.value_mesh, M.tensor, M.runtime = errors, future, value_mesh, tensor, runtime
 M.Future, M.ValueMesh = future.Future, value_mesh.ValueMesh

@@ -162,6 +162,14 @@ function M.new(mesh, dtype, shape)
   return t
 end
 
+--- A handle for a tensor that already exists on the mesh's procs (a
+-- re-attached persistent mesh): not created, not freed by the GC.
+function M.adopt(mesh, id, dtype, shape)
+  if id > next_id then next_id = id end
+  return setmetatable({ __mn_tensor = id, dtype = dtype, shape = shape, numel = numel_of(shape), mesh = mesh,
+    _gc = newproxy(true) }, Tensor)
+end
+
 local function check_live(t)
   if rawget(t, "freed") then error("tensor " .. t.__mn_tensor .. " was freed", 3) end
 end
