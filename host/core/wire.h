@@ -44,6 +44,7 @@ typedef enum {
   MN_MSG_ACK = 24,        /* controller -> proc: highest seq whose RESULT arrived */
   MN_MSG_GOODBYE = 25,    /* controller -> agent: clean exit, stop my procs now */
   MN_MSG_LOG = 26,        /* agent -> controller: rank, stream (1 stdout, 2 stderr), text of whole lines */
+  MN_MSG_STATUS = 27,     /* controller -> agent: req; answered by REPLY with the agent's procs and recent exits */
 } mn_msg_t;
 
 /* Error codes: negative, errno-style; mn_strerror() names them. */

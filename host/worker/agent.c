@@ -36,6 +36,7 @@
 #define MN_AGENT_GRACE_MS 10000   /* a departed controller's procs live this long (default) */
 #define MN_AGENT_SILENCE_MS 10000 /* a controller connection silent this long is dropped */
 #define MN_MAX_BACKLOG (1u << 20) /* bytes of events kept for a detached session */
+#define MN_EXITS_KEPT 16          /* recent proc exits the agent remembers for STATUS */
 #define MN_MAX_LOG_LINE (64u << 10) /* a longer unterminated line is forwarded in pieces */
 #define MN_MAX_PERSISTED 256      /* most persistent meshes one agent keeps */
 
@@ -68,6 +69,14 @@ typedef struct {
   int nprocs;
   int served;
   int stopping;
+  uint64_t started;
+  struct {
+    int rank;
+    int64_t pid, status;
+    int sig;
+    uint64_t at;
+  } exits[MN_EXITS_KEPT];
+  int nexits;          /* total recorded; the ring holds the last MN_EXITS_KEPT */
 } agent_t;
 
 struct asession_s {
@@ -105,10 +114,14 @@ typedef struct {
   uint64_t req;
   int index;
   int rank;
-  char buf[32];
+  char buf[256];       /* fd 3: the port line, then "S queued executed running" lines */
   size_t blen;
   int reported;
   int open_handles;
+  uint64_t started;    /* uv_now at spawn */
+  int queued;          /* the proc's last status report */
+  uint64_t executed;
+  char running[104];
 } aproc_t;
 
 static void on_write(uv_write_t *w, int status) {
@@ -196,6 +209,13 @@ static void send_spawn_failed(asession_t *c, uint64_t req, int index, const char
 static void on_proc_exit(uv_process_t *h, int64_t status, int sig) {
   aproc_t *p = h->data;
   char msg[160];
+  agent_t *ag = p->a;
+  int slot = ag->nexits++ % MN_EXITS_KEPT;
+  ag->exits[slot].rank = p->rank;
+  ag->exits[slot].pid = h->pid;
+  ag->exits[slot].status = status;
+  ag->exits[slot].sig = sig;
+  ag->exits[slot].at = uv_now(ag->loop);
   if (p->owner != NULL) {
     if (!p->reported) {
       snprintf(msg, sizeof(msg), "proc rank %d exited (%s %d) before it was ready", p->rank,
@@ -229,12 +249,40 @@ static void pipe_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf) {
   *buf = uv_buf_init(p->buf + p->blen, (unsigned)(sizeof(p->buf) - 1 - p->blen));
 }
 
+/* Takes the proc's "S queued executed running" lines, once its port is known. */
+static void take_status(aproc_t *p) {
+  char *nl;
+  while ((nl = memchr(p->buf, '\n', p->blen)) != NULL) {
+    *nl = '\0';
+    unsigned long long e;
+    int q;
+    char run[104];
+    if (sscanf(p->buf, "S %d %llu %103s", &q, &e, run) == 3) {
+      p->queued = q;
+      p->executed = e;
+      snprintf(p->running, sizeof(p->running), "%s", run);
+    }
+    size_t used = (size_t)(nl - p->buf) + 1;
+    memmove(p->buf, p->buf + used, p->blen - used);
+    p->blen -= used;
+  }
+  if (p->blen >= sizeof(p->buf) - 1) p->blen = 0; /* garbage without a newline: drop it */
+}
+
 static void on_port(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
   aproc_t *p = s->data;
   (void)buf;
-  if (n > 0) p->blen += (size_t)n;
+  if (n < 0) {
+    uv_close((uv_handle_t *)&p->pipe, proc_handle_closed);
+    return;
+  }
+  p->blen += (size_t)n;
   p->buf[p->blen] = '\0';
-  if (strchr(p->buf, '\n') == NULL && n >= 0 && p->blen < sizeof(p->buf) - 1) return;
+  if (p->reported || p->owner == NULL) {
+    take_status(p);
+    return;
+  }
+  if (strchr(p->buf, '\n') == NULL && p->blen < sizeof(p->buf) - 1) return;
   int port = atoi(p->buf);
   if (port > 0 && p->owner != NULL && !p->reported) {
     mn_buf_t b;
@@ -252,6 +300,12 @@ static void on_port(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
     session_send(p->owner, &b);
     mn_buf_free(&b);
     p->reported = 1;
+    char *nl = memchr(p->buf, '\n', p->blen);
+    size_t used = nl ? (size_t)(nl - p->buf) + 1 : p->blen;
+    memmove(p->buf, p->buf + used, p->blen - used);
+    p->blen -= used;
+    take_status(p);
+    return; /* the pipe stays open for status lines */
   }
   uv_close((uv_handle_t *)&p->pipe, proc_handle_closed);
 }
@@ -326,6 +380,8 @@ static int spawn_one(asession_t *c, uint64_t req, int index, int rank, int world
   uv_pipe_init(a->loop, &p->err, 0);
   p->pipe.data = p->out.data = p->err.data = p;
   p->proc.data = p;
+  p->started = uv_now(a->loop);
+  snprintf(p->running, sizeof(p->running), "-");
   uv_stdio_container_t stdio[4];
   stdio[0].flags = UV_IGNORE;
   stdio[1].flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE;
@@ -798,6 +854,96 @@ static void handle_detach(aconn_t *c, const msgpack_object *m) {
 }
 
 /* [LIST, req]: the persistent meshes kept here, as [{name, procs}]. */
+typedef struct {
+  msgpack_packer *pk;
+  uint64_t now;
+  asession_t *me;
+  int count; /* first pass counts, second packs */
+  int pack;
+} status_walk_t;
+
+static void walk_status(uv_handle_t *h, void *arg) {
+  status_walk_t *w = arg;
+  if (h->type != UV_PROCESS || uv_is_closing(h) || h->data == NULL) return;
+  aproc_t *p = h->data;
+  if (p->a == NULL) return;
+  if (!w->pack) {
+    w->count++;
+    return;
+  }
+  msgpack_packer *pk = w->pk;
+  const char *state = p->persist != NULL ? (p->owner ? "persistent" : "parked")
+                      : p->owner == NULL   ? "stopping"
+                      : p->owner->conn     ? "attached"
+                                           : "detached";
+  msgpack_pack_map(pk, 8);
+  mn_pack_cstr(pk, "rank");
+  msgpack_pack_int(pk, p->rank);
+  mn_pack_cstr(pk, "pid");
+  msgpack_pack_int64(pk, ((uv_process_t *)h)->pid);
+  mn_pack_cstr(pk, "uptime");
+  msgpack_pack_double(pk, (double)(w->now - p->started) / 1e3);
+  mn_pack_cstr(pk, "state");
+  mn_pack_cstr(pk, state);
+  mn_pack_cstr(pk, "mine");
+  if (p->owner != NULL && p->owner == w->me) msgpack_pack_true(pk);
+  else msgpack_pack_false(pk);
+  mn_pack_cstr(pk, "queued");
+  msgpack_pack_int(pk, p->queued);
+  mn_pack_cstr(pk, "executed");
+  msgpack_pack_uint64(pk, p->executed);
+  mn_pack_cstr(pk, "running");
+  mn_pack_cstr(pk, p->running);
+}
+
+/* [STATUS, req] -> REPLY {hostname, pid, uptime, procs = [...], exits = [...]} */
+static void handle_status(aconn_t *c, const msgpack_object *m) {
+  agent_t *a = c->a;
+  uint64_t req;
+  char host[256];
+  if (mn_get_u64(m, 1, &req) != 0) {
+    refuse(c, MN_EPROTO, "malformed STATUS: want [27, req]");
+    return;
+  }
+  if (gethostname(host, sizeof(host)) != 0) snprintf(host, sizeof(host), "?");
+  host[sizeof(host) - 1] = '\0';
+  mn_buf_t b;
+  msgpack_packer pk;
+  size_t s = reply_begin(&b, &pk, req, 1);
+  uint64_t now = uv_now(a->loop);
+  status_walk_t w = {&pk, now, c->session, 0, 0};
+  uv_walk(a->loop, walk_status, &w);
+  msgpack_pack_map(&pk, 5);
+  mn_pack_cstr(&pk, "hostname");
+  mn_pack_cstr(&pk, host);
+  mn_pack_cstr(&pk, "pid");
+  msgpack_pack_int64(&pk, (int64_t)getpid());
+  mn_pack_cstr(&pk, "uptime");
+  msgpack_pack_double(&pk, (double)(now - a->started) / 1e3);
+  mn_pack_cstr(&pk, "procs");
+  msgpack_pack_array(&pk, (size_t)w.count);
+  w.pack = 1;
+  uv_walk(a->loop, walk_status, &w);
+  int kept = a->nexits < MN_EXITS_KEPT ? a->nexits : MN_EXITS_KEPT;
+  mn_pack_cstr(&pk, "exits");
+  msgpack_pack_array(&pk, (size_t)kept);
+  for (int i = 0; i < kept; i++) { /* newest first */
+    int j = ((a->nexits - 1 - i) % MN_EXITS_KEPT + MN_EXITS_KEPT) % MN_EXITS_KEPT;
+    msgpack_pack_map(&pk, 5);
+    mn_pack_cstr(&pk, "rank");
+    msgpack_pack_int(&pk, a->exits[j].rank);
+    mn_pack_cstr(&pk, "pid");
+    msgpack_pack_int64(&pk, a->exits[j].pid);
+    mn_pack_cstr(&pk, "status");
+    msgpack_pack_int64(&pk, a->exits[j].status);
+    mn_pack_cstr(&pk, "signal");
+    mn_pack_cstr(&pk, a->exits[j].sig ? (sigabbrev_np(a->exits[j].sig) ? sigabbrev_np(a->exits[j].sig) : "?") : "");
+    mn_pack_cstr(&pk, "ago");
+    msgpack_pack_double(&pk, (double)(now - a->exits[j].at) / 1e3);
+  }
+  reply_end(c, &b, s);
+}
+
 static void handle_list(aconn_t *c, const msgpack_object *m) {
   uint64_t req;
   if (m->via.array.size != 2 || mn_get_u64(m, 1, &req) != 0) {
@@ -861,6 +1007,7 @@ static void handle(aconn_t *c, const msgpack_object *m) {
   case MN_MSG_ATTACH: handle_attach(c, m); break;
   case MN_MSG_DETACH: handle_detach(c, m); break;
   case MN_MSG_LIST: handle_list(c, m); break;
+  case MN_MSG_STATUS: handle_status(c, m); break;
   case MN_MSG_PING:
     if (m->via.array.size == 2) {
       msgpack_packer pk;
@@ -1008,6 +1155,7 @@ int mn_agent_main(const mn_agent_opts_t *o) {
   }
   const char *grace = getenv("MONARCH_AGENT_GRACE");
   a->grace_ms = grace ? (uint64_t)(atof(grace) * 1000) : MN_AGENT_GRACE_MS;
+  a->started = uv_now(a->loop);
   const char *silence = getenv("MONARCH_AGENT_SILENCE");
   a->silence_ms = silence ? (uint64_t)(atof(silence) * 1000) : MN_AGENT_SILENCE_MS;
   uv_timer_init(a->loop, &a->tick);

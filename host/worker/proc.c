@@ -73,6 +73,9 @@ typedef struct {
   const mn_auth_t *auth;
   mn_exec_t exec;
   long spin_ns;
+  atomic_ullong executed;   /* calls run, for the agent's status report */
+  atomic_ullong received;   /* calls queued by the I/O thread; received - executed are in flight */
+  int status_fd;            /* the port pipe, kept for status lines to the agent (-1: none) */
 } proc_t;
 
 typedef struct {
@@ -220,6 +223,7 @@ static void *executor(void *arg) {
         }
       }
       free(it);
+      atomic_fetch_add_explicit(&p->executed, 1, memory_order_relaxed);
       it = next;
       /* Flush when the burst is done, when the batch is full, before closing,
        * or at once behind a payload by reference (the next call may change it). */
@@ -241,6 +245,7 @@ static void *executor(void *arg) {
 static void enqueue(proc_t *p, item_t *first, item_t *last, size_t bytes, int n) {
   pthread_mutex_lock(&p->lock);
   while (p->queued_bytes > MN_MAX_QUEUED && !p->stop) pthread_cond_wait(&p->space, &p->lock);
+  atomic_fetch_add_explicit(&p->received, (unsigned long long)n, memory_order_relaxed);
   if (p->tail) p->tail->next = first;
   else p->head = first;
   p->tail = last;
@@ -515,12 +520,30 @@ static int read_conn(proc_t *p, conn_t *c, int *has_session) {
   return parse_frames(p, c, has_session);
 }
 
+/* About once a second, tells the agent "S queued executed running" over the
+ * port pipe, for `monarch-run --status`; skipped if the pipe is full. */
+static void report_status(proc_t *p, int64_t *next) {
+  int64_t now = now_ns();
+  if (p->status_fd < 0 || now < *next) return;
+  *next = now + 1000000000;
+  const char *running = p->exec.running; /* a kernel's static name, or NULL */
+  char line[160];
+  unsigned long long done = atomic_load(&p->executed), got = atomic_load(&p->received);
+  int n = snprintf(line, sizeof(line), "S %llu %llu %.100s\n", got > done ? got - done : 0, done,
+                   running ? running : "-");
+  if (write(p->status_fd, line, (size_t)n) < 0 && errno != EAGAIN) {
+    close(p->status_fd); /* the agent stopped listening: stop telling it */
+    p->status_fd = -1;
+  }
+}
+
 static void io_loop(proc_t *p, int lfd, double orphan_timeout) {
   conn_t *cur = NULL;
   int has_session = 0;
-  int64_t last_rx = now_ns();
+  int64_t last_rx = now_ns(), next_status = 0;
   const int64_t orphan_ns = (int64_t)(orphan_timeout * 1e9);
   for (;;) {
+    report_status(p, &next_status);
     struct pollfd pfd[3] = {{lfd, POLLIN, 0}, {p->hs_pipe[0], POLLIN, 0}, {cur ? cur->fd : -1, POLLIN, 0}};
     int64_t left = last_rx + orphan_ns - now_ns();
     if (left <= 0 && !atomic_load(&persistent)) break; /* orphaned: no controller traffic for orphan_timeout */
@@ -528,7 +551,7 @@ static void io_loop(proc_t *p, int lfd, double orphan_timeout) {
       last_rx = now_ns(); /* persistent: keep waiting for a controller to attach */
       continue;
     }
-    int r = poll(pfd, 3, (int)(left / 1000000) + 1);
+    int r = poll(pfd, 3, (int)((left < 1000000000 ? left : 1000000000) / 1000000) + 1);
     if (r < 0 && errno != EINTR) break;
     if (r <= 0) continue;
     if (pfd[0].revents & POLLIN) {
@@ -615,7 +638,14 @@ int mn_proc_main(const mn_proc_opts_t *o) {
   char line[32];
   int ln = snprintf(line, sizeof(line), "%d\n", port);
   if (mn_write_all(o->port_fd >= 0 ? o->port_fd : 1, line, (size_t)ln) != 0) return 2;
-  if (o->port_fd > 2) close(o->port_fd);
+  p->status_fd = -1;
+  if (o->port_fd > 2) { /* the agent keeps reading it for status lines */
+    p->status_fd = o->port_fd;
+    if (fcntl(p->status_fd, F_SETFL, fcntl(p->status_fd, F_GETFL) | O_NONBLOCK) != 0) {
+      close(p->status_fd);
+      p->status_fd = -1;
+    }
+  }
 
   io_loop(p, lfd, o->orphan_timeout);
   /* Orphaned: stop running kernels and leave. Exiting without joining is

@@ -147,6 +147,10 @@ end
 M.log = require "monarch.log"
 M.attach, M.persistent = persist.attach, persist.list
 
+--- Prints each host's procs (state, uptime, queued and executed calls, the
+-- kernel running) and recent exits; `monarch-run --status --hosts ...` calls it.
+function M.status(out) return require("monarch.status").print(M, out) end
+
 M.errors, M.future, M.value_mesh, M.tensor, M.runtime = errors, future, value_mesh, tensor, runtime
 M.Future, M.ValueMesh = future.Future, value_mesh.ValueMesh
 return M

@@ -381,4 +381,8 @@ function M.list()
   return out
 end
 
+--- Sends make(req, agent) to every agent and returns their REPLYs in order
+-- ({agent, ok, value} each); used by monarch.status too.
+M.ask = ask
+
 return M

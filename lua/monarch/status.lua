@@ -1,0 +1,51 @@
+--- monarch.status(): what the host agents know, for `monarch-run --status --hosts ...`:
+-- each host, its procs (state, uptime, calls queued and run, the kernel
+-- running now) and the procs that exited recently.
+local persist = require "monarch.persist"
+
+local M = {}
+local STATUS = 27
+
+local function duration(s)
+  if s < 60 then return string.format("%.0fs", s) end
+  if s < 3600 then return string.format("%.0fm%02.0fs", math.floor(s / 60), s % 60) end
+  return string.format("%.0fh%02.0fm", math.floor(s / 3600), math.floor(s % 3600 / 60))
+end
+
+--- The agents' reports: a list of {agent, ok, value}.
+function M.collect(agents)
+  return persist.ask(agents, function(req) return { STATUS, req } end, "asking for status")
+end
+
+--- Prints the report of the script's hosts (monarch.hosts()) to `out` (default stdout).
+function M.print(monarch, out)
+  out = out or io.stdout
+  local hosts = monarch.hosts()
+  local replies = M.collect(hosts.agents)
+  for _, r in ipairs(replies) do
+    local a, v = r.agent, r.value
+    if not r.ok then
+      out:write(string.format("%s:%d  error: %s\n", a.addr, a.port, tostring(v)))
+    else
+      out:write(string.format("host %s (%s:%d)  agent pid %d  up %s  %d procs\n", v.hostname, a.addr, a.port,
+        v.pid, duration(v.uptime), #v.procs))
+      table.sort(v.procs, function(x, y) return x.rank < y.rank end)
+      if #v.procs > 0 then
+        out:write(string.format("  %5s %8s %-10s %8s %7s %9s  %s\n", "rank", "pid", "state", "uptime", "queued",
+          "executed", "running"))
+      end
+      for _, p in ipairs(v.procs) do
+        out:write(string.format("  %5d %8d %-10s %8s %7d %9d  %s\n", p.rank, p.pid, p.state, duration(p.uptime),
+          p.queued, p.executed, p.running))
+      end
+      if #v.exits > 0 then out:write("  recent exits:\n") end
+      for _, e in ipairs(v.exits) do
+        local cause = e.signal ~= "" and ("killed by SIG" .. e.signal) or ("exited with code " .. e.status)
+        out:write(string.format("    rank %d pid %d %s, %s ago\n", e.rank, e.pid, cause, duration(e.ago)))
+      end
+    end
+  end
+  return replies
+end
+
+return M
