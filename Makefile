@@ -29,7 +29,7 @@ EDIT_LIBS := $(shell pkg-config --libs libedit 2>/dev/null)
 
 CORE_SRC := $(wildcard host/core/*.c)
 CTL_SRC  := $(wildcard host/controller/*.c) $(wildcard host/lua/*.c)
-WRK_SRC  := $(wildcard host/worker/*.c)
+WRK_SRC  := $(wildcard host/worker/*.c) host/lua/luapack.c
 OBJ = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
 
 BIN    := $(BUILD)/bin

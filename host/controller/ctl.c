@@ -623,6 +623,13 @@ static void on_heartbeat(uv_timer_t *t) {
   mn_ctl_t *c = t->data;
   uint64_t now = uv_now(&c->loop);
   c->hb_count++;
+  /* If this process itself did not run the loop for a while (the script
+   * computed, or blocked, between waits), the silence is ours, not the
+   * peers': their bytes may be waiting unread. Start counting afresh. */
+  int stalled = c->last_tick != 0 && now - c->last_tick > c->hb_ms + c->hb_timeout_ms / 2;
+  c->last_tick = now;
+  if (stalled)
+    for (int i = 1; i <= c->nconns; i++) c->conns[i]->last_rx = now;
   for (int i = 1; i <= c->nconns; i++) {
     mn_conn_t *k = c->conns[i];
     if ((k->state == MN_CS_HELLO || k->state == MN_CS_WELCOME || k->state == MN_CS_CONNECTING) && k->link &&

@@ -113,6 +113,7 @@ struct mn_ctl_s {
   uv_timer_t heartbeat;
   uint64_t hb_ms, hb_timeout_ms, reconnect_ms;
   uint64_t hb_count;
+  uint64_t last_tick;   /* uv_now of the previous heartbeat, to notice our own stalls */
   int *released;        /* payload refs whose writes are over */
   int nreleased, released_cap;
   int no_acks;          /* MONARCH_NO_ACK=1: no unacked copies (to measure their cost) */

@@ -8,16 +8,17 @@
  * address of a static key.
  */
 #include "ctl.h"
+#include "luapack.h"
 #include "path.h"
 
 #include <lauxlib.h>
 #include <lua.h>
 #include <math.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define MN_EXT_TENSOR 1      /* msgpack ext type of a tensor handle */
 #define MN_SEQ_OFFSET 7      /* len(4) + fixarray(1) + type(1) + 0xcf(1) */
 
 static char ctl_key;
@@ -48,113 +49,18 @@ static lctl_t *get_ctl(lua_State *L) {
   return c;
 }
 
-/* ---- Lua value -> msgpack --------------------------------------------------- */
+/* ---- Lua values <-> msgpack (luapack.c) --------------------------------------- */
 
-static void encode(lua_State *L, msgpack_packer *pk, int idx, int depth, int argn) {
-  /* The CALL array and its argument array take two of the frame's levels. */
-  if (depth > MN_MAX_DEPTH - 2) luaL_error(L, "argument %d: tables nest deeper than %d", argn, MN_MAX_DEPTH - 2);
-  switch (lua_type(L, idx)) {
-  case LUA_TNIL: msgpack_pack_nil(pk); break;
-  case LUA_TBOOLEAN:
-    if (lua_toboolean(L, idx)) msgpack_pack_true(pk);
-    else msgpack_pack_false(pk);
-    break;
-  case LUA_TNUMBER: {
-    double d = lua_tonumber(L, idx);
-    if (d == floor(d) && fabs(d) < 9.2e18) msgpack_pack_int64(pk, (int64_t)d);
-    else msgpack_pack_double(pk, d);
-    break;
-  }
-  case LUA_TSTRING: {
-    size_t n;
-    const char *s = lua_tolstring(L, idx, &n);
-    msgpack_pack_str(pk, n);
-    msgpack_pack_str_body(pk, s, n);
-    break;
-  }
-  case LUA_TTABLE: {
-    if (idx < 0) idx = lua_gettop(L) + idx + 1;
-    lua_getfield(L, idx, "__mn_tensor");
-    if (lua_type(L, -1) == LUA_TNUMBER) {
-      uint64_t id = (uint64_t)lua_tonumber(L, -1);
-      unsigned char b[8];
-      for (int i = 7; i >= 0; i--, id >>= 8) b[i] = (unsigned char)id;
-      lua_pop(L, 1);
-      msgpack_pack_ext(pk, 8, MN_EXT_TENSOR);
-      msgpack_pack_ext_body(pk, b, 8);
-      break;
-    }
-    lua_pop(L, 1);
-    size_t n = lua_objlen(L, idx);
-    if (n > 0 || lua_next(L, (lua_pushnil(L), idx)) == 0) {
-      if (n > MN_MAX_ITEMS) luaL_error(L, "argument %d: table of %d items exceeds MN_MAX_ITEMS", argn, (int)n);
-      msgpack_pack_array(pk, n);
-      for (size_t i = 1; i <= n; i++) {
-        lua_rawgeti(L, idx, (int)i);
-        encode(L, pk, -1, depth + 1, argn);
-        lua_pop(L, 1);
-      }
-      break;
-    }
-    lua_pop(L, 2); /* the key and value lua_next left */
-    uint32_t count = 0;
-    lua_pushnil(L);
-    while (lua_next(L, idx) != 0) {
-      count++;
-      lua_pop(L, 1);
-    }
-    if (count > MN_MAX_ITEMS) luaL_error(L, "argument %d: table of %d entries exceeds MN_MAX_ITEMS", argn, (int)count);
-    msgpack_pack_map(pk, count);
-    lua_pushnil(L);
-    while (lua_next(L, idx) != 0) {
-      encode(L, pk, -2, depth + 1, argn);
-      encode(L, pk, -1, depth + 1, argn);
-      lua_pop(L, 1);
-    }
-    break;
-  }
-  default:
-    luaL_error(L, "argument %d: a %s cannot be sent to a proc", argn, luaL_typename(L, idx));
-  }
+/* Packs call argument `argn` (at idx); the CALL array and its argument array
+ * take two of the frame's nesting levels. */
+static void encode(lua_State *L, msgpack_packer *pk, int idx, int argn) {
+  char what[32];
+  snprintf(what, sizeof(what), "argument %d", argn);
+  mn_pack_opts_t o = {MN_MAX_DEPTH - 2, what, "a proc"};
+  mn_lua_pack(L, pk, idx, &o);
 }
 
-/* ---- msgpack -> Lua value ---------------------------------------------------- */
-
-static void push_obj(lua_State *L, const msgpack_object *o) {
-  switch (o->type) {
-  case MSGPACK_OBJECT_NIL: lua_pushnil(L); break;
-  case MSGPACK_OBJECT_BOOLEAN: lua_pushboolean(L, o->via.boolean); break;
-  case MSGPACK_OBJECT_POSITIVE_INTEGER: lua_pushnumber(L, (lua_Number)o->via.u64); break;
-  case MSGPACK_OBJECT_NEGATIVE_INTEGER: lua_pushnumber(L, (lua_Number)o->via.i64); break;
-  case MSGPACK_OBJECT_FLOAT32:
-  case MSGPACK_OBJECT_FLOAT64: lua_pushnumber(L, o->via.f64); break;
-  case MSGPACK_OBJECT_STR: lua_pushlstring(L, o->via.str.ptr, o->via.str.size); break;
-  case MSGPACK_OBJECT_BIN: lua_pushlstring(L, o->via.bin.ptr, o->via.bin.size); break;
-  case MSGPACK_OBJECT_ARRAY:
-    lua_createtable(L, (int)o->via.array.size, 0);
-    for (uint32_t i = 0; i < o->via.array.size; i++) {
-      push_obj(L, &o->via.array.ptr[i]);
-      lua_rawseti(L, -2, (int)i + 1);
-    }
-    break;
-  case MSGPACK_OBJECT_MAP:
-    lua_createtable(L, 0, (int)o->via.map.size);
-    for (uint32_t i = 0; i < o->via.map.size; i++) {
-      push_obj(L, &o->via.map.ptr[i].key);
-      push_obj(L, &o->via.map.ptr[i].val);
-      if (lua_isnil(L, -2)) lua_pop(L, 2);
-      else lua_rawset(L, -3);
-    }
-    break;
-  case MSGPACK_OBJECT_EXT: {
-    uint64_t id = 0;
-    for (uint32_t i = 0; i < o->via.ext.size && i < 8; i++) id = (id << 8) | (unsigned char)o->via.ext.ptr[i];
-    lua_pushnumber(L, (lua_Number)id);
-    break;
-  }
-  default: lua_pushnil(L);
-  }
-}
+static void push_obj(lua_State *L, const msgpack_object *o) { mn_lua_push(L, o, NULL, NULL); }
 
 /* ---- module functions ------------------------------------------------------- */
 
@@ -270,7 +176,7 @@ static int l_send(lua_State *L) {
   c->scratch.len = 0;
   msgpack_packer_init(&pk, &c->scratch, mn_buf_write_cb);
   size_t s = mn_frame_begin(&c->scratch);
-  encode(L, &pk, 2, 0, 1);
+  encode(L, &pk, 2, 1);
   mn_frame_end(&c->scratch, s);
   if (mn_ctl_send(&c->ctl, k, c->scratch.data, c->scratch.len) != 0) return luaL_error(L, "out of memory");
   return 0;
@@ -290,7 +196,7 @@ static void encode_call(lua_State *L, lctl_t *c, const char *kernel, size_t kl, 
   msgpack_pack_str(&pk, kl);
   msgpack_pack_str_body(&pk, kernel, kl);
   msgpack_pack_array(&pk, (size_t)nargs);
-  for (int i = 0; i < nargs; i++) encode(L, &pk, first + i, 0, i + 1);
+  for (int i = 0; i < nargs; i++) encode(L, &pk, first + i, i + 1);
   mn_frame_end(b, s);
   if (b->len - MN_FRAME_HEADER > MN_MAX_FRAME) luaL_error(L, "call of %d bytes exceeds MN_MAX_FRAME", (int)b->len);
 }

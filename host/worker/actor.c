@@ -10,6 +10,7 @@
  * reply.
  */
 #include "actor.h"
+#include "luapack.h"
 
 #include <lauxlib.h>
 #include <lua.h>
@@ -21,11 +22,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#define MN_EXT_TENSOR 1                  /* msgpack ext type of a tensor handle (as in exec.c) */
 #define MN_ACTOR_DEPTH (MN_MAX_DEPTH - 2) /* nesting a result may have: the RESULT and its value array take two */
 #define MN_ACTOR_KSCRATCH 16             /* most scratch blocks one proc.call kernel may hold */
 #define MN_ACTOR_MAX_PATH 4096           /* longest path to actor_host.lua */
-#define MN_LUA_TCDATA 10                 /* LuaJIT's type tag of FFI cdata (lua.h does not name it) */
 
 /* A value a kernel returned through proc.call, kept in C until the kernel is
  * done: pushing onto the Lua stack from inside a kernel could raise a Lua
@@ -81,122 +80,25 @@ static void *count_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
   return p;
 }
 
-/* ---- msgpack -> Lua ------------------------------------------------------------ */
+/* ---- msgpack <-> Lua (luapack.c) ------------------------------------------------ */
 
-/* Pushes o. A tensor handle becomes a tensor view made by the Lua host, so an
- * endpoint receives tensors it can read and write. May raise (protected). */
-static void push_obj(lua_State *L, actor_state_t *s, const msgpack_object *o) {
-  luaL_checkstack(L, 4, "arguments nest too deeply");
-  switch (o->type) {
-  case MSGPACK_OBJECT_NIL: lua_pushnil(L); break;
-  case MSGPACK_OBJECT_BOOLEAN: lua_pushboolean(L, o->via.boolean); break;
-  case MSGPACK_OBJECT_POSITIVE_INTEGER: lua_pushnumber(L, (lua_Number)o->via.u64); break;
-  case MSGPACK_OBJECT_NEGATIVE_INTEGER: lua_pushnumber(L, (lua_Number)o->via.i64); break;
-  case MSGPACK_OBJECT_FLOAT32:
-  case MSGPACK_OBJECT_FLOAT64: lua_pushnumber(L, o->via.f64); break;
-  case MSGPACK_OBJECT_STR: lua_pushlstring(L, o->via.str.ptr, o->via.str.size); break;
-  case MSGPACK_OBJECT_BIN: lua_pushlstring(L, o->via.bin.ptr, o->via.bin.size); break;
-  case MSGPACK_OBJECT_ARRAY:
-    lua_createtable(L, (int)o->via.array.size, 0);
-    for (uint32_t i = 0; i < o->via.array.size; i++) {
-      push_obj(L, s, &o->via.array.ptr[i]);
-      lua_rawseti(L, -2, (int)i + 1);
-    }
-    break;
-  case MSGPACK_OBJECT_MAP:
-    lua_createtable(L, 0, (int)o->via.map.size);
-    for (uint32_t i = 0; i < o->via.map.size; i++) {
-      push_obj(L, s, &o->via.map.ptr[i].key);
-      push_obj(L, s, &o->via.map.ptr[i].val);
-      if (lua_isnil(L, -2) || (lua_type(L, -2) == LUA_TNUMBER && isnan(lua_tonumber(L, -2)))) lua_pop(L, 2);
-      else lua_rawset(L, -3);
-    }
-    break;
-  case MSGPACK_OBJECT_EXT: {
-    if (o->via.ext.type != MN_EXT_TENSOR || o->via.ext.size != 8) luaL_error(L, "an argument is an unknown extension value");
-    uint64_t id = 0;
-    for (int i = 0; i < 8; i++) id = (id << 8) | (unsigned char)o->via.ext.ptr[i];
-    lua_rawgeti(L, LUA_REGISTRYINDEX, s->ops_ref);
-    lua_getfield(L, -1, "view");
-    lua_remove(L, -2);
-    lua_pushnumber(L, (lua_Number)id);
-    lua_call(L, 1, 1);
-    break;
-  }
-  default: lua_pushnil(L);
-  }
+/* A tensor handle becomes a tensor view made by the Lua host, so an endpoint
+ * receives tensors it can read and write. */
+static void push_tensor(lua_State *L, uint64_t id, void *ud) {
+  actor_state_t *s = ud;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, s->ops_ref);
+  lua_getfield(L, -1, "view");
+  lua_remove(L, -2);
+  lua_pushnumber(L, (lua_Number)id);
+  lua_call(L, 1, 1);
 }
 
-/* ---- Lua -> msgpack ------------------------------------------------------------ */
+static void push_obj(lua_State *L, actor_state_t *s, const msgpack_object *o) { mn_lua_push(L, o, push_tensor, s); }
 
 /* Packs the value at idx. `what` names it in errors ("result 2"). May raise. */
 static void pack_value(lua_State *L, msgpack_packer *pk, int idx, int depth, const char *what) {
-  if (depth > MN_ACTOR_DEPTH)
-    luaL_error(L, "%s: tables nest deeper than %d levels (or contain a cycle)", what, MN_ACTOR_DEPTH);
-  luaL_checkstack(L, 4, "results nest too deeply");
-  if (idx < 0) idx = lua_gettop(L) + idx + 1;
-  switch (lua_type(L, idx)) {
-  case LUA_TNIL: msgpack_pack_nil(pk); break;
-  case LUA_TBOOLEAN:
-    if (lua_toboolean(L, idx)) msgpack_pack_true(pk);
-    else msgpack_pack_false(pk);
-    break;
-  case LUA_TNUMBER: {
-    double d = lua_tonumber(L, idx);
-    if (d == floor(d) && fabs(d) < 9.2e18) msgpack_pack_int64(pk, (int64_t)d);
-    else msgpack_pack_double(pk, d);
-    break;
-  }
-  case LUA_TSTRING: {
-    size_t n;
-    const char *p = lua_tolstring(L, idx, &n);
-    msgpack_pack_str(pk, n);
-    msgpack_pack_str_body(pk, p, n);
-    break;
-  }
-  case LUA_TTABLE: {
-    /* A tensor view goes back as the tensor's handle. */
-    lua_pushliteral(L, "__mn_tensor");
-    lua_rawget(L, idx);
-    if (lua_type(L, -1) == LUA_TNUMBER) {
-      uint64_t id = (uint64_t)lua_tonumber(L, -1);
-      unsigned char b[8];
-      for (int i = 7; i >= 0; i--, id >>= 8) b[i] = (unsigned char)id;
-      lua_pop(L, 1);
-      msgpack_pack_ext(pk, 8, MN_EXT_TENSOR);
-      msgpack_pack_ext_body(pk, b, 8);
-      break;
-    }
-    lua_pop(L, 1);
-    size_t n = lua_objlen(L, idx), count = 0;
-    lua_pushnil(L);
-    while (lua_next(L, idx) != 0) {
-      count++;
-      lua_pop(L, 1);
-    }
-    if (count > MN_MAX_ITEMS) luaL_error(L, "%s: a table of %d entries exceeds MN_MAX_ITEMS", what, (int)count);
-    if (count == n) { /* a proper array (or empty): keys 1..n and nothing else */
-      msgpack_pack_array(pk, n);
-      for (size_t i = 1; i <= n; i++) {
-        lua_rawgeti(L, idx, (int)i);
-        pack_value(L, pk, -1, depth + 1, what);
-        lua_pop(L, 1);
-      }
-      break;
-    }
-    msgpack_pack_map(pk, count);
-    lua_pushnil(L);
-    while (lua_next(L, idx) != 0) {
-      pack_value(L, pk, -2, depth + 1, what);
-      pack_value(L, pk, -1, depth + 1, what);
-      lua_pop(L, 1);
-    }
-    break;
-  }
-  default:
-    luaL_error(L, "%s: a %s cannot be sent to the controller (send nil, booleans, numbers, strings, tables%s)",
-               what, luaL_typename(L, idx), lua_type(L, idx) == MN_LUA_TCDATA ? "; convert cdata with tonumber" : "");
-  }
+  mn_pack_opts_t o = {MN_ACTOR_DEPTH - depth, what, "the controller"};
+  mn_lua_pack(L, pk, idx, &o);
 }
 
 /* ---- proc.call: kernels run from Lua --------------------------------------------- */

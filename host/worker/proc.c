@@ -435,16 +435,27 @@ static int parse_frames(proc_t *p, conn_t *c, int *has_session) {
       /* A bulk frame: receive the rest straight into its queue item rather
        * than growing the read buffer and copying it out afterwards. */
       size_t flen = mn_be32(in->data + off), have = in->len - off - MN_FRAME_HEADER;
-      item_t *it = malloc(sizeof(*it) + flen);
+      /* Memory follows the bytes that actually arrive, not the length a
+       * peer announces: the item grows by doubling as data comes in. */
+      size_t cap = flen < (16u << 20) ? flen : (16u << 20);
+      if (cap < have) cap = have;
+      item_t *it = malloc(sizeof(*it) + cap);
       if (it == NULL) {
         rc = -1;
         break;
       }
       memcpy(it->data, in->data + off + MN_FRAME_HEADER, have);
       while (have < flen) {
+        if (have == cap) {
+          size_t ncap = cap * 2 < flen ? cap * 2 : flen;
+          item_t *grown = realloc(it, sizeof(*it) + ncap);
+          if (grown == NULL) break;
+          it = grown;
+          cap = ncap;
+        }
         struct pollfd pf = {c->fd, POLLIN, 0};
         if (poll(&pf, 1, MN_BIG_FRAME_TIMEOUT_MS) <= 0) break;
-        ssize_t r = recv(c->fd, it->data + have, flen - have, 0);
+        ssize_t r = recv(c->fd, it->data + have, cap - have, 0);
         if (r <= 0 && !(r < 0 && errno == EINTR)) break;
         if (r > 0) have += (size_t)r;
       }
