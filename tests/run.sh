@@ -5,7 +5,22 @@
 set -u
 cd "$(dirname "$0")/.."
 B=${BUILD:-build}
-export MONARCH_PREFIX=$PWD/$B MONARCH_BUILD=$B OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
+case $B in /*) P=$B ;; *) P=$PWD/$B ;; esac
+export MONARCH_PREFIX=$P MONARCH_BUILD=$B OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
+export MONARCH_KERNEL_DIR=$PWD/$B/lib/monarch # test_kernels: this build's libraries
+# An ASan build (make test-asan): its Lua module needs the ASan runtime loaded
+# first into plain luajit (busted), so busted runs with it preloaded and
+# tests/helper.lua takes LD_PRELOAD out again, so that what the specs start
+# does not inherit it (pgrep hangs under it). handle_segv=0: the specs expect
+# a kernel's SIGSEGV to kill its proc with that signal.
+asan=$(ldd "$B/lib/monarch/lua/monarch/core.so" 2>/dev/null | awk '/libasan/ {print $3}')
+if [ -n "$asan" ]; then
+  export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:handle_segv=0}
+  export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1}
+fi
+# Sanitizer reports in a layer's output count as failures (faulty.c's
+# null store is deliberate: its segv kernel must crash).
+san_reports() { grep -E 'ERROR: (Address|Leak)Sanitizer|runtime error:' "$1" | grep -vc 'kernels/test/faulty.c'; }
 passed=0 failed=0
 log=$(mktemp -d)
 trap 'rm -rf "$log"' EXIT
@@ -23,6 +38,7 @@ for t in "$B"/tests/test_*; do
   timeout 300 "$t" >"$log/c.out" 2>&1
   rc=$?
   read -r p f < <(count_cmocka "$log/c.out")
+  f=$((f + $(san_reports "$log/c.out")))
   if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi # crashed or timed out
   [ "$f" -gt 0 ] && cat "$log/c.out"
   printf '   %-28s %3d passed, %d failed\n' "$(basename "$t")" "$p" "$f"
@@ -31,11 +47,12 @@ done
 
 run_busted() { # name run-config
   echo "== $1"
-  timeout "${3:-900}" busted --run="$2" -o utfTerminal >"$log/b.out" 2>&1
+  timeout "${3:-900}" env ${asan:+LD_PRELOAD=$asan} busted --run="$2" -o utfTerminal >"$log/b.out" 2>&1
   local rc=$? line s f e
   line=$(grep -E '[0-9]+ successes? / [0-9]+ failures? / [0-9]+ errors?' "$log/b.out" | tail -1 | sed 's/\x1b\[[0-9;]*m//g')
   s=$(echo "$line" | grep -oE '^[0-9]+') ; f=$(echo "$line" | grep -oE '[0-9]+ failure' | grep -oE '[0-9]+'); e=$(echo "$line" | grep -oE '[0-9]+ error' | grep -oE '[0-9]+')
   s=${s:-0} f=${f:-0} e=${e:-0}
+  e=$((e + $(san_reports "$log/b.out")))
   if [ -z "$line" ] || { [ "$rc" -ne 0 ] && [ $((f + e)) -eq 0 ]; }; then e=$((e + 1)); echo "   busted did not finish (rc $rc)"; fi
   [ $((f + e)) -gt 0 ] && sed 's/\x1b\[[0-9;]*m//g' "$log/b.out" | grep -v '^[●◼✱+-]*$' | tail -60
   printf '   %-28s %3d passed, %d failed\n' "$2" "$s" $((f + e))

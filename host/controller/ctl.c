@@ -155,6 +155,7 @@ void mn_ctl_close(mn_ctl_t *c) {
   free(c->dirty);
   free(c->readable);
   free(c->events);
+  free(c->released);
 }
 
 /* ---- writing ------------------------------------------------------------------ */

@@ -84,6 +84,7 @@ int mn_write_all(int fd, const void *p, size_t n) {
   const char *c = p;
   while (n > 0) {
     ssize_t w = send(fd, c, n, MSG_NOSIGNAL);
+    if (w < 0 && errno == ENOTSOCK) w = write(fd, c, n); /* a pipe or file: the proc's port line on stdout */
     if (w < 0) {
       if (errno == EINTR) continue;
       return -errno;

@@ -131,9 +131,65 @@ static int check_limits(const msgpack_object *o, int depth, char *err, size_t er
   }
 }
 
+/*
+ * Walks the raw msgpack of a body before msgpack-c decodes it. msgpack-c
+ * allocates an array's or map's storage from the count in its header, before
+ * any element arrives: a 5-byte body announcing 2^31 elements would ask for
+ * 48 GiB. Every element takes at least one byte, so a count beyond the bytes
+ * left, or beyond MN_MAX_ITEMS, is refused here, before anything is
+ * allocated. Malformed or truncated input is left for msgpack-c to report.
+ */
+static int check_counts(const char *body, size_t len, char *err, size_t errlen) {
+  const unsigned char *p = (const unsigned char *)body;
+  size_t i = 0;
+  uint64_t need = 1; /* objects still to read */
+  while (need > 0 && i < len) {
+    unsigned c = p[i++];
+    uint64_t items = 0, skip = 0, n = 0;
+    int hdr = 0; /* bytes of length field after the type byte */
+    need--;
+    if (c >= 0x80 && c <= 0x8f) items = 2u * (c & 0x0f);      /* fixmap */
+    else if (c >= 0x90 && c <= 0x9f) items = c & 0x0f;        /* fixarray */
+    else if (c >= 0xa0 && c <= 0xbf) skip = c & 0x1f;         /* fixstr */
+    else if (c >= 0xc4 && c <= 0xc6) hdr = 1 << (c - 0xc4);   /* bin 8/16/32 */
+    else if (c >= 0xc7 && c <= 0xc9) hdr = 1 << (c - 0xc7), skip = 1; /* ext 8/16/32 + type */
+    else if (c >= 0xca && c <= 0xcb) skip = c == 0xca ? 4 : 8; /* float 32/64 */
+    else if (c >= 0xcc && c <= 0xcf) skip = 1u << (c - 0xcc); /* uint 8..64 */
+    else if (c >= 0xd0 && c <= 0xd3) skip = 1u << (c - 0xd0); /* int 8..64 */
+    else if (c >= 0xd4 && c <= 0xd8) skip = 1 + (1u << (c - 0xd4)); /* fixext: type + data */
+    else if (c >= 0xd9 && c <= 0xdb) hdr = 1 << (c - 0xd9);   /* str 8/16/32 */
+    else if (c >= 0xdc && c <= 0xdf) hdr = c & 1 ? 4 : 2;     /* array, map 16/32 */
+    if (hdr > 0) {
+      if (len - i < (size_t)hdr) return 0;
+      for (int k = 0; k < hdr; k++) n = (n << 8) | p[i++];
+      if (c >= 0xdc) {
+        if (n > MN_MAX_ITEMS) {
+          snprintf(err, errlen, "%s of %llu items exceeds MN_MAX_ITEMS (%u)", c <= 0xdd ? "array" : "map",
+                   (unsigned long long)n, MN_MAX_ITEMS);
+          return MN_ELIMIT;
+        }
+        items = c <= 0xdd ? n : 2 * n;
+      } else {
+        skip += n;
+      }
+    }
+    if (skip > len - i) return 0; /* a short str/bin/ext: msgpack-c refuses it without allocating */
+    i += (size_t)skip;
+    need += items;
+    if (need > len - i) {
+      snprintf(err, errlen, "frame of %zu bytes is not valid msgpack: it announces %llu more elements than it holds", len,
+               (unsigned long long)(need - (len - i)));
+      return MN_EMSGPACK;
+    }
+  }
+  return 0;
+}
+
 int mn_decode(const char *body, size_t len, msgpack_zone *zone, msgpack_object *obj, char *err,
               size_t errlen) {
   size_t off = 0;
+  int rc = check_counts(body, len, err, errlen);
+  if (rc != 0) return rc;
   msgpack_unpack_return r = msgpack_unpack(body, len, &off, zone, obj);
   if (r == MSGPACK_UNPACK_NOMEM_ERROR) {
     /* msgpack-c reports its fixed parser stack (32 levels) running out as

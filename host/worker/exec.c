@@ -50,7 +50,7 @@ static int api_bytes(mk_ctx_t *c, const void *p, size_t n) {
   msgpack_pack_bin(&X(c)->rpk, n);
   return msgpack_pack_bin_body(&X(c)->rpk, p, n);
 }
-static int api_error(mk_ctx_t *c, const char *fmt, ...) {
+__attribute__((format(printf, 2, 3))) static int api_error(mk_ctx_t *c, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(X(c)->errmsg, sizeof(X(c)->errmsg), fmt, ap);
@@ -392,7 +392,7 @@ static int run_builtin(mn_exec_t *x, mk_ctx_t *ctx, const char *name, size_t nl,
         return -1;
       }
       data_at = 2;
-      if (IS("__tensor_fetch") && (mn_get_i64(args, 2, &len) != 0 || len < 0 || (size_t)(off + len) > t->nbytes)) {
+      if (IS("__tensor_fetch") && (mn_get_i64(args, 2, &len) != 0 || len < 0 || len > (int64_t)t->nbytes - off)) {
         snprintf(err, errlen, "__tensor_fetch: range %lld+%lld is outside the tensor's %zu bytes", (long long)off,
                  (long long)len, t->nbytes);
         return -1;
@@ -536,7 +536,7 @@ int mn_exec_frame(mn_exec_t *x, const char *body, size_t len) {
   }
   mk_ctx_t ctx = {&api, x->rank, x->world, x->device, NULL, NULL, x};
   char namebuf[MN_MAX_NAME + 1];
-  memcpy(namebuf, kname, kl);
+  if (kl > 0) memcpy(namebuf, kname, kl); /* an empty str may come with a NULL pointer */
   namebuf[kl] = '\0';
   ctx.kernel = namebuf;
   x->rbuf.len = 0;

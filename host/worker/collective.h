@@ -1,0 +1,184 @@
+/*
+ * collective.h - the proc's CPU data plane: collectives (all_reduce,
+ * broadcast, all_gather, reduce_scatter, barrier) over groups of procs, and
+ * proc-to-proc tensor copies, all over direct proc-to-proc TCP links that
+ * never pass through the controller. docs/collectives.md is the design.
+ *
+ * Each proc opens a second listening socket, the data port. An acceptor
+ * thread runs the server side of the token handshake on every connection,
+ * reads one identification frame saying what the link is for, and parks the
+ * authenticated socket in a table. The executor thread, running a built-in,
+ * claims the sockets it waits for from that table (with a timeout naming the
+ * peer that never came). Everything else - groups, collectives, copies - runs
+ * on the executor thread alone.
+ *
+ * Layers: pure helpers (reduction ops, segment arithmetic, step headers),
+ * then an mn_coll_t instance API that tests drive directly (several instances
+ * in one process), then mn_coll_start(), which opens the process's instance
+ * and registers the "__coll_" built-ins with the executor.
+ */
+#ifndef MN_COLLECTIVE_H
+#define MN_COLLECTIVE_H
+
+#include "auth.h"
+#include "monarch_kernel.h"
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define MN_COLL_MAGIC 0x4d4e434cu         /* "MNCL": first bytes of every step header */
+#define MN_COLL_HDR_LEN 32                 /* bytes of a step header on the wire */
+#define MN_COLL_CHUNK (1u << 20)           /* bytes a reducing receive takes in before reducing */
+#define MN_COLL_SMALL (64u << 10)          /* all_reduce below this many bytes uses the star */
+#define MN_COLL_STAR_MAX (16u << 20)       /* most bytes member 0 buffers for the star */
+#define MN_COLL_CMA_MIN (1u << 20)         /* same-host links copy directly from this many bytes up */
+#define MN_COLL_TIMEOUT_DEFAULT 60.0       /* seconds without progress before failing; MONARCH_COLL_TIMEOUT */
+#define MN_COLL_MAX_MEMBERS 4096           /* most members of one group */
+#define MN_COLL_MAX_GROUPS 1024            /* most groups one proc holds at once */
+#define MN_COLL_MAX_PARKED 1024            /* most accepted links waiting to be claimed */
+#define MN_COLL_MAX_IDENT 256              /* largest identification frame, bytes */
+#define MN_COLL_MAX_ABORT_MSG 900          /* longest reason an ABORT header carries */
+#define MN_COLL_MAX_ADDR 300               /* longest "host:port" of a member */
+
+/* What a step header announces. */
+typedef enum {
+  MN_COLL_ALL_REDUCE = 1,
+  MN_COLL_BROADCAST = 2,
+  MN_COLL_ALL_GATHER = 3,
+  MN_COLL_REDUCE_SCATTER = 4,
+  MN_COLL_BARRIER = 5,
+  MN_COLL_SEND = 6,    /* proc-to-proc copy: the receiver's go-ahead */
+  MN_COLL_ABORT = 7,   /* the sender gave up; nbytes of reason text follow */
+} mn_coll_kind_t;
+
+typedef enum { MN_COLL_SUM = 0, MN_COLL_MAX = 1, MN_COLL_MIN = 2, MN_COLL_AVG = 3 } mn_coll_op_t;
+
+/* What an accepted link is for (the first element of its identification frame). */
+typedef enum { MN_COLL_LINK_RING = 1, MN_COLL_LINK_STAR = 2, MN_COLL_LINK_P2P = 3 } mn_coll_link_t;
+
+/* ---- pure helpers (no sockets; unit-tested) ------------------------------- */
+
+/* "sum" | "max" | "min" | "avg" -> mn_coll_op_t, or -1. */
+int mn_coll_op_parse(const char *s, size_t n);
+const char *mn_coll_op_name(int op);
+const char *mn_coll_kind_name(int kind);
+/* 1 when all_reduce / reduce_scatter support the dtype (f32, f64, i32, i64). */
+int mn_coll_dtype_ok(mk_dtype_t dt);
+/*
+ * out[i] = a[i] op b[i] for count elements. out may be a (in place); b
+ * must not overlap out. Integer sums wrap (two's complement) instead of
+ * overflowing. MN_COLL_AVG reduces like MN_COLL_SUM; mn_coll_divide finishes it.
+ */
+void mn_coll_reduce(void *out, const void *a, const void *b, size_t count, mk_dtype_t dt, int op);
+/* p[i] /= n, for the average; integers truncate toward zero. */
+void mn_coll_divide(void *p, size_t count, mk_dtype_t dt, int n);
+/* Segment i of n over count elements: the first count % n segments hold one more. */
+void mn_coll_segment(size_t count, int n, int i, size_t *first, size_t *len);
+
+typedef struct {
+  uint8_t kind;     /* mn_coll_kind_t */
+  uint8_t op;       /* mn_coll_op_t, for reductions */
+  uint8_t dtype;    /* mk_dtype_t */
+  uint32_t rank;    /* the sender's global rank, for messages */
+  uint32_t root;    /* broadcast root (member index) */
+  uint64_t seq;     /* collectives this group ran before this one, plus one */
+  uint64_t nbytes;  /* bytes of the caller's tensor (ABORT: of the reason) */
+} mn_coll_hdr_t;
+
+void mn_coll_hdr_pack(const mn_coll_hdr_t *h, unsigned char out[MN_COLL_HDR_LEN]);
+/* Returns 0, or -1 when the magic is wrong (the peer is not in step with us). */
+int mn_coll_hdr_unpack(const unsigned char in[MN_COLL_HDR_LEN], mn_coll_hdr_t *h);
+/*
+ * Compares the header a peer sent with ours for the same step. Returns 0
+ * when they describe the same collective, else -1 with a message like
+ * "rank 2 called all_reduce(sum, f32) of 4096 bytes but rank 1 called
+ * broadcast(root 0, f32) of 16 bytes".
+ */
+int mn_coll_hdr_check(const mn_coll_hdr_t *mine, const mn_coll_hdr_t *theirs, char *err, size_t errlen);
+
+/* ---- instances ------------------------------------------------------------ */
+
+typedef struct mn_coll_s mn_coll_t;
+
+/*
+ * Opens an instance: listens on bind_host (a free port) and starts the
+ * acceptor thread. auth is copied. rank names this proc in messages.
+ * Returns 0 and sets *out, or a negative errno-style code with err set.
+ */
+int mn_coll_open(mn_coll_t **out, const char *bind_host, const mn_auth_t *auth, int rank, char *err,
+                 size_t errlen);
+/* Stops the acceptor, closes every link and group, frees the instance. */
+void mn_coll_close(mn_coll_t *c);
+int mn_coll_port(const mn_coll_t *c);
+/* Seconds without progress before a wait fails (default MONARCH_COLL_TIMEOUT or 60). */
+void mn_coll_set_timeout(mn_coll_t *c, double seconds);
+/*
+ * Whether groups set up from now on may copy directly from the memory of
+ * members on this host (process_vm_readv; one copy instead of TCP's two).
+ * On by default unless MONARCH_COLL_CMA=0; TCP is used wherever it fails.
+ */
+void mn_coll_set_cma(mn_coll_t *c, int on);
+/* A flag that, once nonzero, makes waits fail with "cancelled" (may be NULL). */
+void mn_coll_set_cancel(mn_coll_t *c, atomic_int *cancel);
+
+/*
+ * The operations below run on one thread per instance (the executor) and
+ * block until done. Each returns 0, or -1 with a message in err; a failure
+ * inside a group's collective tears the group down on this member (its links
+ * close, so the other members fail fast too) and the group must be set up
+ * again under a new id. *mismatch, when not NULL, is set to 1 when the
+ * failure was two members calling different collectives.
+ */
+
+/*
+ * Joins group gid as member `me` of n: connects to the next member of the
+ * ring (and, unless me is 0, to member 0 for the star), then waits for the
+ * previous member (and, on member 0, every other member). addrs are the
+ * members' data addresses "host:port"; ranks (may be NULL) their global
+ * ranks, for messages. A group already known under gid is replaced.
+ */
+int mn_coll_group(mn_coll_t *c, uint64_t gid, int me, int n, const char *const *addrs, const int *ranks,
+                  char *err, size_t errlen);
+/* Forgets group gid, closing its links; 0 whether or not it existed. */
+int mn_coll_group_free(mn_coll_t *c, uint64_t gid);
+/*
+ * Gives up on group gid between collectives: the next member is told why
+ * (it fails its current or next collective with that reason) and the links
+ * close. For a member that cannot take part, e.g. given bad arguments.
+ */
+int mn_coll_group_abort(mn_coll_t *c, uint64_t gid, const char *why);
+
+int mn_coll_all_reduce(mn_coll_t *c, uint64_t gid, mk_tensor_t *t, int op, char *err, size_t errlen,
+                       int *mismatch);
+int mn_coll_broadcast(mn_coll_t *c, uint64_t gid, mk_tensor_t *t, int root, char *err, size_t errlen,
+                      int *mismatch);
+/* dst holds n * numel(src) elements, member i's src at block i. */
+int mn_coll_all_gather(mn_coll_t *c, uint64_t gid, const mk_tensor_t *src, mk_tensor_t *dst, char *err,
+                       size_t errlen, int *mismatch);
+/* src holds n * numel(dst) elements; member i gets the reduction of block i. src is not modified. */
+int mn_coll_reduce_scatter(mn_coll_t *c, uint64_t gid, const mk_tensor_t *src, mk_tensor_t *dst, int op,
+                           char *err, size_t errlen, int *mismatch);
+int mn_coll_barrier(mn_coll_t *c, uint64_t gid, char *err, size_t errlen, int *mismatch);
+
+/*
+ * Proc-to-proc copy. send connects to the receiver's data port ("host:port")
+ * and, once the receiver's recv for the same tag has checked the size and
+ * dtype, streams t's memory; recv lands the bytes in place in t. (The
+ * __coll_send built-in also takes the address "local": a copy within one
+ * proc, done by the matching __coll_recv.)
+ */
+int mn_coll_send(mn_coll_t *c, const mk_tensor_t *t, const char *addr, uint64_t tag, char *err,
+                 size_t errlen);
+int mn_coll_recv(mn_coll_t *c, mk_tensor_t *t, uint64_t tag, char *err, size_t errlen);
+
+/* ---- the proc's instance ---------------------------------------------------- */
+
+/*
+ * Opens the process's instance on bind_host and registers the "__coll_"
+ * built-ins. Called once by the proc after mn_exec_init. Returns 0, or a
+ * negative code after printing why to stderr.
+ */
+int mn_coll_start(const char *bind_host, const mn_auth_t *auth, int rank);
+
+#endif

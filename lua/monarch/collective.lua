@@ -1,0 +1,371 @@
+--- Collectives and proc-to-proc copies on a ProcMesh. The data moves over
+-- direct links between the procs (TCP; procs on one host copy large tensors
+-- straight out of each other's memory); the controller only sets the links
+-- up and hands out the calls. docs/collectives.md describes the algorithms.
+--   procs:all_reduce(t, "sum"):get()               -- every proc's t becomes the sum
+--   procs:all_reduce(t, "avg", { dim = "dp" })     -- one group per position of the other dims
+--   procs:broadcast_tensor(t, { procs = 2 })       -- root by coordinates (or 0-based position)
+--   procs:all_gather(src, dst)  procs:reduce_scatter(src, dst, "sum")  procs:barrier()
+--   procs:copy(src, { procs = 0 }, dst, { procs = 3 })
+-- Each proc runs its calls in order and a collective waits for its peers,
+-- so every member of a group must be given the same sequence of collectives.
+-- Issued through these methods that holds by construction.
+local errors = require "monarch.errors"
+local future = require "monarch.future"
+local mesh = require "monarch.mesh"
+local runtime = require "monarch.runtime"
+local tensor = require "monarch.tensor"
+
+local M = {}
+local ProcMesh = mesh.ProcMesh
+
+local REDUCE_OPS = { sum = true, max = true, min = true, avg = true }
+local REDUCE_DTYPES = { f32 = true, f64 = true, i32 = true, i64 = true }
+local OPTIONS = { dim = "string", timeout = "number" }
+
+-- Group ids and copy tags count up from a per-controller base, so that a proc
+-- that outlives one controller session never takes a later id for an older one.
+local id_base = (os.time() % 1048576) * 1048576
+local last_id = 0
+local function new_id()
+  last_id = last_id + 1
+  return id_base + last_id
+end
+
+local groups = {} -- key (the members, in order) -> { id, key, setup = futures of the first use }
+
+-- A restarted proc keeps its record but gets a new pid and a new data port.
+local function incarnation(p) return tostring(p) .. "/" .. tostring(p.pid) end
+
+local function data_addr(p, port)
+  local host = p.addr
+  if host:find(":", 1, true) then host = "[" .. host .. "]" end
+  return host .. ":" .. tostring(port)
+end
+
+-- Learns the data address of every proc that has none yet: one round trip, once per proc.
+local function ensure_addrs(procs)
+  local missing = {}
+  for _, p in ipairs(procs) do
+    if p._coll_addr == nil or p._coll_pid ~= p.pid then missing[#missing + 1] = p end
+  end
+  if #missing == 0 then return end
+  local rec = runtime.submit(missing, "__coll_port", {}, 0, {
+    mode = "mesh", what = "data port lookup", make_result = function(values) return values end,
+  })
+  local values = rec.future:get()
+  for i, p in ipairs(missing) do
+    local port = values[i]
+    if type(port) == "table" then port = port[1] end -- one result may come bare or in a list
+    p._coll_addr, p._coll_pid = data_addr(p, port), p.pid
+  end
+end
+
+-- The group of these procs (in this order), set up on first use: each member
+-- gets __coll_group with the ordered address list, and the calls that follow
+-- queue behind it on every proc.
+local function group_for(procs, timeout, fresh)
+  local parts = {}
+  for i, p in ipairs(procs) do parts[i] = incarnation(p) end
+  local key = table.concat(parts, ",")
+  local g = groups[key]
+  if g and not fresh then return g end
+  ensure_addrs(procs)
+  local addrs, ranks = {}, {}
+  for i, p in ipairs(procs) do addrs[i], ranks[i] = p._coll_addr, p.rank end
+  g = { id = new_id(), key = key, setup = {} }
+  for i, p in ipairs(procs) do
+    g.setup[i] = runtime.submit({ p }, "__coll_group", { g.id, i - 1, addrs, ranks }, 4,
+      { mode = "one", timeout = timeout, what = "collective group setup" }).future
+  end
+  if not fresh then groups[key] = g end
+  return g
+end
+
+-- The groups of a mesh: all of it, or one per combination of the other
+-- dimensions' coordinates with its members in order along `dim`.
+-- Returns lists of flat (1-based) indices.
+local function partition(m, dim, level)
+  local n = #m._procs
+  if dim == nil then
+    local all = {}
+    for i = 1, n do all[i] = i end
+    return { all }, n
+  end
+  local size = m.shape:dim(dim)
+  if not size then error("no dimension named '" .. tostring(dim) .. "' in " .. tostring(m.shape), level + 1) end
+  local out, by_key = {}, {}
+  for i = 1, n do
+    local c = m.shape:coords(i)
+    local key = {}
+    for _, name in ipairs(m.shape.names) do
+      if name ~= dim then key[#key + 1] = c[name] end
+    end
+    key = table.concat(key, ",")
+    local grp = by_key[key]
+    if not grp then
+      grp = {}
+      by_key[key] = grp
+      out[#out + 1] = grp
+    end
+    grp[c[dim] + 1] = i
+  end
+  return out, size
+end
+
+-- The most telling of several failures: a setup failure, then a mismatch,
+-- then a proc that died, then bad arguments, then anything but what the
+-- other members see when one fails (a closed link, an abort they relay).
+local ECHOES = { "closed its link", "lost the link", "gave up on group", "copying from" }
+local function rank_error(e)
+  if not errors.is(e) then return 5 end
+  if e._setup then return 0 end
+  if e.kind == "collective_mismatch" then return 1 end
+  if e.kind == "proc_failed" then return 2 end
+  if e.kind == "bad_args" then return 3 end
+  local m = tostring(e.message)
+  for _, echo in ipairs(ECHOES) do
+    if m:find(echo, 1, true) then return 5 end
+  end
+  return 4
+end
+
+local function best_error(list)
+  local best
+  for _, e in ipairs(list) do
+    if best == nil or rank_error(e) < rank_error(best) then best = e end
+  end
+  return best
+end
+
+-- A Future that resolves with nil when every future in `futs` succeeded and
+-- otherwise fails with the most telling error; on_fail runs first.
+local function combine(futs, what, on_fail)
+  local f = future.new(what)
+  local left, failures = #futs, {}
+  local function done()
+    if #failures == 0 then return f:resolve(nil) end
+    if on_fail then on_fail() end
+    local e = best_error(failures)
+    if errors.is(e) then e.others = #failures - 1 end
+    f:fail(e)
+  end
+  if left == 0 then f:resolve(nil) end
+  for _, x in ipairs(futs) do
+    x:on_done(function(d)
+      local ok, v = d:result()
+      if not ok then
+        for _, e in ipairs(errors.is(v) and v.failures or { v }) do
+          if d._setup and errors.is(e) then e._setup = true end
+          failures[#failures + 1] = e
+        end
+      end
+      left = left - 1
+      if left == 0 then done() end
+    end)
+  end
+  return f
+end
+
+local function check_opts(opts, what, level)
+  if opts == nil then return {} end
+  if type(opts) ~= "table" then error(what .. ": options must be a table like {dim = 'dp'}", level + 1) end
+  for k, v in pairs(opts) do
+    if not OPTIONS[k] then error(what .. ": unknown option '" .. tostring(k) .. "' (known: dim, timeout)", level + 1) end
+    if type(v) ~= OPTIONS[k] then error(what .. ": option " .. k .. " wants a " .. OPTIONS[k], level + 1) end
+  end
+  return opts
+end
+
+local function check_tensor(t, what, name, level)
+  if not tensor.is(t) then
+    error(string.format("%s: %s must be a tensor made with mesh:tensor, got %s", what, name, type(t)), level + 1)
+  end
+  if rawget(t, "freed") then error(string.format("%s: %s (tensor %d) was freed", what, name, t.__mn_tensor), level + 1) end
+end
+
+local function check_op(op, what, level)
+  if not REDUCE_OPS[op] then
+    error(string.format("%s: unknown op %s (sum, max, min, avg)", what, tostring(op)), level + 1)
+  end
+end
+
+local function check_reducible(t, what, level)
+  if not REDUCE_DTYPES[t.dtype] then
+    error(string.format("%s does not support dtype %s (f32, f64, i32, i64)", what, t.dtype), level + 1)
+  end
+end
+
+--[[ Runs one collective: one call per group, each preceded on first use by
+  the group's setup. args_for(gid, members) gives the call's arguments.
+  Returns a Future of nil. ]]
+local function run(m, what, opts, args_for, level)
+  local timeout = opts.timeout or m._opts.timeout
+  local parts = partition(m, opts.dim, level + 1)
+  tensor.flush_frees()
+  local futs, used = {}, {}
+  for _, idx in ipairs(parts) do
+    local procs = {}
+    for k, i in ipairs(idx) do procs[k] = m._procs[i] end
+    local g = group_for(procs, timeout)
+    local args, nargs = args_for(g.id, idx)
+    for _, s in ipairs(g.setup or {}) do
+      s._setup = true
+      futs[#futs + 1] = s
+    end
+    g.setup = nil
+    used[#used + 1] = g
+    futs[#futs + 1] = runtime.submit(procs, "__coll_" .. what, args, nargs, {
+      mode = "mesh", timeout = timeout, what = what, make_result = function() return true end,
+    }).future
+  end
+  -- A failed collective tore its group down on the procs; the next use sets up a new one.
+  return combine(futs, what, function()
+    for _, g in ipairs(used) do
+      if groups[g.key] == g then groups[g.key] = nil end
+    end
+  end)
+end
+
+--- Reduces t elementwise over the procs of this mesh (or, with opts.dim,
+-- over each line of procs along that dimension) and leaves the result in
+-- every proc's t. op: "sum" (default), "max", "min" or "avg" (integers
+-- truncate). dtype f32, f64, i32 or i64. opts: {dim = name, timeout = s}.
+-- Returns a Future of nil. The result is bitwise identical on every member.
+function ProcMesh:all_reduce(t, op, opts)
+  if require("monarch.gpu").is(t) then return self:gpu_all_reduce(t, op, opts) end -- NCCL for GPU tensors
+  op = op or "sum"
+  check_tensor(t, "all_reduce", "the tensor", 2)
+  check_op(op, "all_reduce", 2)
+  check_reducible(t, "all_reduce", 2)
+  opts = check_opts(opts, "all_reduce", 2)
+  return run(self, "all_reduce", opts, function(gid) return { gid, t, op }, 3 end, 2)
+end
+
+--- Copies the root's t into every other member's t. root: a coordinate table
+-- ({procs = 2}; with opts.dim only that dimension's coordinate is read) or
+-- the root's 0-based position in the group (for a 1-D mesh, its coordinate).
+-- Returns a Future of nil. (ProcMesh:broadcast is the kernel fan-out.)
+function ProcMesh:broadcast_tensor(t, root, opts)
+  if require("monarch.gpu").is(t) then return self:gpu_broadcast(t, root, opts) end -- NCCL for GPU tensors
+  check_tensor(t, "broadcast_tensor", "the tensor", 2)
+  opts = check_opts(opts, "broadcast_tensor", 2)
+  local n = opts.dim and (self.shape:dim(opts.dim) or error("no dimension named '" .. opts.dim .. "'", 2)) or #self._procs
+  local r = root or 0
+  if type(r) == "table" then
+    if opts.dim then
+      r = r[opts.dim]
+      if r == nil then error("broadcast_tensor: root must give a coordinate for dimension '" .. opts.dim .. "'", 2) end
+    else
+      r = self.shape:index(r) - 1
+    end
+  end
+  if type(r) ~= "number" or r < 0 or r >= n or r ~= math.floor(r) then
+    error(string.format("broadcast_tensor: root %s is outside the group's positions 0..%d", tostring(r), n - 1), 2)
+  end
+  return run(self, "broadcast", opts, function(gid) return { gid, t, r }, 3 end, 2)
+end
+
+--- Gathers every member's src into every member's dst, in group order:
+-- dst holds n * numel(src) elements of src's dtype (n members per group).
+-- Returns a Future of nil.
+function ProcMesh:all_gather(src, dst, opts)
+  if require("monarch.gpu").is(src) then return self:gpu_all_gather(src, dst, opts) end -- NCCL for GPU tensors
+  check_tensor(src, "all_gather", "src", 2)
+  check_tensor(dst, "all_gather", "dst", 2)
+  opts = check_opts(opts, "all_gather", 2)
+  local n = opts.dim and (self.shape:dim(opts.dim) or error("no dimension named '" .. opts.dim .. "'", 2)) or #self._procs
+  if dst.dtype ~= src.dtype or dst.numel ~= n * src.numel then
+    error(string.format("all_gather: dst must be %s with %d x %d = %d elements; it is %s with %d",
+      src.dtype, n, src.numel, n * src.numel, dst.dtype, dst.numel), 2)
+  end
+  return run(self, "all_gather", opts, function(gid) return { gid, src, dst }, 3 end, 2)
+end
+
+--- Reduces src (n * numel(dst) elements) over the members and leaves block
+-- i of the result in member i's dst. src is not modified. Returns a Future of nil.
+function ProcMesh:reduce_scatter(src, dst, op, opts)
+  if require("monarch.gpu").is(src) then return self:gpu_reduce_scatter(src, dst, op, opts) end -- NCCL for GPU tensors
+  op = op or "sum"
+  check_tensor(src, "reduce_scatter", "src", 2)
+  check_tensor(dst, "reduce_scatter", "dst", 2)
+  check_op(op, "reduce_scatter", 2)
+  check_reducible(src, "reduce_scatter", 2)
+  opts = check_opts(opts, "reduce_scatter", 2)
+  local n = opts.dim and (self.shape:dim(opts.dim) or error("no dimension named '" .. opts.dim .. "'", 2)) or #self._procs
+  if dst.dtype ~= src.dtype or src.numel ~= n * dst.numel then
+    error(string.format("reduce_scatter: src must be %s with %d x %d = %d elements; it is %s with %d",
+      dst.dtype, n, dst.numel, n * dst.numel, src.dtype, src.numel), 2)
+  end
+  if rawequal(src, dst) and n > 1 then error("reduce_scatter: src and dst must be different tensors", 2) end
+  return run(self, "reduce_scatter", opts, function(gid) return { gid, src, dst, op }, 4 end, 2)
+end
+
+--- Returns a Future that is done once every member reached the barrier.
+function ProcMesh:barrier(opts)
+  opts = check_opts(opts, "barrier", 2)
+  return run(self, "barrier", opts, function(gid) return { gid }, 1 end, 2)
+end
+
+-- Flat 1-based index of a proc given as coordinates or a 0-based position.
+local function position(m, at, name)
+  if type(at) == "table" then return m.shape:index(at) end
+  if type(at) ~= "number" or at < 0 or at >= #m._procs or at ~= math.floor(at) then
+    error(string.format("copy: %s %s is neither coordinates nor a position 0..%d", name, tostring(at), #m._procs - 1), 3)
+  end
+  return at + 1
+end
+
+--- Copies src on the proc at src_at into dst on the proc at dst_at, directly
+-- between the two procs (the bytes never pass through the controller).
+-- src_at, dst_at: coordinate tables of this mesh or 0-based positions. The
+-- tensors must have the same dtype and number of elements. The destination
+-- runs a receive and the source a send, each in its proc's call order.
+-- Returns a Future of nil, done when the data has landed.
+function ProcMesh:copy(src, src_at, dst, dst_at, opts)
+  check_tensor(src, "copy", "src", 2)
+  check_tensor(dst, "copy", "dst", 2)
+  opts = check_opts(opts, "copy", 2)
+  if src.dtype ~= dst.dtype or src.numel ~= dst.numel then
+    error(string.format("copy: src is %s with %d elements but dst is %s with %d", src.dtype, src.numel, dst.dtype,
+      dst.numel), 2)
+  end
+  local sp, dp = self._procs[position(self, src_at, "src_at")], self._procs[position(self, dst_at, "dst_at")]
+  local timeout = opts.timeout or self._opts.timeout
+  local tag = new_id()
+  tensor.flush_frees()
+  local function submit(p, kernel, args, nargs)
+    return runtime.submit({ p }, kernel, args, nargs, { mode = "one", timeout = timeout, what = "copy" }).future
+  end
+  local fs, fr
+  if sp == dp then
+    fs = submit(sp, "__coll_send", { src, "local", tag }, 3)
+    fr = submit(dp, "__coll_recv", { dst, tag }, 2)
+  else
+    ensure_addrs({ dp })
+    fr = submit(dp, "__coll_recv", { dst, tag }, 2)
+    fs = submit(sp, "__coll_send", { src, dp._coll_addr, tag }, 3)
+  end
+  return combine({ fr, fs }, "copy")
+end
+
+--- Sets up fresh groups for this mesh (with opts.dim) and returns their ids,
+-- one per group, without caching them: for driving the raw __coll_ built-ins
+-- (tests, debugging). The caller keeps every member in step.
+function M.setup_groups(m, opts)
+  opts = check_opts(opts, "setup_groups", 2)
+  local ids = {}
+  for i, idx in ipairs((partition(m, opts.dim, 2))) do
+    local procs = {}
+    for k, j in ipairs(idx) do procs[k] = m._procs[j] end
+    local g = group_for(procs, opts.timeout or m._opts.timeout, true)
+    for _, f in ipairs(g.setup) do f:get() end
+    ids[i] = g.id
+  end
+  return ids
+end
+
+--- Forgets every cached group (the next collective sets new ones up).
+function M.forget_groups() groups = {} end
+
+return M
