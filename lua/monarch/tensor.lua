@@ -226,37 +226,59 @@ function Tensor:fetch(into)
   return all_of(futs, "fetch of tensor " .. self.__mn_tensor, value_mesh.new(self.mesh.shape, hosts, n))
 end
 
+-- The bytes to send for `values` (a Lua array of numbers, a HostTensor or a
+-- byte string): returns src (a string or an address) and the owner that
+-- keeps an address alive. `level` points errors at the caller.
+function Tensor:_source(values, level)
+  local nbytes = self.numel * M.dtypes[self.dtype].size
+  local bytes = values
+  if type(values) == "table" then
+    if getmetatable(values) == HostTensor then
+      if values.numel * M.dtypes[values.dtype].size ~= nbytes then
+        error(string.format("put of a %d-byte HostTensor into a tensor of %d bytes", values.numel * M.dtypes[values.dtype].size, nbytes), level + 1)
+      end
+      return address(values.data), values -- straight from its memory
+    end
+    if #values ~= self.numel then
+      error(string.format("put of %d values into a tensor of %d", #values, self.numel), level + 1)
+    end
+    local h = M.host(self.dtype, self.shape)
+    for i = 1, #values do h.data[i - 1] = values[i] end
+    bytes = h:bytes()
+  end
+  if type(bytes) ~= "string" then error("put wants a table, a HostTensor or a string", level + 1) end
+  if #bytes ~= nbytes then error(string.format("put of %d bytes into a tensor of %d bytes", #bytes, nbytes), level + 1) end
+  return bytes, nil
+end
+
 --- Writes the same values (a Lua array, a HostTensor or a byte string) to every proc's copy.
 -- Returns a Future that is done when all procs have them.
 function Tensor:put(values)
   check_live(self)
-  local bytes = values
-  if type(values) == "table" then
-    if getmetatable(values) == HostTensor then
-      local nbytes = self.numel * M.dtypes[self.dtype].size
-      if values.numel * M.dtypes[values.dtype].size ~= nbytes then
-        error(string.format("put of a %d-byte HostTensor into a tensor of %d bytes", values.numel * M.dtypes[values.dtype].size, nbytes), 2)
-      end
-      return self:_put_bytes(address(values.data), 0, nbytes, values) -- straight from its memory
-    else
-      if #values ~= self.numel then
-        error(string.format("put of %d values into a tensor of %d", #values, self.numel), 2)
-      end
-      local h = M.host(self.dtype, self.shape)
-      for i = 1, #values do h.data[i - 1] = values[i] end
-      bytes = h:bytes()
-    end
+  local src, owner = self:_source(values, 2)
+  return self:_put_bytes(src, 0, self.numel * M.dtypes[self.dtype].size, owner, self.mesh._procs)
+end
+
+--- Writes a different value to each proc's copy: values[i] (as for put) goes
+-- to the i-th proc of the mesh in rank order (values may be a ValueMesh).
+-- Returns a Future that is done when all procs have theirs.
+function Tensor:scatter(values)
+  check_live(self)
+  local procs = self.mesh._procs
+  if type(values) ~= "table" or (values._n or #values) ~= #procs then
+    error(string.format("scatter wants one value per proc (%d)", #procs), 2)
   end
-  if type(bytes) ~= "string" then error("put wants a table, a HostTensor or a string", 2) end
-  local nbytes = self.numel * M.dtypes[self.dtype].size
-  if #bytes ~= nbytes then error(string.format("put of %d bytes into a tensor of %d bytes", #bytes, nbytes), 2) end
-  return self:_put_bytes(bytes, 0, nbytes)
+  local futs = {}
+  for i, p in ipairs(procs) do
+    local src, owner = self:_source(values[i], 2)
+    futs[i] = self:_put_bytes(src, 0, self.numel * M.dtypes[self.dtype].size, owner, { p })
+  end
+  return all_of(futs, "scatter into tensor " .. self.__mn_tensor, nil)
 end
 
 -- Streams nbytes from src (a string, or an address kept alive by owner) in
--- chunks written straight from that memory to every proc.
-function Tensor:_put_bytes(src, base, nbytes, owner)
-  local procs = self.mesh._procs
+-- chunks written straight from that memory to each of procs.
+function Tensor:_put_bytes(src, base, nbytes, owner, procs)
   for _, p in ipairs(procs) do
     if p.state ~= "ready" then
       error(require("monarch.errors").new { kind = "proc_failed", rank = p.rank, host = p.host, pid = p.pid,

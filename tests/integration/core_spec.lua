@@ -101,6 +101,14 @@ describe("a mesh of real procs", function()
     t:free()
   end)
 
+  it("scatters a different value to each proc", function()
+    local t = procs:tensor("i32", { 3 })
+    t:scatter({ { 1, 1, 1 }, { 2, 2, 2 }, { 3, 3, 3 }, { 4, 4, 4 } }):get()
+    assert.are.same({ 3, 6, 9, 12 }, procs:call("sum", t):get():values())
+    assert.has_error(function() t:scatter({ { 1, 1, 1 } }) end, "scatter wants one value per proc (4)")
+    t:free()
+  end)
+
   it("frees tensors that the garbage collector collects", function()
     local p = procs:slice{ procs = 0 }
     collectgarbage()
