@@ -35,6 +35,11 @@ end
 
 local procs = monarch.hosts():spawn_procs { procs = opts.procs }
 if opts.restart then procs = procs:options { restart = true } end
+-- A lost env proc is expected here (rollouts go on without it): say so rather
+-- than let the runtime stop the script for a failure nobody handled.
+procs:on_failure(function(e)
+  print(string.format("env proc rank %d lost: %s", e.rank or -1, tostring(e.cause or e.message)))
+end)
 print(string.format("CartPole-v0: %d env procs x %d envs, REINFORCE (linear softmax policy)", opts.procs, opts.envs))
 
 local killed = false

@@ -730,7 +730,9 @@ int mn_ctl_start_agent(mn_ctl_t *c, const char *exe, const char *token, char *er
   for (size_t i = 0; i < ne; i++)
     if (strncmp(environ[i], "MONARCH_TOKEN", 13) != 0) env[j++] = environ[i];
   env[j++] = envtok;
-  char *args[] = {(char *)exe, "--listen", "127.0.0.1:0", "--once", "--parent", parent, "--port-fd", "3", NULL};
+  /* --orphan-timeout 0: its procs die with it (PDEATHSIG), never of a quiet controller. */
+  char *args[] = {(char *)exe, "--listen", "127.0.0.1:0", "--once", "--parent", parent, "--port-fd", "3",
+                  "--orphan-timeout", "0", NULL};
   uv_pipe_init(&c->loop, &c->agent_pipe, 0);
   c->agent_pipe.data = c;
   uv_stdio_container_t stdio[4];

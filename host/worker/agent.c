@@ -506,7 +506,8 @@ static void on_tick(uv_timer_t *t) {
     s = next;
   }
   for (aconn_t *c = a->conns; c; c = c->next) {
-    if (c->ready && !c->closing && now - c->last_rx > a->silence_ms) {
+    /* A --once agent dies with its controller (PDEATHSIG): a quiet controller is only busy. */
+    if (!a->o->once && c->ready && !c->closing && now - c->last_rx > a->silence_ms) {
       conn_close(c);
     }
   }

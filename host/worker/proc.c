@@ -552,7 +552,9 @@ static void io_loop(proc_t *p, int lfd, double orphan_timeout) {
   conn_t *cur = NULL;
   int has_session = 0;
   int64_t last_rx = now_ns(), next_status = 0;
-  const int64_t orphan_ns = (int64_t)(orphan_timeout * 1e9);
+  /* 0 means never: procs of the local agent die with it (PDEATHSIG) instead,
+   * so a controller that computes for a while does not lose them. */
+  const int64_t orphan_ns = orphan_timeout > 0 ? (int64_t)(orphan_timeout * 1e9) : INT64_MAX / 4;
   for (;;) {
     report_status(p, &next_status);
     struct pollfd pfd[3] = {{lfd, POLLIN, 0}, {p->hs_pipe[0], POLLIN, 0}, {cur ? cur->fd : -1, POLLIN, 0}};
