@@ -120,6 +120,7 @@ install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/monarch/lua/monarch $(DESTDIR)$(PREFIX)/share/monarch/lua/monarch $(DESTDIR)$(PREFIX)/include
 	install -m 755 $(BIN)/monarch-run $(BIN)/monarch-worker $(DESTDIR)$(PREFIX)/bin/
 	install -m 644 $(KDIR)/basic.so $(KDIR)/mlp.so $(KDIR)/cartpole.so $(DESTDIR)$(PREFIX)/lib/monarch/
+	for f in $(KDIR)/cuda_*.so; do [ ! -e "$$f" ] || install -m 644 "$$f" $(DESTDIR)$(PREFIX)/lib/monarch/; done
 	install -m 644 $(LUAMOD) $(DESTDIR)$(PREFIX)/lib/monarch/lua/monarch/
 	install -m 644 lua/monarch/*.lua $(DESTDIR)$(PREFIX)/share/monarch/lua/monarch/
 	install -m 644 kernels/monarch_kernel.h $(DESTDIR)$(PREFIX)/include/
