@@ -167,6 +167,26 @@ local function combine(futs, what, on_fail)
   return f
 end
 
+--- The 0-based position in its group of a broadcast root given as a
+-- position or a coordinate table (with dim, only that dimension's coordinate
+-- counts). Errors name `what` and point at the caller of the public method.
+function M.root_position(mesh, root, dim, what)
+  local n = dim and (mesh.shape:dim(dim) or error("no dimension named '" .. dim .. "'", 3)) or #mesh._procs
+  local r = root or 0
+  if type(r) == "table" then
+    if dim then
+      r = r[dim]
+      if r == nil then error(what .. ": root must give a coordinate for dimension '" .. dim .. "'", 3) end
+    else
+      r = mesh.shape:index(r) - 1
+    end
+  end
+  if type(r) ~= "number" or r < 0 or r >= n or r ~= math.floor(r) then
+    error(string.format("%s: root %s is outside the group's positions 0..%d", what, tostring(r), n - 1), 3)
+  end
+  return r
+end
+
 local function check_opts(opts, what, level)
   if opts == nil then return {} end
   if type(opts) ~= "table" then error(what .. ": options must be a table like {dim = 'dp'}", level + 1) end
@@ -250,19 +270,7 @@ function ProcMesh:broadcast_tensor(t, root, opts)
   if require("monarch.gpu").is(t) then return self:gpu_broadcast(t, root, opts) end -- NCCL for GPU tensors
   check_tensor(t, "broadcast_tensor", "the tensor", 2)
   opts = check_opts(opts, "broadcast_tensor", 2)
-  local n = opts.dim and (self.shape:dim(opts.dim) or error("no dimension named '" .. opts.dim .. "'", 2)) or #self._procs
-  local r = root or 0
-  if type(r) == "table" then
-    if opts.dim then
-      r = r[opts.dim]
-      if r == nil then error("broadcast_tensor: root must give a coordinate for dimension '" .. opts.dim .. "'", 2) end
-    else
-      r = self.shape:index(r) - 1
-    end
-  end
-  if type(r) ~= "number" or r < 0 or r >= n or r ~= math.floor(r) then
-    error(string.format("broadcast_tensor: root %s is outside the group's positions 0..%d", tostring(r), n - 1), 2)
-  end
+  local r = M.root_position(self, root, opts.dim, "broadcast_tensor")
   return run(self, "broadcast", opts, function(gid) return { gid, t, r }, 3 end, 2)
 end
 

@@ -324,19 +324,7 @@ end
 function ProcMesh:gpu_broadcast(t, root, opts)
   check_tensor(t, "gpu_broadcast", "the tensor", 2)
   opts = check_opts(opts, "gpu_broadcast", 2)
-  local n = opts.dim and (self.shape:dim(opts.dim) or error("no dimension named '" .. opts.dim .. "'", 2)) or #self._procs
-  local r = root or 0
-  if type(r) == "table" then
-    if opts.dim then
-      r = r[opts.dim]
-      if r == nil then error("gpu_broadcast: root must give a coordinate for dimension '" .. opts.dim .. "'", 2) end
-    else
-      r = self.shape:index(r) - 1
-    end
-  end
-  if type(r) ~= "number" or r < 0 or r >= n or r ~= math.floor(r) then
-    error(string.format("gpu_broadcast: root %s is outside the group's positions 0..%d", tostring(r), n - 1), 2)
-  end
+  local r = require("monarch.collective").root_position(self, root, opts.dim, "gpu_broadcast")
   local cid, forget = comm_for(self, opts.dim, 2)
   return run(self, "__gpu_broadcast", { cid, t, r }, 3, opts, forget)
 end
