@@ -2,6 +2,7 @@
 -- hidden layer) that classifies the UCI handwritten digits (8x8 images).
 --   monarch-run examples/train.lua                 # 4 procs, prints progress and a summary
 --   monarch-run examples/train.lua --help          # options
+--   monarch-run examples/train.lua --device gpu    # on the GPUs (one proc per GPU)
 --
 -- Each proc holds its own shard of the training rows and the same test
 -- rows (kernels digits_load, in kernels/cpu/mlp.c). Every step, each proc
@@ -10,12 +11,20 @@
 -- applies the same Adam update (mlp_adam), so the weights stay identical
 -- everywhere; the end of the run checks that, byte for byte.
 --
+-- With --device gpu (or auto, the default, on a host with a GPU and the
+-- cuda_mlp library) the same loop runs on GPU tensors: one proc per GPU, the
+-- model kernels of kernels/cuda/cuda_mlp.cu (same names as mlp's, which they
+-- shadow), and the same ProcMesh:all_reduce call, which hands GPU tensors to
+-- NCCL. The data is still read by mlp's digits_load into CPU tensors on each
+-- proc and copied to its GPU there (mlp_copy).
+--
 -- Everything random is a function of --seed and the step, so a run is
 -- reproducible bit for bit: a run resumed from a checkpoint, or one that
 -- recovers from a failed proc, ends with the same weights as a run that was
 -- never interrupted.
 local monarch = require "monarch"
 local checkpoint = require "monarch.checkpoint"
+local gpu = require "monarch.gpu"
 local ffi = require "ffi"
 
 local errors = monarch.errors
@@ -36,7 +45,8 @@ local REDRAW_INTERVAL = 0.1   -- seconds between progress bar redraws on a termi
 local BAR_WIDTH = 24          -- characters in the progress bar
 
 local OPTIONS = { -- name, default, kind, help
-  { "procs", 4, "int", "procs to train on (on each host)" },
+  { "procs", 4, "int", "procs to train on (on each host; on GPUs one per GPU instead)" },
+  { "device", "auto", "string", "cpu, gpu, or auto (a GPU when there is one and cuda_mlp loads)" },
   { "epochs", 20, "int", "passes over the training data" },
   { "steps", nil, "int", "total steps instead of --epochs (for short runs)" },
   { "batch", 32, "int", "samples per proc per step (the global batch is batch x procs)" },
@@ -105,6 +115,9 @@ local function parse_args(argv)
   at_least("procs", 1); at_least("epochs", 1); at_least("steps", 1); at_least("batch", 1); at_least("hidden", 1)
   at_least("every", 0); at_least("keep", 1); at_least("snapshot-every", 1); at_least("log-every", 1)
   if not (opts.lr > 0) then error("train.lua: --lr must be positive", 0) end
+  if opts.device ~= "auto" and opts.device ~= "cpu" and opts.device ~= "gpu" then
+    error("train.lua: --device must be auto, cpu or gpu, got '" .. opts.device .. "'", 0)
+  end
   if not (opts["test-fraction"] > 0 and opts["test-fraction"] < 1) then
     error("train.lua: --test-fraction must be between 0 and 1", 0)
   end
@@ -181,11 +194,43 @@ ffi.C.setenv("OPENBLAS_NUM_THREADS", "1", 0)
 -- ---- the mesh and its state -------------------------------------------------------------
 
 local procs = monarch.hosts():spawn_procs{ procs = opts.procs }
+
+-- The device: a GPU when asked for, or (auto) when the procs see one and
+-- can load cuda_mlp; then the CPU procs make way for one proc per GPU, each
+-- pinned to its own (NCCL takes one rank per GPU).
+local on_gpu, device_line = false, "device: cpu (mlp, OpenBLAS)"
+if opts.device ~= "cpu" then
+  local info, why = gpu.info(procs)
+  if info then
+    local ok, err = pcall(procs.load, procs, "cuda_mlp")
+    if ok then
+      on_gpu = true
+      device_line = string.format("device: gpu, %d x %s per host (cuda_mlp, cuBLAS; gradients all-reduced by NCCL)",
+        info.count, info.name)
+      procs:stop()
+      procs = monarch.hosts():spawn_procs{ procs = info.count, gpus = info.count }
+    else
+      why = "cuda_mlp does not load: " .. tostring(errors.is(err) and err.message or err)
+    end
+  end
+  if not on_gpu then
+    if opts.device == "gpu" then error("train.lua: --device gpu: " .. tostring(why), 0) end
+    device_line = device_line .. "; no GPU used: " .. tostring(why)
+  end
+end
+
 local restartable = procs.ready ~= nil
 if restartable then procs = procs:options{ restart = true } end
 local world = procs:size()
 local rank0 = procs:slice{ hosts = 0, procs = 0 }
-procs:load "mlp"
+
+--- Loads the kernels on every proc: mlp, and on GPUs cuda_mlp after it, so
+-- that its model kernels shadow mlp's and digits_load stays mlp's.
+local function load_kernels()
+  procs:load "mlp"
+  if on_gpu then procs:load "cuda_mlp" end
+end
+load_kernels()
 
 local tf, seed, batch, hidden = opts["test-fraction"], opts.seed, opts.batch, opts.hidden
 local info = procs:call("digits_info", data, tf):get()[1]
@@ -203,16 +248,30 @@ local nparams = features * hidden + hidden + hidden * classes + classes
 --- Allocates every tensor on every proc and loads the data shards. Called at
 -- the start and again after procs were restarted (a new proc has nothing).
 local function setup()
+  local function new(dtype, shape)
+    if on_gpu then return procs:gpu_tensor(dtype, shape) end
+    return procs:tensor(dtype, shape)
+  end
   local st = {
-    P = procs:tensor("f32", { nparams }),      -- parameters: W1 | b1 | W2 | b2
-    G = procs:tensor("f32", { nparams }),      -- gradients, same layout
-    S = procs:tensor("f32", { 2 * nparams }),  -- Adam moments m | v
-    X = procs:tensor("f32", { shard, features }),
-    Y = procs:tensor("i32", { shard }),
-    Xt = procs:tensor("f32", { n_test, features }),
-    Yt = procs:tensor("i32", { n_test }),
+    P = new("f32", { nparams }),      -- parameters: W1 | b1 | W2 | b2
+    G = new("f32", { nparams }),      -- gradients, same layout
+    S = new("f32", { 2 * nparams }),  -- Adam moments m | v
   }
-  procs:call("digits_load", data, tf, seed, st.X, st.Y, st.Xt, st.Yt):get()
+  local data_shapes = { X = { "f32", { shard, features } }, Y = { "i32", { shard } },
+    Xt = { "f32", { n_test, features } }, Yt = { "i32", { n_test } } }
+  local cpu = {}
+  for name, d in pairs(data_shapes) do cpu[name] = procs:tensor(d[1], d[2]) end
+  procs:call("digits_load", data, tf, seed, cpu.X, cpu.Y, cpu.Xt, cpu.Yt):get()
+  if not on_gpu then
+    for name, t in pairs(cpu) do st[name] = t end
+    return st
+  end
+  -- On GPUs: each proc copies its own shard from its CPU tensors to its GPU.
+  for name, d in pairs(data_shapes) do
+    st[name] = new(d[1], d[2])
+    procs:call("mlp_copy", cpu[name], st[name]):get()
+    cpu[name]:free()
+  end
   return st
 end
 
@@ -387,7 +446,7 @@ local function recover(err, s)
     procs:ready(READY_TIMEOUT)
   end
   free_state(st)
-  procs:load "mlp" -- a restarted proc has loaded nothing
+  load_kernels() -- a restarted proc has loaded nothing
   st = setup()
   put_state(snapshot)
   note("recovery: restored the weights of step %d; replaying %d step(s)", snapshot.step, s - snapshot.step)
@@ -410,6 +469,7 @@ snapshot = fetch_state(start_step)
 say("digits: %d rows of %d features, %d classes; %d for training (%d per proc), %d held out",
   rows, features, classes, n_train, shard, n_test)
 say("model: %d -> %d (ReLU) -> %d, %d parameters; Adam lr %g", features, hidden, classes, nparams, opts.lr)
+say("%s", device_line)
 say("training on %d procs: batch %d per proc (%d global), %d steps per epoch, %d steps%s",
   world, batch, batch * world, steps_per_epoch, total_steps,
   have_all_reduce and "" or "; gradients summed on the controller (ProcMesh:all_reduce not available)")

@@ -3,6 +3,7 @@
 # Included at the end of the Makefile (`-include mk/cuda.mk`): when the CUDA
 # toolkit is found, `make` (target all) also builds
 #   $(KDIR)/cuda_basic.so       the "cuda_basic" kernel library
+#   $(KDIR)/cuda_mlp.so         the "cuda_mlp" kernel library (examples/train.lua on GPUs)
 #   $(BUILD)/bench/gpu_dispatch the bare-CUDA baseline of bench/gpu.sh
 # and checks gpu.c's CUDA/NCCL constants against the real headers. Without
 # nvcc it prints one line and builds nothing: the worker never links CUDA
@@ -10,7 +11,7 @@
 #
 # Also usable alone, needing only nvcc (no LuaJIT, libuv, ...), e.g. on a GPU
 # machine whose host binaries were built elsewhere:
-#   make -f mk/cuda.mk cuda            # cuda_basic.so and gpu_dispatch
+#   make -f mk/cuda.mk cuda            # cuda_basic.so, cuda_mlp.so and gpu_dispatch
 # Settings: NVCC, CUDA_HOME, CUDA_ARCHS (nvcc -gencode list), BUILD.
 
 BUILD ?= build
@@ -39,7 +40,7 @@ cuda: $(CUDA_TARGETS)
 
 all: $(CUDA_TARGETS) $(if $(CFLAGS),$(BUILD)/obj/gpu-abi-check.stamp)
 
-# One library per .cu file; the shared cudart is the one gpu.c dlopens, so a
+# One library per kernels/cuda/*.cu file (cuda_basic, cuda_mlp); the shared cudart is the one gpu.c dlopens, so a
 # proc holds a single CUDA runtime.
 $(KDIR)/%.so: kernels/cuda/%.cu kernels/monarch_kernel.h
 	@mkdir -p $(KDIR)

@@ -241,6 +241,61 @@ describe("GPU procs", function()
     two:stop()
   end)
 
+  -- examples/train.lua with --device gpu: one proc per GPU, cuda_mlp, NCCL.
+  -- The data file is git-ignored and a GPU machine may not reach the network,
+  -- so a digits-like synthetic set stands in when data/digits.csv.gz is absent.
+  it("trains examples/train.lua on the GPU, reproducibly, as well as on the CPU", function()
+    need_gpu()
+    if not file_exists(build .. "/lib/monarch/cuda_mlp.so") then pending("cuda_mlp.so not built (no CUDA toolkit)") end
+    local dir = os.tmpname()
+    os.remove(dir)
+    local data_arg = ""
+    if not file_exists("data/digits.csv.gz") then
+      local rows, state = {}, 12345
+      local function rand(n)
+        state = (state * 1103515245 + 12345) % 2147483648
+        return state % n
+      end
+      local protos = {}
+      for c = 0, 9 do
+        protos[c] = {}
+        for j = 1, 64 do protos[c][j] = rand(17) end
+      end
+      for r = 0, 899 do
+        local row = {}
+        for j = 1, 64 do row[j] = math.max(0, math.min(16, protos[r % 10][j] + rand(9) - 4)) end
+        row[65] = r % 10
+        rows[#rows + 1] = table.concat(row, ",")
+      end
+      local f = assert(io.open(dir .. ".csv", "wb"))
+      f:write(table.concat(rows, "\n"), "\n")
+      f:close()
+      data_arg = " --data " .. dir .. ".csv"
+    end
+    local function train(args)
+      local f = io.popen(string.format("timeout 60 %s/bin/monarch-run examples/train.lua --steps 150 --every 50 " ..
+        "--checkpoint-dir %s%s %s 2>&1; echo \"::rc=$?\"", build, dir, data_arg, args))
+      local out = f:read("*a")
+      f:close()
+      local rc = tonumber(out:match("::rc=(%d+)%s*$"))
+      assert.are.equal(0, rc, out)
+      return out, tonumber(out:match("test accuracy ([%d.]+)%%")) / 100,
+        out:match("weights identical on all %d+ procs %(%d+ parameters, crc32 (%x+)%)")
+    end
+    local out, acc, crc = train("--device gpu")
+    local again, acc2, crc2 = train("--device gpu --quiet")
+    local world = tonumber(out:match("training on (%d+) procs"))
+    local _, cpu_acc = train("--device cpu --procs " .. world)
+    os.execute("rm -rf '" .. dir .. "' '" .. dir .. ".csv'")
+    assert.matches("device: gpu, %d+ x .* per host %(cuda_mlp", out)
+    assert.are.equal(info.count, world, "one proc per GPU")
+    assert.matches("checkpoint: .*ckpt%-000000150%.bin", out)
+    assert.is_true(acc >= 0.9, out)
+    assert.is_true(acc >= cpu_acc - 0.03, string.format("GPU %.4f vs CPU %.4f", acc, cpu_acc))
+    assert.are.equal(crc, crc2, "two GPU runs with one seed ended with different weights:\n" .. again)
+    assert.are.equal(acc, acc2)
+  end)
+
   it("names the limit when two procs share one GPU", function()
     need_gpu()
     if info.count ~= 1 then pending("the host has " .. info.count .. " GPUs") end
