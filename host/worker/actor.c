@@ -589,13 +589,13 @@ static int run_op(lua_State *L) {
 
 static int actor_builtin(mn_exec_t *x, mk_ctx_t *ctx, const char *name, size_t nl, const msgpack_object *args,
                          char *err, size_t errlen) {
-  static const char *const ops[] = {"define", "has", "spawn", "call", "stop", "stats", NULL};
+  static const char *const ops[] = {"define", "has", "spawn", "call", "resume", "stop", "stats", NULL};
   static const size_t plen = sizeof("__actor_") - 1;
   const char *op = NULL;
   for (int i = 0; ops[i]; i++)
     if (nl - plen == strlen(ops[i]) && memcmp(name + plen, ops[i], nl - plen) == 0) op = ops[i];
   if (op == NULL) {
-    snprintf(err, errlen, "unknown built-in '%.*s' (actors know __actor_define, _has, _spawn, _call, _stop, _stats)",
+    snprintf(err, errlen, "unknown built-in '%.*s' (actors know __actor_define, _has, _spawn, _call, _resume, _stop, _stats)",
              (int)nl, name);
     return -1;
   }

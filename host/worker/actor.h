@@ -9,7 +9,11 @@
  *   __actor_define(hash, source, chunkname)   caches a module's source by its content hash
  *   __actor_has(hash)                         true if that source is cached here
  *   __actor_spawn(name, hash, args, deps)     runs the module and its new(args, ctx)
- *   __actor_call(name, endpoint, args...)     calls an endpoint; returns its results
+ *   __actor_call(name, endpoint, args...)     calls an endpoint; returns its results, or
+ *                                             {__mn_yield = token, rank, request} when the endpoint
+ *                                             waits on a call to another mesh (docs/actors.md)
+ *   __actor_resume(name, token, ok, value)    hands that call's result to the waiting endpoint;
+ *                                             returns like __actor_call
  *   __actor_stop(name)                        drops the actor and the tensors it made
  *   __actor_stats()                           counters and Lua memory, as a map
  *

@@ -16,15 +16,21 @@
 -- the define and the spawn go out together without a round trip between.
 local ffi = require "ffi"
 local errors = require "monarch.errors"
+local future = require "monarch.future"
 local mesh = require "monarch.mesh"
 local runtime = require "monarch.runtime"
 local shape_mod = require "monarch.shape"
+local value_mesh = require "monarch.value_mesh"
+local unpack = unpack or table.unpack
 
 local M = {}
 local ProcMesh = mesh.ProcMesh
 
 local MAX_NAME = 200 -- longest actor name (the proc enforces the same)
-local counters = { sources_sent = 0, bytes_sent = 0, spawns = 0 }
+local MAX_WALK = 16  -- deepest nesting of arguments searched for meshes (msgpack allows 14)
+local MAX_RELAY_ARGS = 62 -- most arguments of a mesh call from an actor (MN_MAX_ARGS less the actor's two)
+local counters = { sources_sent = 0, bytes_sent = 0, spawns = 0, relayed = 0 }
+local next_ref = 0   -- ids of mesh handles, unique in this controller
 
 -- ---- modules and their hashes ------------------------------------------------------
 
@@ -145,22 +151,149 @@ end
 local ActorMesh = {}
 ActorMesh.__index = ActorMesh
 
-local function new_actor_mesh(procmesh, name, mod, args, deps, spawned)
+local function new_actor_mesh(procmesh, name, mod, args, deps, spawned, refs)
   return setmetatable({ _mesh = procmesh, name = name, module = mod, _args = args, _deps = deps,
-    _spawned = spawned }, ActorMesh)
+    _spawned = spawned, _refs = refs }, ActorMesh)
 end
 
--- Meshes are handles to connections of this controller: they cannot travel.
-local function check_args(level, ...)
-  for i = 1, select("#", ...) do
-    local v = select(i, ...)
-    local mt = type(v) == "table" and getmetatable(v)
-    if mt and (mt == ActorMesh or mt == ProcMesh) then
-      error(string.format("argument %d: a%s cannot be sent to an actor; send plain data and make the call " ..
-        "from the controller (docs/actors.md, 'Calling other meshes')", i, mt == ActorMesh and "n ActorMesh" or " ProcMesh"),
-        level + 1)
+-- ---- meshes handed to actors ------------------------------------------------------------
+--
+-- A mesh is a handle to this controller's connections, so it cannot travel
+-- itself: an actor gets {__mn_mesh = id, ...} instead, and the ActorMesh
+-- keeps id -> mesh in its refs (shared by its slices, cleared by stop). An
+-- endpoint that calls such a handle yields on its proc; the call comes back
+-- as {__mn_yield = token, rank, request}, the controller makes the request
+-- on the mesh and sends __actor_resume with the result.
+
+local function new_refs() return { by_mesh = {}, by_id = {} } end
+
+local function handle_of(refs, m)
+  local id = refs.by_mesh[m]
+  if not id then
+    next_ref = next_ref + 1
+    id = next_ref
+    refs.by_mesh[m], refs.by_id[id] = id, m
+  end
+  local is_actor = getmetatable(m) == ActorMesh
+  return { __mn_mesh = id, kind = is_actor and "actors" or "procs", size = m:size(), sizes = m:sizes(),
+    actor = is_actor and m.name or nil }
+end
+
+-- v with every ProcMesh and ActorMesh in it (plain tables searched, copied
+-- where they change) replaced by a handle registered in refs.
+local function encode(refs, v, depth, path)
+  if type(v) ~= "table" then return v end
+  local mt = getmetatable(v)
+  if mt == ActorMesh or mt == ProcMesh then return handle_of(refs, v) end
+  if mt ~= nil or depth > MAX_WALK or path[v] then return v end
+  path[v] = true
+  local copy
+  for k, x in pairs(v) do
+    local y = encode(refs, x, depth + 1, path)
+    if y ~= x then
+      if not copy then
+        copy = {}
+        for k2, x2 in pairs(v) do copy[k2] = x2 end
+      end
+      copy[k] = y
     end
   end
+  path[v] = nil
+  return copy or v
+end
+
+-- Encodes the n values of args in place; returns args.
+local function encode_args(refs, args, n)
+  for i = 1, n do
+    if type(args[i]) == "table" then args[i] = encode(refs, args[i], 1, {}) end
+  end
+  return args
+end
+
+-- What an actor sent in a request, for the mesh it calls: its handles back
+-- to meshes, its tensor views ({__mn_view = id}) to tensor handles.
+local function decode(refs, v, depth)
+  if type(v) ~= "table" or depth > MAX_WALK then return v end
+  if v.__mn_view ~= nil then return { __mn_tensor = v.__mn_view } end
+  if v.__mn_mesh ~= nil then
+    local m = refs.by_id[v.__mn_mesh]
+    if not m then error("mesh handle " .. tostring(v.__mn_mesh) .. " was not handed to this actor", 0) end
+    for _, spec in ipairs(v.slices or {}) do m = m:slice(spec) end
+    return m
+  end
+  for k, x in pairs(v) do v[k] = decode(refs, x, depth + 1) end
+  return v
+end
+
+local RELAY_VERBS = { call = true, call_one = true, choose = true, broadcast = true }
+
+-- Makes the request an endpoint yielded with; returns a Future of the value
+-- to hand back (a ValueMesh becomes the array of its values).
+local function perform(refs, req)
+  if type(req) ~= "table" or not RELAY_VERBS[req.verb] then
+    error("a mesh request needs a verb among call, call_one, choose, broadcast", 0)
+  end
+  local m = refs.by_id[req.mesh]
+  if not m then error("mesh handle " .. tostring(req.mesh) .. " was not handed to this actor", 0) end
+  if type(req.slices) == "table" then
+    for _, spec in ipairs(req.slices) do m = m:slice(spec) end
+  end
+  local nargs = tonumber(req.nargs) or 0
+  if nargs < 0 or nargs > MAX_RELAY_ARGS or nargs ~= math.floor(nargs) then
+    error(string.format("a mesh request has %s arguments; at most %d", tostring(req.nargs), MAX_RELAY_ARGS), 0)
+  end
+  local args = type(req.args) == "table" and req.args or {}
+  for i = 1, nargs do args[i] = decode(refs, args[i], 1) end
+  counters.relayed = counters.relayed + 1
+  if req.verb == "broadcast" then
+    m:broadcast(req.name, unpack(args, 1, nargs))
+    local f = future.new("broadcast")
+    f:resolve(nil)
+    return f
+  end
+  return m[req.verb](m, req.name, unpack(args, 1, nargs))
+end
+
+-- An inner call's failure as a plain table the proc can receive.
+local function error_value(e)
+  if errors.is(e) then
+    return { kind = e.kind, message = e.message, kernel = e.kernel, rank = e.rank, host = e.host, pid = e.pid,
+      text = tostring(e) }
+  end
+  -- A usage error raised on the controller names a line of the library, not of the actor: drop it.
+  local msg = tostring(e):gsub("^[^:\n]+%.lua:%d+: ", "")
+  return { kind = "error", message = msg, text = msg }
+end
+
+local function is_yield(v) return type(v) == "table" and v.__mn_yield ~= nil and type(v.request) == "table" end
+
+-- Follows one endpoint on proc p through its mesh calls: while its result
+-- is a yield, makes the request and resumes it. done(ok, value) gets the
+-- endpoint's real result or the failure of a resume.
+local function follow(am, p, v, done)
+  if not is_yield(v) then return done(true, v) end
+  local token = v.__mn_yield
+  local ok, inner = pcall(perform, am._refs, v.request)
+  local function resume(rok, value)
+    local rec = runtime.submit({ p }, "__actor_resume", { am.name, token, rok, value }, 4,
+      { mode = "one", timeout = am._mesh._opts.timeout, what = "resume of '" .. am.name .. "'" })
+    rec.future:on_done(function(f)
+      if f.state == "error" then
+        f.observed = true
+        done(false, f.err)
+      else
+        follow(am, p, f.value, done)
+      end
+    end)
+  end
+  if not ok then return resume(false, error_value(inner)) end
+  inner:on_done(function(f)
+    f.observed = true
+    if f.state == "error" then return resume(false, error_value(f.err)) end
+    local value = f.value
+    if value_mesh.is(value) then value = value:values() end
+    resume(true, value)
+  end)
 end
 
 local function check_endpoint(endpoint, level)
@@ -249,15 +382,16 @@ function ProcMesh:spawn(name, module, args, opts)
     error("spawn: the actor name must be a string of 1.." .. MAX_NAME .. " bytes", 2)
   end
   if args ~= nil and type(args) ~= "table" then error("spawn: args must be a table (or nil)", 2) end
-  check_args(2, args)
+  local refs = new_refs()
+  args = encode(refs, args or {}, 1, {})
   opts = opts or {}
   local mod = M.resolve(module, 2)
   local deps = {}
   for _, d in ipairs(opts.deps or {}) do deps[d] = M.resolve(d, 2) end
   local spawned = {}
-  wait_all(spawn_on(self, self._procs, name, mod, args or {}, deps, spawned), 2)
-  remember(self._procs, name, { mod = mod, args = args or {}, deps = deps, spawned = spawned })
-  return new_actor_mesh(self, name, mod, args or {}, deps, spawned)
+  wait_all(spawn_on(self, self._procs, name, mod, args, deps, spawned), 2)
+  remember(self._procs, name, { mod = mod, args = args, deps = deps, spawned = spawned })
+  return new_actor_mesh(self, name, mod, args, deps, spawned, refs)
 end
 
 --- Number of actors (procs), or the size of one dimension.
@@ -274,6 +408,7 @@ function ActorMesh:slice(spec)
   local m = setmetatable({}, ActorMesh)
   for k, v in pairs(self) do m[k] = v end
   m._mesh = self._mesh:slice(spec)
+  m._partial = true -- its stop must not drop the meshes the whole actor mesh was handed
   return m
 end
 
@@ -285,39 +420,115 @@ function ActorMesh:options(o)
   return m
 end
 
+-- Sends __actor_call to every actor of self and follows each one through its
+-- mesh calls. on_final(slot, ok, v), if given, sees each actor's final
+-- outcome as it comes (stream). Returns a Future of a ValueMesh.
+local function call_all(self, endpoint, n, on_final, ...)
+  local procs, shape = self._mesh._procs, self._mesh.shape
+  local out = future.new("call '" .. self.name .. "." .. endpoint .. "'")
+  local values, failures, left, reported = {}, nil, #procs, 0
+  local function complete()
+    if failures then
+      -- The lowest rank first, as for a kernel call.
+      table.sort(failures, function(a, b)
+        return (type(a) == "table" and a.rank or math.huge) < (type(b) == "table" and b.rank or math.huge)
+      end)
+      local first = failures[1]
+      if type(first) == "table" then
+        first.others = #failures - 1
+        first.failures = failures
+      end
+      out:fail(annotate(first, self.name, endpoint))
+    else
+      out:resolve(value_mesh.new(shape, values, #procs))
+    end
+  end
+  local function final(slot, ok, v)
+    if ok then
+      values[slot] = v
+    else
+      failures = failures or {}
+      failures[#failures + 1] = annotate(v, self.name, endpoint)
+    end
+    if on_final then on_final(slot, ok, v) end
+    left = left - 1
+    if left == 0 then complete() end
+  end
+  local base = self._mesh:_submit("__actor_call", encode_args(self._refs, { self.name, endpoint, ... }, n + 2), n + 2, {
+    what = "call '" .. self.name .. "." .. endpoint .. "'",
+    on_slot = function(slot, ok, v)
+      reported = reported + 1
+      if ok and is_yield(v) then
+        follow(self, procs[slot], v, function(ok2, v2) final(slot, ok2, v2) end)
+      else
+        final(slot, ok, v)
+      end
+    end,
+  })
+  base:on_done(function(f)
+    f.observed = true
+    -- A call timeout fails the call without reporting the missing actors.
+    if f.state == "error" and reported < #procs then out:fail(annotate(f.err, self.name, endpoint)) end
+  end)
+  if #procs == 0 then complete() end
+  return out
+end
+
+-- Follows the one actor that answered base (a Future of one value) through
+-- its mesh calls; returns a Future of its final value.
+local function follow_one(self, endpoint, base)
+  local out = future.new("call '" .. self.name .. "." .. endpoint .. "'")
+  base:on_done(function(f)
+    f.observed = true
+    if f.state == "error" then return out:fail(annotate(f.err, self.name, endpoint)) end
+    if not is_yield(f.value) then return out:resolve(f.value) end
+    local p
+    for _, q in ipairs(self._mesh._procs) do
+      if q.rank == f.value.rank then p = q end
+    end
+    if not p then
+      return out:fail(errors.new { kind = "actor", kernel = self.name .. "." .. endpoint,
+        message = "a mesh call came from rank " .. tostring(f.value.rank) .. ", which is not in this mesh" })
+    end
+    follow(self, p, f.value, function(ok, v)
+      if ok then out:resolve(v) else out:fail(annotate(v, self.name, endpoint)) end
+    end)
+  end)
+  return out
+end
+
 --- Calls endpoint(...) on every actor; returns a Future of a ValueMesh.
+-- Arguments may hold ProcMeshes and ActorMeshes: the actors can call them.
 function ActorMesh:call(endpoint, ...)
   check_endpoint(endpoint, 2)
-  check_args(2, ...)
-  local n = select("#", ...)
-  return annotated(self._mesh:_submit("__actor_call", { self.name, endpoint, ... }, n + 2,
-    { what = "call '" .. self.name .. "." .. endpoint .. "'" }), self.name, endpoint)
+  return call_all(self, endpoint, select("#", ...), nil, ...)
 end
 
 --- Calls endpoint(...) on the one actor of this mesh; returns a Future of its value.
 function ActorMesh:call_one(endpoint, ...)
   check_endpoint(endpoint, 2)
-  check_args(2, ...)
   if self._mesh:size() ~= 1 then
     error("call_one needs a mesh of exactly one actor; this one has " .. self._mesh:size() .. " (slice it first)", 2)
   end
-  return annotated(self._mesh:call_one("__actor_call", self.name, endpoint, ...), self.name, endpoint)
+  local n = select("#", ...)
+  local args = encode_args(self._refs, { self.name, endpoint, ... }, n + 2)
+  return follow_one(self, endpoint, self._mesh:call_one("__actor_call", unpack(args, 1, n + 2)))
 end
 
 --- Calls endpoint(...) on one live actor, the least busy; returns a Future of its value.
 function ActorMesh:choose(endpoint, ...)
   check_endpoint(endpoint, 2)
-  check_args(2, ...)
-  local ok, fut = pcall(self._mesh.choose, self._mesh, "__actor_call", self.name, endpoint, ...)
+  local n = select("#", ...)
+  local args = encode_args(self._refs, { self.name, endpoint, ... }, n + 2)
+  local ok, fut = pcall(self._mesh.choose, self._mesh, "__actor_call", unpack(args, 1, n + 2))
   if not ok then error(annotate(fut, self.name, endpoint), 2) end
-  return annotated(fut, self.name, endpoint)
+  return follow_one(self, endpoint, fut)
 end
 
 --- Calls endpoint(...) on every actor without waiting. A failure is raised
 -- at the script's next wait, like ProcMesh:broadcast.
 function ActorMesh:broadcast(endpoint, ...)
   check_endpoint(endpoint, 2)
-  check_args(2, ...)
   local fut = self:call(endpoint, ...)
   fut:on_done(function(f)
     if f.state == "error" then
@@ -330,13 +541,29 @@ end
 --- Calls endpoint(...) on every actor and iterates (coords, value) as results arrive.
 function ActorMesh:stream(endpoint, ...)
   check_endpoint(endpoint, 2)
-  check_args(2, ...)
-  local it = self._mesh:stream("__actor_call", self.name, endpoint, ...)
-  local name = self.name
+  local queue, head, tail, seen = {}, 1, 0, 0
+  local total = self._mesh:size()
+  local fut = call_all(self, endpoint, select("#", ...), function(slot, ok, v)
+    tail = tail + 1
+    queue[tail] = { slot, ok, v }
+  end, ...)
+  local shape = self._mesh.shape
   return function()
-    local ok, c, v = pcall(it)
-    if not ok then error(annotate(c, name, endpoint), 2) end
-    return c, v
+    if seen == total then return nil end
+    while head > tail do
+      if fut.state == "error" and fut.err.kind == "timeout" then
+        seen = total
+        error(fut.err, 2)
+      end
+      runtime.pump(nil)
+    end
+    local e = queue[head]
+    queue[head] = nil
+    head = head + 1
+    seen = seen + 1
+    if seen == total then fut.observed = true end
+    if not e[2] then error(e[3], 2) end
+    return shape:coords(e[1]), e[3]
   end
 end
 
@@ -357,6 +584,11 @@ end
 -- Returns a Future of a ValueMesh of booleans (false where there was no such actor).
 function ActorMesh:stop()
   forget(self._mesh._procs, self.name)
+  -- The meshes it was handed are no longer reachable from it.
+  if self._refs and not self._partial then
+    for k in pairs(self._refs.by_mesh) do self._refs.by_mesh[k] = nil end
+    for k in pairs(self._refs.by_id) do self._refs.by_id[k] = nil end
+  end
   return annotated(self._mesh:_submit("__actor_stop", { self.name }, 1, { what = "stop of actor '" .. self.name .. "'" }),
     self.name, "stop")
 end
@@ -365,7 +597,8 @@ ActorMesh.__tostring = function(a)
   return string.format("ActorMesh '%s' (%s) on %s", a.name, a.module.name, tostring(a._mesh))
 end
 
---- Counters of this controller: sources_sent (define messages), bytes_sent, spawns.
+--- Counters of this controller: sources_sent (define messages), bytes_sent, spawns,
+-- relayed (mesh calls made for actors).
 function M.stats()
   local out = {}
   for k, v in pairs(counters) do out[k] = v end

@@ -17,10 +17,15 @@ local H = {}
 local sources = {}   -- hash -> { source = s, chunkname = "@path" }
 local compiled = {}  -- hash -> the module's main function
 local actors = {}    -- name -> { inst, hash, proc, tensors = { [id] = true } }
+local suspended = {} -- token -> { co, name, endpoint, rec }: endpoints waiting on a mesh call
+local nsuspended, next_token = 0, 0
+local running = nil  -- the entry whose coroutine runs now (mesh calls must come from it)
 local stopped = {}   -- name -> true, once stopped (for a clearer message)
 local stats = { defines = 0, spawns = 0, calls = 0, stops = 0, errors = 0 }
 
 local MAX_NAME = 200  -- longest actor name
+local MAX_SUSPENDED = 4096 -- most endpoints of one proc waiting on mesh calls at once
+local MAX_WALK = 16   -- deepest nesting searched for mesh handles and tensor views
 local USAGE = {}      -- metatable of usage errors
 local TRACED = {}     -- metatable of errors that already carry their traceback
 
@@ -45,6 +50,7 @@ end
 local function internal(line)
   return line:find("monarch/actor_host.lua", 1, true) or line:find("[C]: in function 'xpcall'", 1, true)
     or line:find("^%s*%[C%]: %?$") or line:find("^%s*%[C%]: at 0x") or line:find("^%s*%(tail call%)")
+    or line:find("^%s*%[builtin#%d+%]") -- xpcall, as the coroutine of an endpoint shows it
 end
 
 --- The handler every operation runs under: keeps usage errors as they are and
@@ -132,6 +138,110 @@ local function make_proc(name, rec)
   --- proc.cancelled(): true once the controller asked the running call to stop (long loops poll it).
   proc.cancelled = native.cancelled
   return proc
+end
+
+-- ---- references to other meshes ----------------------------------------------------------
+--
+-- The controller sends a mesh handed to an actor as a handle
+-- {__mn_mesh = id, kind = "procs"|"actors", size, sizes, actor}. Here it
+-- becomes a MeshRef whose verbs yield the endpoint's coroutine with a
+-- request; __actor_call returns {__mn_yield = token, rank, request}, the
+-- controller makes the call and sends __actor_resume(name, token, ok, value).
+
+local YIELD = {}      -- first value of a mesh call's yield: tells it from the endpoint's own yields
+local MeshRef = {}
+MeshRef.__index = MeshRef
+MeshRef.__tostring = function(r)
+  return string.format("MeshRef(%s%s, %s)", r.kind == "actors" and ("actors '" .. tostring(r.actor) .. "'") or "procs",
+    r.slices and " sliced" or "", r.size and (tostring(r.size) .. " procs") or "size unknown")
+end
+
+-- An inner call's failure as the endpoint sees it: kind, message, kernel,
+-- rank, host, pid of the MonarchError the controller got.
+local MeshError = {}
+MeshError.__index = MeshError
+MeshError.__tostring = function(e)
+  return "mesh call failed: " .. tostring(e.text or e.message)
+end
+
+-- Tensor views in a request travel as {__mn_view = id}: a view would arrive
+-- on the controller as a bare id, which a kernel refuses as a tensor.
+local function views_out(v, depth)
+  if type(v) ~= "table" or depth > MAX_WALK then return v end
+  local id = rawget(v, "__mn_tensor")
+  if type(id) == "number" then return { __mn_view = id } end
+  if getmetatable(v) == MeshRef then return v end
+  local copy
+  for k, x in pairs(v) do
+    local y = views_out(x, depth + 1)
+    if y ~= x then
+      if not copy then
+        copy = {}
+        for k2, x2 in pairs(v) do copy[k2] = x2 end
+      end
+      copy[k] = y
+    end
+  end
+  return copy or v
+end
+
+local function request(ref, verb, name, ...)
+  local co = coroutine.running()
+  if not running or running.co ~= co then
+    error("a mesh can be called only from inside an endpoint (not from new, on_stop, or a coroutine the " ..
+      "endpoint made)", 3)
+  end
+  if type(name) ~= "string" or name == "" then
+    error(string.format("mesh %s: the %s name must be a non-empty string, got %s", verb,
+      ref.kind == "actors" and "endpoint" or "kernel", type(name)), 3)
+  end
+  local n = select("#", ...)
+  local args = { ... }
+  for i = 1, n do args[i] = views_out(args[i], 1) end
+  local ok, v = coroutine.yield(YIELD, { mesh = ref.__mn_mesh, slices = ref.slices, verb = verb, name = name,
+    args = args, nargs = n })
+  if not ok then
+    if type(v) ~= "table" then v = { kind = "error", message = tostring(v) } end
+    error(setmetatable(v, MeshError), 2)
+  end
+  return v
+end
+
+--- ref:call(name, ...): the kernel or endpoint on every proc of the mesh;
+-- returns an array of the values, one per proc in rank order.
+function MeshRef:call(name, ...) return request(self, "call", name, ...) end
+--- ref:call_one(name, ...): on the one proc of the mesh (slice it first); returns its value.
+function MeshRef:call_one(name, ...) return request(self, "call_one", name, ...) end
+--- ref:choose(name, ...): on the least busy proc of the mesh; returns its value.
+function MeshRef:choose(name, ...) return request(self, "choose", name, ...) end
+--- ref:broadcast(name, ...): on every proc, without waiting for the results.
+function MeshRef:broadcast(name, ...)
+  request(self, "broadcast", name, ...)
+end
+--- ref:slice(spec): the same mesh, sliced on the controller when called.
+function MeshRef:slice(spec)
+  if type(spec) ~= "table" then error("slice wants a table like {procs = 0}", 2) end
+  local r = setmetatable({}, MeshRef)
+  for k, v in pairs(self) do r[k] = v end
+  local slices = {}
+  for i, s in ipairs(self.slices or {}) do slices[i] = s end
+  slices[#slices + 1] = spec
+  r.slices, r.size, r.sizes = slices, nil, nil
+  return r
+end
+--- ref:size(): number of procs of the mesh as it was handed (nil once sliced).
+function MeshRef:size() return self.size end
+
+-- Gives every mesh handle in v (as it arrived from the controller) the MeshRef metatable.
+local function refs_in(v, depth)
+  if type(v) ~= "table" or depth > MAX_WALK or getmetatable(v) ~= nil then return end
+  if rawget(v, "__mn_mesh") ~= nil then
+    setmetatable(v, MeshRef)
+    return
+  end
+  for _, x in pairs(v) do
+    if type(x) == "table" then refs_in(x, depth + 1) end
+  end
 end
 
 -- ---- modules ---------------------------------------------------------------------------
@@ -247,6 +357,7 @@ function H.spawn(name, hash, args, deps)
     fail(string.format("module %s must return a table with a new(args, ctx) function; it returned %s",
       (sources[hash].chunkname:gsub("^[@=]", "")), type(mod) == "table" and "a table without new" or type(mod)))
   end
+  refs_in(args, 1)
   local ctx = { name = name, rank = info.rank, world = info.world, host = info.host, proc = proc }
   local ok, inst = xpcall(mod.new, H.traceback, args, ctx)
   if not ok or type(inst) ~= "table" then
@@ -260,6 +371,41 @@ function H.spawn(name, hash, args, deps)
   stopped[name] = nil
   stats.spawns = stats.spawns + 1
   return true
+end
+
+local function pack(...) return { n = select("#", ...), ... } end
+
+-- Runs entry's coroutine until the endpoint finishes (returns its results)
+-- or calls a mesh (returns the yield marker for the controller).
+local function step(entry, ...)
+  local prev = running
+  running = entry
+  local r = pack(coroutine.resume(entry.co, ...))
+  running = prev
+  if not r[1] then r = { n = 3, true, false, r[2] } end -- the handler itself failed
+  if coroutine.status(entry.co) == "suspended" then
+    if r[2] ~= YIELD then
+      fail(string.format("endpoint '%s' of actor '%s' yielded outside a mesh call (an endpoint may not " ..
+        "coroutine.yield itself; wrap such code in a coroutine of its own)", entry.endpoint, entry.name))
+    end
+    if nsuspended >= MAX_SUSPENDED then
+      fail(string.format("more than MAX_SUSPENDED (%d) endpoints wait on mesh calls on this proc", MAX_SUSPENDED))
+    end
+    next_token = next_token + 1
+    suspended[next_token] = entry
+    nsuspended = nsuspended + 1
+    return { __mn_yield = next_token, rank = info.rank, request = r[3] }
+  end
+  if not r[2] then
+    -- xpcall runs no handler for a memory error: say what the limit is, as actor.c does outside coroutines.
+    if r[3] == "not enough memory" then
+      local used, _, limit = native.memory()
+      fail(string.format("actor Lua state out of memory: %d MiB in use, limit %d MiB (set MONARCH_ACTOR_MEM_MB)",
+        math.floor(used / 2 ^ 20), math.floor(limit / 2 ^ 20)))
+    end
+    rethrow(r[3])
+  end
+  return unpack(r, 3, r.n)
 end
 
 --- __actor_call(name, endpoint, ...): calls inst:endpoint(...) and returns its results.
@@ -277,11 +423,42 @@ function H.call(name, endpoint, ...)
       endpoint_names(inst, rec.mod)))
   end
   stats.calls = stats.calls + 1
-  return fn(inst, ...)
+  for i = 1, select("#", ...) do
+    local a = select(i, ...)
+    if type(a) == "table" then refs_in(a, 1) end
+  end
+  local entry = { name = name, endpoint = endpoint, rec = rec,
+    co = coroutine.create(function(...) return xpcall(fn, H.traceback, ...) end) }
+  return step(entry, inst, ...)
+end
+
+--- __actor_resume(name, token, ok, value): hands the result of a mesh call to
+-- the endpoint waiting on it (ok false: value is the error, raised there).
+-- Returns what __actor_call would: the endpoint's results, or another yield.
+function H.resume(name, token, ok, value)
+  local e = suspended[token]
+  if not e then
+    fail("no endpoint waits under token " .. tostring(token) .. " on this proc (it finished, or the proc was restarted)")
+  end
+  if e.name ~= name then
+    fail(string.format("token %s belongs to actor '%s', not '%s'", tostring(token), e.name, tostring(name)), "bad_args")
+  end
+  suspended[token] = nil
+  nsuspended = nsuspended - 1
+  if actors[name] ~= e.rec then
+    fail(string.format("actor '%s' was stopped while its endpoint '%s' waited on a mesh call", name, e.endpoint))
+  end
+  return step(e, ok == true, value)
 end
 
 local function stop_actor(name, rec)
   actors[name] = nil
+  for token, e in pairs(suspended) do
+    if e.rec == rec then
+      suspended[token] = nil
+      nsuspended = nsuspended - 1
+    end
+  end
   stopped[name] = true
   stats.stops = stats.stops + 1
   for id in pairs(rec.tensors) do native.tensor_free(id) end
@@ -311,6 +488,7 @@ function H.stats()
   for _ in pairs(sources) do modules = modules + 1 end
   local used, peak, limit = native.memory()
   return { defines = stats.defines, modules = modules, spawns = stats.spawns, actors = live, calls = stats.calls,
+    waiting = nsuspended,
     stops = stats.stops, errors = stats.errors, mem_bytes = used, mem_peak = peak, mem_limit = limit }
 end
 

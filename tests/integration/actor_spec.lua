@@ -48,6 +48,56 @@ function Counter:_private() return "hidden" end
 return Counter
 ]]
 
+-- An actor that calls the meshes it is handed.
+local CALLER = [[
+local C = {}
+C.__index = C
+function C.new(args) return setmetatable({ peer = args.peer, n = 0 }, C) end
+function C:rank_sum(procs)
+  local ranks, world = 0, 0
+  for _, r in ipairs(procs:call("rank")) do ranks, world = ranks + r[1], r[2] end
+  return { ranks, world }
+end
+function C:fill_and_sum(procs, t, v)
+  procs:call("fill", t, v)
+  local total = 0
+  for _, s in ipairs(procs:call("sum", t)) do total = total + s end
+  return total
+end
+function C:bump_peer(k)
+  local v = self.peer:call("add", k)
+  return v[1] + v[2]
+end
+function C:bump_one(peer, spec) return peer:slice(spec):call_one("add", 1) end
+function C:safe_missing(procs)
+  local ok, e = pcall(function() return procs:slice({ procs = 1 }):call_one("no_such_kernel") end)
+  return { ok = ok, kind = e.kind, message = e.message, rank = e.rank }
+end
+function C:safe_call_one(procs)
+  local ok, e = pcall(procs.call_one, procs, "rank")
+  return { ok = ok, message = e.message }
+end
+function C:unsafe_missing(procs)
+  local r = procs:call("no_such_kernel")
+  return r
+end
+function C:yield_itself() coroutine.yield(1) end
+-- Sleeps on every proc, then adds 1 to the local count: returns the count
+-- before and after, so two of these can be told apart.
+function C:slow_bump(procs, s)
+  local before = self.n
+  procs:call("sleep", s)
+  self.n = self.n + 1
+  return { before, self.n }
+end
+function C:ask_self(me)
+  if self.asked then return 1 end
+  self.asked = true
+  return me:call_one("ask_self", me)
+end
+return C
+]]
+
 local KERNEL_USER = [[
 local K = {}
 K.__index = K
@@ -76,6 +126,7 @@ describe("actors on a mesh", function()
     assert(os.execute("mkdir -p " .. dir) == 0 or true)
     write("counter.lua", COUNTER)
     write("kernel_user.lua", KERNEL_USER)
+    write("caller.lua", CALLER)
     procs = monarch.hosts():spawn_procs { procs = 2 }
     procs:load "basic"
   end)
@@ -255,13 +306,78 @@ describe("actors on a mesh", function()
     c:stop():get()
   end)
 
-  it("cannot be handed a mesh, and say what to do instead", function()
-    local c = procs:spawn("handles", dir .. "/counter.lua", {})
-    local err = fails(function() return c:call("add", procs) end)
-    assert.matches("argument 1: a ProcMesh cannot be sent to an actor", tostring(err), 1, true)
-    err = fails(function() return c:call("add", 1, c) end)
-    assert.matches("argument 2: an ActorMesh cannot be sent to an actor", tostring(err), 1, true)
+  it("can be handed a ProcMesh and run kernels on it, tensors included", function()
+    local c = procs:spawn("mcaller", dir .. "/caller.lua", {})
+    local relayed = actor.stats().relayed
+    -- Every proc's "rank" kernel: ranks 0 and 1, world 2, summed by the actor.
+    assert.are.same({ 1, 2 }, c:slice { procs = 0 }:call_one("rank_sum", procs):get())
+    local t = procs:tensor("f64", { 4 })
+    assert.are.equal(2 * 4 * 1.5, c:slice { procs = 1 }:call_one("fill_and_sum", procs, t, 1.5):get())
+    assert.are.same({ 6, 6 }, t:fetch():get():map(function(v) return v:totable()[1] * 4 end):values())
+    assert.are.same({ { 1, 2 }, { 1, 2 } }, c:call("rank_sum", procs):get():values())
+    assert.is_true(actor.stats().relayed >= relayed + 4)
+    t:free()
     c:stop():get()
+  end)
+
+  it("can be handed an ActorMesh, at spawn or in a call, and call its endpoints", function()
+    local counter = procs:spawn("mpeer", dir .. "/counter.lua", { start = 100 })
+    local c = procs:spawn("mcaller2", dir .. "/caller.lua", { peer = counter })
+    assert.are.equal(101 + 101, c:slice { procs = 0 }:call_one("bump_peer", 1):get())
+    assert.are.equal(102, c:slice { procs = 0 }:call_one("bump_one", counter, { procs = 1 }):get())
+    assert.are.same({ 101, 102 }, counter:call("add", 0):get():values())
+    -- choose and stream follow their endpoint through its mesh calls too.
+    assert.are.equal(203, c:choose("bump_peer", 0):get())
+    local seen = 0
+    for _, v in c:stream("bump_peer", 0) do
+      assert.are.equal(203, v)
+      seen = seen + 1
+    end
+    assert.are.equal(2, seen)
+    c:stop():get()
+    counter:stop():get()
+  end)
+
+  it("hand an inner call's error to the endpoint, or fail the call with it", function()
+    local c = procs:spawn("mcaller3", dir .. "/caller.lua", {})
+    local r = c:slice { procs = 0 }:call_one("safe_missing", procs):get()
+    assert.are.equal(false, r.ok)
+    assert.are.equal(1, r.rank)
+    assert.matches("no_such_kernel", r.message, 1, true)
+    -- An error the controller raises making the call comes back the same way.
+    r = c:slice { procs = 0 }:call_one("safe_call_one", procs):get()
+    assert.are.equal(false, r.ok)
+    assert.matches("call_one needs a mesh of exactly one proc", r.message, 1, true)
+    local err = fails(function() return c:slice { procs = 1 }:call_one("unsafe_missing", procs):get() end)
+    assert.are.equal("actor", err.kind)
+    assert.are.equal("mcaller3.unsafe_missing", err.kernel)
+    assert.matches("mesh call failed: monarch: ", err.message, 1, true)
+    assert.matches("no_such_kernel", err.message, 1, true)
+    assert.matches("caller.lua:%d+: in function", err.traceback)
+    -- The proc and the actor go on serving; nothing is left waiting.
+    assert.are.same({ 1, 2 }, c:slice { procs = 1 }:call_one("rank_sum", procs):get())
+    assert.are.equal(0, procs:slice { procs = 1 }:call_one("__actor_stats"):get().waiting)
+    err = fails(function() return c:slice { procs = 0 }:call_one("yield_itself"):get() end)
+    assert.matches("yielded outside a mesh call", err.message, 1, true)
+    c:stop():get()
+  end)
+
+  it("serve other calls, to the same actor too, while an endpoint waits on a mesh", function()
+    local counter = procs:spawn("mpeer4", dir .. "/counter.lua", {})
+    local c = procs:spawn("mcaller4", dir .. "/caller.lua", { peer = counter })
+    local one = c:slice { procs = 0 }
+    -- Both calls are on proc 0 before either inner call is answered.
+    local f1 = one:call_one("slow_bump", procs, 0.2)
+    local f2 = one:call_one("slow_bump", procs, 0.1)
+    local v1, v2 = f1:get(10), f2:get(10)
+    -- Both started from a count of 0: the second began while the first waited.
+    assert.are.same({ 0, 0 }, { v1[1], v2[1] })
+    assert.are.same({ 1, 2 }, { math.min(v1[2], v2[2]), math.max(v1[2], v2[2]) })
+    -- An endpoint that calls its own actor mesh, on its own proc.
+    assert.are.equal(1, one:call_one("ask_self", one):get())
+    assert.are.equal(0, procs:slice { procs = 0 }:call_one("__actor_stats"):get().waiting)
+    c:stop():get()
+    counter:stop():get()
   end)
 
   it("cannot end their proc with os.exit", function()
