@@ -78,6 +78,10 @@ describe("CartPole rollouts on actors", function()
   it("go on with a restarted env proc and its respawned actor", function()
     local procs = monarch.hosts():spawn_procs { procs = 2 }:options { restart = true }
     local before_restart, pid
+    -- The kill is seen by the mesh whether or not a rollout was in flight on it
+    -- at that moment (on a slow, sanitized build it may have been idle).
+    local lost = 0
+    procs:on_failure(function() lost = lost + 1 end)
     local s = trainer.train {
       procs = procs, envs = 8, max_seconds = 30,
       on_update = function(st)
@@ -87,11 +91,12 @@ describe("CartPole rollouts on actors", function()
         end
       end,
       stop_when = function(st)
-        if #st.failures > 0 and not before_restart then before_restart = st.episodes_by_rank[1] or 0 end
+        if lost > 0 and not before_restart then before_restart = st.episodes_by_rank[1] or 0 end
         return before_restart ~= nil and (st.episodes_by_rank[1] or 0) > before_restart + 20
       end,
     }
-    assert.are.equal(1, #s.failures)
+    assert.are.equal(1, lost)
+    assert.is_true(#s.failures <= 1)
     assert.are_not.equal(pid, procs:procs()[2].pid) -- a new process
     assert.is_true(s.episodes_by_rank[1] > before_restart + 20)
     procs:stop()
