@@ -62,7 +62,7 @@ $(KDIR)/basic.so: kernels/cpu/basic.c kernels/monarch_kernel.h
 	@mkdir -p $(KDIR)
 	$(CC) $(CFLAGS_BASE) -fvisibility=hidden -shared -Ikernels $< $(shell pkg-config --cflags --libs openblas) -lm -o $@
 
-$(KDIR)/mlp.so: kernels/cpu/mlp.c kernels/monarch_kernel.h
+$(KDIR)/mlp.so: kernels/cpu/mlp.c kernels/cpu/mlp_common.h kernels/monarch_kernel.h
 	@mkdir -p $(KDIR)
 	$(CC) $(CFLAGS_BASE) -fvisibility=hidden -shared -Ikernels $< $(shell pkg-config --cflags --libs openblas zlib) -lm -o $@
 

@@ -42,7 +42,7 @@ all: $(CUDA_TARGETS) $(if $(CFLAGS),$(BUILD)/obj/gpu-abi-check.stamp)
 
 # One library per kernels/cuda/*.cu file (cuda_basic, cuda_mlp); the shared cudart is the one gpu.c dlopens, so a
 # proc holds a single CUDA runtime.
-$(KDIR)/%.so: kernels/cuda/%.cu kernels/monarch_kernel.h
+$(KDIR)/%.so: kernels/cuda/%.cu kernels/cpu/mlp_common.h kernels/monarch_kernel.h
 	@mkdir -p $(KDIR)
 	$(NVCC) $(NVCC_FLAGS) -shared $< -o $@ $(NVCC_LINK) -lcublas
 

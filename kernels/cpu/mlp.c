@@ -30,6 +30,7 @@
 #include <string.h>
 #include <zlib.h>
 
+#include "mlp_common.h"
 #include "monarch_kernel.h"
 
 #define MLP_MAX_FILE (64u << 20)  /* largest data file after decompression, bytes */
@@ -41,64 +42,8 @@
 #define MLP_MAX_HIDDEN 65536      /* most hidden units */
 #define MLP_MAX_BATCH 65536       /* most rows in one batch per proc */
 #define MLP_EVAL_CHUNK 256        /* rows evaluated per pass (bounds scratch memory) */
-#define MLP_ADAM_BETA1 0.9        /* Adam first-moment decay */
-#define MLP_ADAM_BETA2 0.999      /* Adam second-moment decay */
-#define MLP_ADAM_EPS 1e-8         /* Adam denominator guard */
 
-/* Purposes that key the generator, so that streams never overlap. */
-enum { TAG_SPLIT = 1, TAG_INIT = 2, TAG_BATCH = 3 };
 
-/* ---- deterministic generator ------------------------------------------------ */
-
-/* A 64-bit finalizer (splitmix64's): every input bit affects every output bit. */
-static uint64_t mix64(uint64_t z) {
-  z += 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-typedef struct {
-  uint64_t s;
-} rng_t;
-
-/* A stream keyed by (seed, purpose, a, b): the same key gives the same stream anywhere. */
-static rng_t rng_make(int64_t seed, uint64_t purpose, int64_t a, int64_t b) {
-  rng_t r = { mix64((uint64_t)seed ^ mix64(purpose ^ mix64((uint64_t)a ^ mix64((uint64_t)b)))) };
-  return r;
-}
-
-static uint64_t rng_next(rng_t *r) {
-  r->s += 0x9e3779b97f4a7c15ull;
-  return mix64(r->s);
-}
-
-/* Uniform in [0, n) without modulo bias (rejects the top sliver of the range). */
-static uint32_t rng_below(rng_t *r, uint32_t n) {
-  uint64_t limit = UINT64_MAX - UINT64_MAX % n;
-  uint64_t x;
-  do
-    x = rng_next(r);
-  while (x >= limit);
-  return (uint32_t)(x % n);
-}
-
-/* Uniform in [-1, 1) from 24 random bits: exactly representable in f32. */
-static float rng_sym(rng_t *r) {
-  return (float)(rng_next(r) >> 40) * (1.0f / 8388608.0f) - 1.0f;
-}
-
-/* Fisher-Yates: idx becomes a permutation of 0..n-1 drawn from r. */
-static void shuffle(rng_t *r, int32_t *idx, int n) {
-  for (int i = 0; i < n; i++)
-    idx[i] = i;
-  for (int i = n - 1; i > 0; i--) {
-    int j = (int)rng_below(r, (uint32_t)i + 1);
-    int32_t t = idx[i];
-    idx[i] = idx[j];
-    idx[j] = t;
-  }
-}
 
 /* ---- argument checks ---------------------------------------------------------- */
 

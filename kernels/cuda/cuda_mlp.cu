@@ -32,6 +32,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "cpu/mlp_common.h" /* the generator and constants of mlp.c */
 #include "monarch_kernel.h"
 
 #define CM_THREADS 256          /* threads per block of every kernel */
@@ -44,59 +45,11 @@
 #define CM_MAX_HIDDEN 65536     /* as MLP_MAX_HIDDEN */
 #define CM_MAX_BATCH 65536      /* as MLP_MAX_BATCH */
 #define CM_EVAL_CHUNK 4096      /* rows evaluated per pass (bounds device scratch) */
-#define CM_ADAM_BETA1 0.9       /* Adam first-moment decay, as mlp.c */
-#define CM_ADAM_BETA2 0.999     /* Adam second-moment decay, as mlp.c */
-#define CM_ADAM_EPS 1e-8        /* Adam denominator guard, as mlp.c */
 
-/* Purposes that key the generator: the same values as mlp.c, so the streams match. */
-enum { TAG_INIT = 2, TAG_BATCH = 3 };
 
 /* Row status written by the softmax kernel. */
 enum { ROW_WRONG = 0, ROW_RIGHT = 1, ROW_BAD_LABEL = 2 };
 
-/* ---- the generator of mlp.c (host side) --------------------------------------- */
-
-static uint64_t mix64(uint64_t z) {
-  z += 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-typedef struct {
-  uint64_t s;
-} rng_t;
-
-static rng_t rng_make(int64_t seed, uint64_t purpose, int64_t a, int64_t b) {
-  rng_t r = {mix64((uint64_t)seed ^ mix64(purpose ^ mix64((uint64_t)a ^ mix64((uint64_t)b))))};
-  return r;
-}
-
-static uint64_t rng_next(rng_t *r) {
-  r->s += 0x9e3779b97f4a7c15ull;
-  return mix64(r->s);
-}
-
-static uint32_t rng_below(rng_t *r, uint32_t n) {
-  uint64_t limit = UINT64_MAX - UINT64_MAX % n;
-  uint64_t x;
-  do
-    x = rng_next(r);
-  while (x >= limit);
-  return (uint32_t)(x % n);
-}
-
-static float rng_sym(rng_t *r) { return (float)(rng_next(r) >> 40) * (1.0f / 8388608.0f) - 1.0f; }
-
-static void shuffle(rng_t *r, int32_t *idx, int n) {
-  for (int i = 0; i < n; i++) idx[i] = i;
-  for (int i = n - 1; i > 0; i--) {
-    int j = (int)rng_below(r, (uint32_t)i + 1);
-    int32_t t = idx[i];
-    idx[i] = idx[j];
-    idx[j] = t;
-  }
-}
 
 /* ---- errors and checks --------------------------------------------------------- */
 
@@ -523,11 +476,11 @@ static int k_mlp_adam(mk_ctx_t *ctx, int argc, const mk_arg_t *argv) {
     return -1;
   if (!(lr > 0.0 && lr < 1e3) || !isfinite(scale))
     return mk_errorf(ctx, "%s: want 0 < lr < 1000 and a finite grad_scale, got lr=%g grad_scale=%g", k, lr, scale);
-  float c1 = (float)(1.0 - pow(CM_ADAM_BETA1, (double)t)), c2 = (float)(1.0 - pow(CM_ADAM_BETA2, (double)t));
+  float c1 = (float)(1.0 - pow(MLP_ADAM_BETA1, (double)t)), c2 = (float)(1.0 - pow(MLP_ADAM_BETA2, (double)t));
   float *p = (float *)P->data, *mo = (float *)S->data;
   adam_k<<<grid_for(P->numel), CM_THREADS, 0, stream_of(ctx)>>>(p, mo, mo + P->numel, (const float *)G->data, P->numel,
-                                                                 (float)scale, (float)CM_ADAM_BETA1, (float)CM_ADAM_BETA2,
-                                                                 c1, c2, (float)lr, (float)CM_ADAM_EPS);
+                                                                 (float)scale, (float)MLP_ADAM_BETA1, (float)MLP_ADAM_BETA2,
+                                                                 c1, c2, (float)lr, (float)MLP_ADAM_EPS);
   return finish(ctx, k);
 }
 
