@@ -541,30 +541,10 @@ end
 --- Calls endpoint(...) on every actor and iterates (coords, value) as results arrive.
 function ActorMesh:stream(endpoint, ...)
   check_endpoint(endpoint, 2)
-  local queue, head, tail, seen = {}, 1, 0, 0
-  local total = self._mesh:size()
-  local fut = call_all(self, endpoint, select("#", ...), function(slot, ok, v)
-    tail = tail + 1
-    queue[tail] = { slot, ok, v }
-  end, ...)
-  local shape = self._mesh.shape
-  return function()
-    if seen == total then return nil end
-    while head > tail do
-      if fut.state == "error" and fut.err.kind == "timeout" then
-        seen = total
-        error(fut.err, 2)
-      end
-      runtime.pump(nil)
-    end
-    local e = queue[head]
-    queue[head] = nil
-    head = head + 1
-    seen = seen + 1
-    if seen == total then fut.observed = true end
-    if not e[2] then error(e[3], 2) end
-    return shape:coords(e[1]), e[3]
-  end
+  local args, nargs = { ... }, select("#", ...)
+  return require("monarch.mesh").stream_results(self._mesh.shape, self._mesh:size(), function(on_slot)
+    return call_all(self, endpoint, nargs, on_slot, unpack(args, 1, nargs))
+  end)
 end
 
 --- Spawns the actor again on procs of this mesh that came back as new

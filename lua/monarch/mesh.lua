@@ -359,14 +359,21 @@ end
 -- A failed proc raises its error from the loop.
 function ProcMesh:stream(kernel, ...)
   check_kernel(kernel, 2)
-  local queue, head, tail, total, seen = {}, 1, 0, #self._procs, 0
-  local fut = self:_submit(kernel, { ... }, select("#", ...), {
-    on_slot = function(slot, ok, v)
-      tail = tail + 1
-      queue[tail] = { slot, ok, v }
-    end,
-  })
-  local shape = self.shape
+  local args, nargs = { ... }, select("#", ...)
+  return M.stream_results(self.shape, #self._procs, function(on_slot)
+    return self:_submit(kernel, args, nargs, { on_slot = on_slot })
+  end)
+end
+
+--- The iterator behind stream(): start(on_slot) sends the call and returns
+-- its Future; the iterator yields (coords, value) in arrival order and
+-- raises a failed slot's error, or the call's timeout.
+function M.stream_results(shape, total, start)
+  local queue, head, tail, seen = {}, 1, 0, 0
+  local fut = start(function(slot, ok, v)
+    tail = tail + 1
+    queue[tail] = { slot, ok, v }
+  end)
   return function()
     if seen == total then return nil end
     while head > tail do
