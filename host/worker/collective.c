@@ -1,6 +1,7 @@
 /* collective.c - the proc's CPU data plane; see collective.h and docs/collectives.md. */
 #include "collective.h"
 
+#include "coll_shm.h"
 #include "exec.h"
 #include "handshake.h"
 #include "registry.h"
@@ -211,6 +212,7 @@ typedef struct group_s {
   int *star;             /* member 0: star[i] links member i; others: star[0] links member 0 */
   char **addrs;          /* member data addresses, for messages */
   int *ranks;            /* member global ranks, for messages (-1: unknown) */
+  mn_shm_t *shm;         /* every member on this host: collectives run in shared memory (coll_shm.h) */
   uint64_t seq;          /* collectives started on this group */
   struct group_s *next;
 } group_t;
@@ -228,6 +230,8 @@ struct mn_coll_s {
   uint64_t arrivals;
   int timeout_ms;
   int cma;                /* 1: try single-copy links to members on this host */
+  int shm;                /* 1: groups entirely on this host use shared memory (needs cma) */
+  size_t shm_piece;       /* bytes per staging buffer asked for (0: the default) */
   uint64_t cookie;        /* random; a peer that can read it from our memory shares our host */
   atomic_int *cancel;
   group_t *groups;        /* executor thread only, like everything below */
@@ -497,6 +501,9 @@ int mn_coll_open(mn_coll_t **out, const char *bind_host, const mn_auth_t *auth, 
   }
   const char *cma = getenv("MONARCH_COLL_CMA");
   c->cma = !(cma != NULL && strcmp(cma, "0") == 0);
+  const char *shm = getenv("MONARCH_COLL_SHM"), *piece = getenv("MONARCH_COLL_SHM_PIECE");
+  c->shm = !(shm != NULL && strcmp(shm, "0") == 0);
+  c->shm_piece = piece != NULL && *piece ? (size_t)strtoull(piece, NULL, 10) : 0;
   uint8_t nonce[MN_NONCE_LEN];
   mn_auth_nonce(nonce);
   memcpy(&c->cookie, nonce, sizeof(c->cookie));
@@ -550,6 +557,7 @@ void mn_coll_set_timeout(mn_coll_t *c, double seconds) {
 }
 void mn_coll_set_cancel(mn_coll_t *c, atomic_int *cancel) { c->cancel = cancel; }
 void mn_coll_set_cma(mn_coll_t *c, int on) { c->cma = on != 0; }
+void mn_coll_set_shm(mn_coll_t *c, int on) { c->shm = on != 0; }
 
 /* ---- connecting to a peer's data port ------------------------------------------------- */
 
@@ -1237,10 +1245,16 @@ static void group_destroy(mn_coll_t *c, group_t *g) {
   int nstar = g->me == 0 ? g->n : 1;
   for (int i = 0; g->star != NULL && i < nstar; i++) close_fd(&g->star[i]);
   for (int i = 0; g->addrs != NULL && i < g->n; i++) free(g->addrs[i]);
+  mn_shm_close(g->shm);
   free(g->addrs);
   free(g->ranks);
   free(g->star);
   free(g);
+}
+
+int mn_coll_group_shm(mn_coll_t *c, uint64_t gid) {
+  group_t *g = group_find(c, gid);
+  return g == NULL ? -1 : g->shm != NULL;
 }
 
 int mn_coll_group_free(mn_coll_t *c, uint64_t gid) {
@@ -1307,6 +1321,78 @@ static int probe_same_host(mn_coll_t *c, group_t *g, char *err, size_t errlen) {
   return 0;
 }
 
+/*
+ * When every member is on this host (each ring link copies directly), the
+ * group runs its collectives in shared memory. Member 0 gathers the votes
+ * over the star, creates the region and offers it; the others map it and
+ * report back; the group uses it only if all of them could. -1 only when
+ * a link fails; otherwise the group simply keeps the ring.
+ */
+static int setup_shm(mn_coll_t *c, group_t *g, char *err, size_t errlen) {
+  int n = g->n;
+  unsigned char vote = (unsigned char)(c->shm && c->cma && g->prev_cma && g->next_cma && n <= MN_SHM_MAX_MEMBERS);
+  unsigned char offer[32] = {0}, ok = 0;
+  char who[MN_COLL_MAX_ADDR + 32], why[512];
+  if (g->me != 0) {
+    member_name(g, 0, who, sizeof(who));
+    xfer_t v = {g->star[0], 1, (char *)&vote, 1, 0, who}, o = {g->star[0], 0, (char *)offer, sizeof(offer), 0, who};
+    if (xfer_run(c, &v, 1, "group setup", err, errlen) != 0 || xfer_run(c, &o, 1, "group setup", err, errlen) != 0)
+      return -1;
+    if (offer[0] == 1 && mn_shm_attach(&g->shm, n, g->me, (long)get_be64(offer + 8), (int)get_be64(offer + 16),
+                                       (size_t)get_be64(offer + 24), why, sizeof(why)) == 0)
+      ok = 1;
+    xfer_t r = {g->star[0], 1, (char *)&ok, 1, 0, who}, f = {g->star[0], 0, (char *)offer, 1, 0, who};
+    if (xfer_run(c, &r, 1, "group setup", err, errlen) != 0 || xfer_run(c, &f, 1, "group setup", err, errlen) != 0)
+      return -1;
+    if (offer[0] != 1) {
+      mn_shm_close(g->shm);
+      g->shm = NULL;
+    }
+    return 0;
+  }
+  unsigned char *votes = calloc((size_t)n, 1);
+  xfer_t *xs = calloc((size_t)n, sizeof(xfer_t));
+  char (*names)[MN_COLL_MAX_ADDR + 32] = calloc((size_t)n, sizeof(*names));
+  int rc = -1;
+  if (votes == NULL || xs == NULL || names == NULL) {
+    snprintf(err, errlen, "out of memory setting up group %llu", (unsigned long long)g->id);
+    goto done;
+  }
+  for (int i = 1; i < n; i++) {
+    member_name(g, i, names[i], sizeof(names[0]));
+    xs[i - 1] = (xfer_t){g->star[i], 0, (char *)&votes[i], 1, 0, names[i]};
+  }
+  if (xfer_run(c, xs, n - 1, "group setup", err, errlen) != 0) goto done;
+  int all = vote;
+  for (int i = 1; i < n; i++) all = all && votes[i] == 1;
+  if (all && mn_shm_create(&g->shm, n, mn_shm_piece_for(n, c->shm_piece), why, sizeof(why)) != 0) all = 0;
+  offer[0] = (unsigned char)all;
+  if (all) {
+    put_be64(offer + 8, (uint64_t)getpid());
+    put_be64(offer + 16, (uint64_t)mn_shm_fd(g->shm));
+    put_be64(offer + 24, (uint64_t)mn_shm_piece_for(n, c->shm_piece));
+  }
+  for (int i = 1; i < n; i++) xs[i - 1] = (xfer_t){g->star[i], 1, (char *)offer, sizeof(offer), 0, names[i]};
+  if (xfer_run(c, xs, n - 1, "group setup", err, errlen) != 0) goto done;
+  for (int i = 1; i < n; i++) xs[i - 1] = (xfer_t){g->star[i], 0, (char *)&votes[i], 1, 0, names[i]};
+  if (xfer_run(c, xs, n - 1, "group setup", err, errlen) != 0) goto done;
+  for (int i = 1; i < n; i++) all = all && votes[i] == 1;
+  ok = (unsigned char)all;
+  for (int i = 1; i < n; i++) xs[i - 1] = (xfer_t){g->star[i], 1, (char *)&ok, 1, 0, names[i]};
+  if (xfer_run(c, xs, n - 1, "group setup", err, errlen) != 0) goto done;
+  if (g->shm != NULL) mn_shm_drop_fd(g->shm); /* every member has it mapped, or none uses it */
+  if (!all) {
+    mn_shm_close(g->shm);
+    g->shm = NULL;
+  }
+  rc = 0;
+done:
+  free(votes);
+  free(xs);
+  free(names);
+  return rc;
+}
+
 int mn_coll_group(mn_coll_t *c, uint64_t gid, int me, int n, const char *const *addrs, const int *ranks,
                   char *err, size_t errlen) {
   if (n < 1 || n > MN_COLL_MAX_MEMBERS || me < 0 || me >= n) {
@@ -1367,6 +1453,7 @@ int mn_coll_group(mn_coll_t *c, uint64_t gid, int me, int n, const char *const *
   for (int i = 1; me == 0 && i < n; i++)
     if (claim_member(c, g, MN_COLL_LINK_STAR, i, &g->star[i], err, errlen) != 0) goto fail;
   if (probe_same_host(c, g, err, errlen) != 0) goto fail;
+  if (setup_shm(c, g, err, errlen) != 0) goto fail;
   return 0;
 fail:
   group_destroy(c, g);
@@ -1391,6 +1478,7 @@ static group_t *group_get(mn_coll_t *c, uint64_t gid, const char *what, char *er
  * timeout. The err text is kept.
  */
 static int group_abort(mn_coll_t *c, group_t *g, const char *err) {
+  if (g->shm != NULL) mn_shm_abort(g->shm, (uint32_t)c->rank, err);
   if (g->next_fd >= 0) {
     unsigned char h[MN_COLL_HDR_LEN];
     size_t ml = strlen(err) > MN_COLL_MAX_ABORT_MSG ? MN_COLL_MAX_ABORT_MSG : strlen(err);
@@ -1549,6 +1637,60 @@ static int check_reducible(const mk_tensor_t *t, const char *what, int op, char 
 
 /* ---- the collectives ----------------------------------------------------------------------- */
 
+/* ---- shared-memory groups ---------------------------------------------------------------- */
+
+typedef struct {
+  mn_coll_t *c;
+  group_t *g;
+  const char *what;
+} shm_ctx_t;
+
+static void shm_name(void *arg, int j, char *buf, size_t n) { member_name(((shm_ctx_t *)arg)->g, j, buf, n); }
+
+/*
+ * Between sleeps: a shared-memory group sends nothing on its sockets, so a
+ * readable one means its member died (EOF) or gave up (an ABORT header).
+ */
+static int shm_check(void *arg, char *err, size_t errlen) {
+  shm_ctx_t *x = arg;
+  group_t *g = x->g;
+  int fds[3] = {g->next_fd, g->prev_fd, g->me != 0 ? g->star[0] : -1};
+  int who[3] = {(g->me + 1) % g->n, mod(g->me - 1, g->n), 0};
+  int nfd = g->me != 0 ? 3 : 2;
+  for (int i = 0; i < nfd + (g->me == 0 ? g->n - 1 : 0); i++) {
+    int fd = i < nfd ? fds[i] : g->star[i - nfd + 1], member = i < nfd ? who[i] : i - nfd + 1;
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    if (fd < 0 || poll(&p, 1, 0) <= 0) continue;
+    char name[MN_COLL_MAX_ADDR + 32];
+    member_name(g, member, name, sizeof(name));
+    unsigned char h[MN_COLL_HDR_LEN];
+    mn_coll_hdr_t a;
+    int rc = read_exact(fd, h, sizeof(h), now_ms() + 100);
+    if (rc == 0 && mn_coll_hdr_unpack(h, &a) == 0 && a.kind == MN_COLL_ABORT) {
+      char reason[MN_COLL_MAX_ABORT_MSG + 1];
+      size_t rl = a.nbytes > MN_COLL_MAX_ABORT_MSG ? 0 : (size_t)a.nbytes;
+      if (read_exact(fd, reason, rl, now_ms() + 100) != 0) rl = 0;
+      reason[rl] = '\0';
+      snprintf(err, errlen, "%s: rank %u gave up on group %llu: %s", x->what, a.rank, (unsigned long long)g->id,
+               rl ? reason : "(no reason given)");
+    } else if (rc == MN_ECLOSED || rc != 0) {
+      fail_io(err, errlen, x->what, name, 0, rc == 0 ? MN_ECLOSED : rc);
+    } else {
+      snprintf(err, errlen, "%s: %s sent bytes a shared-memory group never sends (out of step)", x->what, name);
+    }
+    return -1;
+  }
+  return 0;
+}
+
+static int shm_over(mn_coll_t *c, group_t *g, const mn_coll_hdr_t *h, char *data, const char *src, size_t count,
+                    size_t esize, const char *what, char *err, size_t errlen, int *mismatch) {
+  shm_ctx_t x = {c, g, what};
+  mn_shm_op_t op = {.hdr = h, .gid = g->id, .what = what, .data = data, .src = src, .count = count, .esize = esize,
+                    .timeout_ms = c->timeout_ms, .cancel = c->cancel, .check = shm_check, .name = shm_name, .arg = &x};
+  return mn_shm_run(g->shm, &op, err, errlen, mismatch) == 0 ? 0 : group_fail(c, g);
+}
+
 int mn_coll_all_reduce(mn_coll_t *c, uint64_t gid, mk_tensor_t *t, int op, char *err, size_t errlen,
                        int *mismatch) {
   const char *what = "all_reduce";
@@ -1559,6 +1701,8 @@ int mn_coll_all_reduce(mn_coll_t *c, uint64_t gid, mk_tensor_t *t, int op, char 
     return group_abort(c, g, err);
   if (g->n == 1) return 0; /* the sum, max, min and average of one value is that value */
   mn_coll_hdr_t h = {MN_COLL_ALL_REDUCE, (uint8_t)op, (uint8_t)t->dtype, (uint32_t)c->rank, 0, g->seq, t->nbytes};
+  if (g->shm != NULL)
+    return shm_over(c, g, &h, t->data, NULL, (size_t)t->numel, mk_dtype_size(t->dtype), what, err, errlen, mismatch);
   if (exchange_headers(c, g, &h, what, err, errlen, mismatch) != 0) return group_fail(c, g);
   int rc;
   if (t->nbytes < MN_COLL_SMALL && (size_t)(g->n - 1) * t->nbytes <= MN_COLL_STAR_MAX) {
@@ -1586,6 +1730,7 @@ int mn_coll_broadcast(mn_coll_t *c, uint64_t gid, mk_tensor_t *t, int root, char
   }
   if (g->n == 1) return 0;
   mn_coll_hdr_t h = {MN_COLL_BROADCAST, 0, (uint8_t)t->dtype, (uint32_t)c->rank, (uint32_t)root, g->seq, t->nbytes};
+  if (g->shm != NULL) return shm_over(c, g, &h, t->data, NULL, t->nbytes, 1, what, err, errlen, mismatch);
   if (exchange_headers(c, g, &h, what, err, errlen, mismatch) != 0) return group_fail(c, g);
   /* A chain from the root around the ring, forwarded chunk by chunk as it lands. */
   int last = (g->me + 1) % g->n == root;
@@ -1611,6 +1756,7 @@ int mn_coll_all_gather(mn_coll_t *c, uint64_t gid, const mk_tensor_t *src, mk_te
   memmove((char *)dst->data + (size_t)g->me * src->nbytes, src->data, src->nbytes);
   if (g->n == 1) return 0;
   mn_coll_hdr_t h = {MN_COLL_ALL_GATHER, 0, (uint8_t)src->dtype, (uint32_t)c->rank, 0, g->seq, src->nbytes};
+  if (g->shm != NULL) return shm_over(c, g, &h, dst->data, src->data, src->nbytes, 1, what, err, errlen, mismatch);
   if (exchange_headers(c, g, &h, what, err, errlen, mismatch) != 0) return group_fail(c, g);
   ring_t r = {.nsend = g->n - 1, .nrecv = g->n - 1, .lag = 1, .piece = piece_all_gather, .dtype = src->dtype,
               .esize = 1, .data = dst->data, .count = src->nbytes};
@@ -1642,6 +1788,9 @@ int mn_coll_reduce_scatter(mn_coll_t *c, uint64_t gid, const mk_tensor_t *src, m
   }
   mn_coll_hdr_t h = {MN_COLL_REDUCE_SCATTER, (uint8_t)op, (uint8_t)src->dtype, (uint32_t)c->rank, 0, g->seq,
                      src->nbytes};
+  if (g->shm != NULL)
+    return shm_over(c, g, &h, dst->data, src->data, (size_t)dst->numel, mk_dtype_size(src->dtype), what, err, errlen,
+                    mismatch);
   if (exchange_headers(c, g, &h, what, err, errlen, mismatch) != 0) return group_fail(c, g);
   /* Two buffers alternate; the one the last step fills is dst. */
   char *scratch = NULL;
@@ -1667,6 +1816,7 @@ int mn_coll_barrier(mn_coll_t *c, uint64_t gid, char *err, size_t errlen, int *m
   g->seq++;
   if (g->n == 1) return 0;
   mn_coll_hdr_t h = {MN_COLL_BARRIER, 0, 0, (uint32_t)c->rank, 0, g->seq, 0};
+  if (g->shm != NULL) return shm_over(c, g, &h, NULL, NULL, 0, 1, what, err, errlen, mismatch);
   char token = 1;
   if (exchange_headers(c, g, &h, what, err, errlen, mismatch) != 0 ||
       star_run(c, g, &token, 1, MK_U8, 0, 0, what, err, errlen) != 0)

@@ -119,6 +119,12 @@ void mn_coll_set_timeout(mn_coll_t *c, double seconds);
  * On by default unless MONARCH_COLL_CMA=0; TCP is used wherever it fails.
  */
 void mn_coll_set_cma(mn_coll_t *c, int on);
+/*
+ * Whether groups set up from now on whose members all share this host run
+ * their collectives in shared memory (coll_shm.h) instead of over their
+ * links. On by default unless MONARCH_COLL_SHM=0; needs cma on too.
+ */
+void mn_coll_set_shm(mn_coll_t *c, int on);
 /* A flag that, once nonzero, makes waits fail with "cancelled" (may be NULL). */
 void mn_coll_set_cancel(mn_coll_t *c, atomic_int *cancel);
 
@@ -140,6 +146,8 @@ void mn_coll_set_cancel(mn_coll_t *c, atomic_int *cancel);
  */
 int mn_coll_group(mn_coll_t *c, uint64_t gid, int me, int n, const char *const *addrs, const int *ranks,
                   char *err, size_t errlen);
+/* 1 when group gid runs its collectives in shared memory, 0 over its links, -1 when unknown. */
+int mn_coll_group_shm(mn_coll_t *c, uint64_t gid);
 /* Forgets group gid, closing its links; 0 whether or not it existed. */
 int mn_coll_group_free(mn_coll_t *c, uint64_t gid);
 /*

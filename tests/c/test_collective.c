@@ -154,6 +154,7 @@ struct member_s {
   body_fn body;
   void *arg;
   int rc, mismatch;
+  int shm; /* the group ran in shared memory */
   char err[1024];
   double seconds;
 };
@@ -199,11 +200,15 @@ static void *member_main(void *arg) {
 }
 
 /* Runs body on n members at once; each first joins a fresh group (unless body is run with gid 0). */
-static void run_group(member_t *m, int n, body_fn body, void *arg, int cma) {
+/* How members on one host move data: 0 TCP only, 1 the ring with direct copies, 2 shared memory (the default). */
+enum { TCP = 0, CMA = 1, SHM = 2 };
+
+static void run_group(member_t *m, int n, body_fn body, void *arg, int mode) {
   pthread_t th[MAXM];
   uint64_t gid = ++next_gid;
   for (int i = 0; i < n; i++) {
-    mn_coll_set_cma(inst[i], cma);
+    mn_coll_set_cma(inst[i], mode >= CMA);
+    mn_coll_set_shm(inst[i], mode == SHM);
     memset(&m[i], 0, sizeof(m[i]));
     m[i].c = inst[i];
     m[i].me = i;
@@ -222,6 +227,7 @@ static int join(member_t *m) {
   int ranks[MAXM];
   for (int i = 0; i < m->n; i++) addrs[i] = addr[i], ranks[i] = 10 + i;
   m->rc = mn_coll_group(m->c, m->gid, m->me, m->n, addrs, ranks, m->err, sizeof(m->err));
+  m->shm = mn_coll_group_shm(m->c, m->gid);
   return m->rc;
 }
 
@@ -307,6 +313,7 @@ static void check_all_reduce(int n, mk_dtype_t dt, int64_t numel, int op, int cm
   run_group(m, n, body_all_reduce, &k, cma);
   for (int i = 0; i < n; i++) {
     if (m[i].rc != 0) fail_msg("member %d: %s", i, m[i].err);
+    if (m[i].shm != (cma == SHM)) fail_msg("mode %d member %d: shared memory %s", cma, i, m[i].shm ? "on" : "off");
   }
   for (int64_t e = 0; e < numel; e++) {
     double want = expect(op, n, e, dt), got = get(k.t[0], e);
@@ -325,16 +332,18 @@ static void test_all_reduce_small_every_op_and_dtype(void **state) {
   (void)state;
   for (int n = 2; n <= MAXM; n++)
     for (int d = 0; d < 4; d++)
-      for (int op = 0; op < 4; op++) check_all_reduce(n, reducible[d], 1000, op, 1);
+      for (int op = 0; op < 4; op++)
+        for (int mode = CMA; mode <= SHM; mode++) check_all_reduce(n, reducible[d], 1000, op, mode);
 }
 
 /* Large tensors take the ring (over 1 MB: same-host copies when on); an odd count makes uneven segments. */
 static void test_all_reduce_ring_every_op_tcp_and_same_host(void **state) {
   (void)state;
-  for (int cma = 0; cma <= 1; cma++)
+  for (int cma = TCP; cma <= SHM; cma++)
     for (int n = 2; n <= MAXM; n++)
       for (int op = 0; op < 4; op++) check_all_reduce(n, op % 2 ? MK_I64 : MK_F32, 300007, op, cma);
-  check_all_reduce(3, MK_F64, 1 << 20, MN_COLL_AVG, 1); /* several chunks per segment */
+  check_all_reduce(3, MK_F64, 1 << 20, MN_COLL_AVG, CMA); /* several chunks per segment */
+  check_all_reduce(3, MK_F64, 1 << 20, MN_COLL_AVG, SHM); /* many pieces, both buffers */
   check_all_reduce(4, MK_I32, 1 << 20, MN_COLL_SUM, 0);
 }
 
@@ -356,7 +365,7 @@ static void body_broadcast(member_t *m) {
 
 static void test_broadcast_from_a_nonzero_root(void **state) {
   (void)state;
-  for (int cma = 0; cma <= 1; cma++) {
+  for (int cma = TCP; cma <= SHM; cma++) {
     int64_t sizes[] = {5, 3000001};
     for (int s = 0; s < 2; s++) {
       xcase_t k = {.root = 2};
@@ -383,7 +392,7 @@ static void body_all_gather(member_t *m) {
 
 static void test_all_gather_in_member_order(void **state) {
   (void)state;
-  for (int cma = 0; cma <= 1; cma++) {
+  for (int cma = TCP; cma <= SHM; cma++) {
     for (int n = 2; n <= MAXM; n++) {
       xcase_t k;
       member_t m[MAXM];
@@ -413,7 +422,7 @@ static void body_reduce_scatter(member_t *m) {
 
 static void test_reduce_scatter_leaves_src_alone(void **state) {
   (void)state;
-  for (int cma = 0; cma <= 1; cma++) {
+  for (int cma = TCP; cma <= SHM; cma++) {
     for (int n = 2; n <= MAXM; n++) {
       int ops[] = {MN_COLL_SUM, MN_COLL_AVG, MN_COLL_MAX};
       for (int o = 0; o < 3; o++) {
@@ -454,11 +463,13 @@ static void body_barrier(member_t *m) {
 static void test_barrier_waits_for_the_last_member(void **state) {
   (void)state;
   member_t m[MAXM];
-  run_group(m, 3, body_barrier, NULL, 1);
-  for (int i = 0; i < 3; i++) {
-    if (m[i].rc != 0) fail_msg("member %d: %s", i, m[i].err);
+  for (int mode = CMA; mode <= SHM; mode++) {
+    run_group(m, 3, body_barrier, NULL, mode);
+    for (int i = 0; i < 3; i++) {
+      if (m[i].rc != 0) fail_msg("mode %d member %d: %s", mode, i, m[i].err);
+    }
+    assert_true(m[1].seconds > 0.15 && m[2].seconds > 0.15);
   }
-  assert_true(m[1].seconds > 0.15 && m[2].seconds > 0.15);
 }
 
 /* Many collectives in a row on one group keep the streams in step. */
@@ -495,7 +506,7 @@ out:
 
 static void test_ring_all_reduces_stream_back_to_back(void **state) {
   (void)state;
-  for (int cma = 0; cma <= 1; cma++) {
+  for (int cma = TCP; cma <= SHM; cma++) {
     for (int n = 2; n <= 3; n++) {
       member_t m[MAXM];
       run_group(m, n, body_stream, NULL, cma);
@@ -508,7 +519,7 @@ static void test_ring_all_reduces_stream_back_to_back(void **state) {
 
 static void test_collectives_back_to_back(void **state) {
   (void)state;
-  for (int cma = 0; cma <= 1; cma++) {
+  for (int cma = TCP; cma <= SHM; cma++) {
     member_t m[MAXM];
     run_group(m, 4, body_sequence, NULL, cma);
     for (int i = 0; i < 4; i++) {
@@ -535,16 +546,18 @@ static void body_mismatch(member_t *m) {
 static void test_mismatched_collectives_are_reported(void **state) {
   (void)state;
   member_t m[MAXM];
-  run_group(m, 2, body_mismatch, NULL, 1);
-  for (int i = 0; i < 2; i++) {
-    assert_int_equal(-1, m[i].rc);
-    assert_int_equal(1, m[i].mismatch);
-    assert_true(m[i].seconds < 5);
+  for (int mode = CMA; mode <= SHM; mode++) {
+    run_group(m, 2, body_mismatch, NULL, mode);
+    for (int i = 0; i < 2; i++) {
+      assert_int_equal(-1, m[i].rc);
+      assert_int_equal(1, m[i].mismatch);
+      assert_true(m[i].seconds < 5);
+    }
+    assert_non_null(strstr(m[0].err, "rank 11 called broadcast(root 0, f32) of 16 bytes but rank 10 called "
+                                     "all_reduce(sum, f32) of 4096 bytes"));
+    assert_non_null(strstr(m[1].err, "rank 10 called all_reduce(sum, f32) of 4096 bytes but rank 11 called "
+                                     "broadcast(root 0, f32) of 16 bytes"));
   }
-  assert_non_null(strstr(m[0].err, "rank 11 called broadcast(root 0, f32) of 16 bytes but rank 10 called "
-                                   "all_reduce(sum, f32) of 4096 bytes"));
-  assert_non_null(strstr(m[1].err, "rank 10 called all_reduce(sum, f32) of 4096 bytes but rank 11 called "
-                                   "broadcast(root 0, f32) of 16 bytes"));
 }
 
 /* A u8 tensor cannot be reduced: the member that sees it says so, the others hear why. */
@@ -558,14 +571,16 @@ static void body_bad_dtype(member_t *m) {
 static void test_unsupported_dtype_fails_every_member_fast(void **state) {
   (void)state;
   member_t m[MAXM];
-  run_group(m, 3, body_bad_dtype, NULL, 1);
-  for (int i = 0; i < 3; i++) {
-    assert_int_equal(-1, m[i].rc);
-    assert_true(m[i].seconds < 5);
+  for (int mode = CMA; mode <= SHM; mode++) {
+    run_group(m, 3, body_bad_dtype, NULL, mode);
+    for (int i = 0; i < 3; i++) {
+      assert_int_equal(-1, m[i].rc);
+      assert_true(m[i].seconds < 5);
+    }
+    assert_non_null(strstr(m[1].err, "all_reduce does not support dtype u8 (f32, f64, i32, i64)"));
+    assert_non_null(strstr(m[2].err, "rank 11 gave up on group"));
+    assert_non_null(strstr(m[2].err, "dtype u8"));
   }
-  assert_non_null(strstr(m[1].err, "all_reduce does not support dtype u8 (f32, f64, i32, i64)"));
-  assert_non_null(strstr(m[2].err, "rank 11 gave up on group"));
-  assert_non_null(strstr(m[2].err, "dtype u8"));
 }
 
 /* Member 1 leaves (its links close) while member 0 waits in a large all_reduce. */
@@ -584,7 +599,7 @@ static void body_peer_leaves(member_t *m) {
 
 static void test_a_peer_that_leaves_gives_an_error_not_a_hang(void **state) {
   (void)state;
-  for (int cma = 0; cma <= 1; cma++) {
+  for (int cma = TCP; cma <= SHM; cma++) {
     member_t m[MAXM];
     run_group(m, 2, body_peer_leaves, NULL, cma);
     assert_int_equal(-1, m[0].rc);
@@ -609,11 +624,13 @@ static void body_peer_absent(member_t *m) {
 static void test_a_peer_that_never_comes_times_out_by_name(void **state) {
   (void)state;
   member_t m[MAXM];
-  run_group(m, 2, body_peer_absent, NULL, 1);
-  assert_int_equal(-1, m[0].rc);
-  assert_non_null(strstr(m[0].err, "no data from rank 11"));
-  assert_non_null(strstr(m[0].err, "MONARCH_COLL_TIMEOUT"));
-  mn_coll_group_free(inst[1], m[1].gid);
+  for (int mode = CMA; mode <= SHM; mode++) {
+    run_group(m, 2, body_peer_absent, NULL, mode);
+    assert_int_equal(-1, m[0].rc);
+    assert_non_null(strstr(m[0].err, mode == SHM ? "no progress from rank 11" : "no data from rank 11"));
+    assert_non_null(strstr(m[0].err, "MONARCH_COLL_TIMEOUT"));
+    mn_coll_group_free(inst[1], m[1].gid);
+  }
 }
 
 static void body_group_alone(member_t *m) {
@@ -651,7 +668,7 @@ static void body_copy(member_t *m) {
 /* Over TCP, and (on one host, from 1 MB) copied by the receiver straight out of the sender's memory. */
 static void test_copy_lands_in_place(void **state) {
   (void)state;
-  for (int cma = 0; cma <= 1; cma++) {
+  for (int cma = TCP; cma <= CMA; cma++) {
     copy_case_t k = {tensor_new(MK_F32, 3 << 20), tensor_new(MK_F32, 3 << 20), 77 + (uint64_t)cma};
     member_t m[MAXM];
     fill(k.src, 5 + cma);

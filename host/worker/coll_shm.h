@@ -1,0 +1,76 @@
+/*
+ * coll_shm.h - collectives for groups whose members all share one host,
+ * through one shared memory region per group instead of sockets.
+ *
+ * Member 0 creates the region (a memfd); the others map it through
+ * /proc/<pid>/fd/<fd>, which needs the same permission as reading that
+ * process's memory. Each member has a progress counter and a header slot;
+ * staging buffers hold one piece of the tensor per member, twice (the next
+ * piece fills while the last drains). A collective runs piece by piece in
+ * two phases, each ended by waiting for every member's counter:
+ *
+ *   copy in  -> [all copied]  -> reduce my segment into the shared result
+ *            -> [all reduced] -> copy the result out
+ *
+ * Waiting spins briefly, then sleeps on a futex in the region; between
+ * sleeps a caller-supplied check looks for peers that died or gave up. Every
+ * element is reduced by exactly one member in member order, so results are
+ * bitwise identical on every member and from run to run.
+ */
+#ifndef MN_COLL_SHM_H
+#define MN_COLL_SHM_H
+
+#include "collective.h"
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define MN_SHM_PIECE_DEFAULT (256u << 10) /* bytes of the tensor per step, each member's own core (bench/collective.sh) */
+#define MN_SHM_PIECE_SHARED (1u << 20)    /* the same with more members than cores: fewer waits pay more */
+#define MN_SHM_DATA_MAX (64u << 20)       /* most staging bytes one region holds; the piece shrinks to fit */
+#define MN_SHM_PIECE_MIN 4096u            /* smallest piece */
+#define MN_SHM_MAX_MEMBERS 256            /* larger groups keep the ring */
+
+typedef struct mn_shm_s mn_shm_t;
+
+/* The piece a region for n members uses when `want` bytes are asked for (0: the default). */
+size_t mn_shm_piece_for(int n, size_t want);
+/* Member 0: creates a region for n members. Returns 0, or -1 with err. */
+int mn_shm_create(mn_shm_t **out, int n, size_t piece, char *err, size_t errlen);
+/* Member me > 0: maps the region member 0 (process pid) holds open as fd. */
+int mn_shm_attach(mn_shm_t **out, int n, int me, long pid, int fd, size_t piece, char *err, size_t errlen);
+/* The creator's descriptor, to name in /proc/<pid>/fd; -1 once dropped. */
+int mn_shm_fd(const mn_shm_t *s);
+/* Closes the creator's descriptor once every member has mapped the region. */
+void mn_shm_drop_fd(mn_shm_t *s);
+void mn_shm_close(mn_shm_t *s);
+/* Tells every member this one gave up (they fail with `why` at their next wait). */
+void mn_shm_abort(mn_shm_t *s, uint32_t rank, const char *why);
+
+/* One collective, as every member calls it. */
+typedef struct {
+  const mn_coll_hdr_t *hdr; /* this member's step header: compared with every other member's */
+  uint64_t gid;             /* for messages */
+  const char *what;
+  char *data;               /* all_reduce, broadcast: the tensor; all_gather, reduce_scatter: dst */
+  const char *src;          /* all_gather, reduce_scatter: src */
+  size_t count;             /* elements: the tensor (all_reduce, broadcast), src (all_gather), dst (reduce_scatter) */
+  size_t esize;             /* bytes per element (1 for broadcast and all_gather) */
+  int timeout_ms;           /* without any member making progress */
+  atomic_int *cancel;       /* may be NULL */
+  /* Called between sleeps: nonzero (with err) when a peer is gone. */
+  int (*check)(void *arg, char *err, size_t errlen);
+  /* Names member j in messages. */
+  void (*name)(void *arg, int j, char *buf, size_t n);
+  void *arg;
+} mn_shm_op_t;
+
+/*
+ * Runs op's collective (the kind, op and dtype are in op->hdr). Returns 0,
+ * or -1 with err; *mismatch is set when members called different things.
+ * After a failure the region is out of step and the group must go.
+ */
+int mn_shm_run(mn_shm_t *s, const mn_shm_op_t *op, char *err, size_t errlen, int *mismatch);
+
+#endif
