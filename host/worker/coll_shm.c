@@ -230,8 +230,9 @@ static inline void cpu_relax(void) {
 static int failed_abort(const mn_shm_t *s, const mn_shm_op_t *op, char *err, size_t errlen) {
   shm_head_t *h = head(s);
   if (!atomic_load(&h->aborted)) return 0;
-  snprintf(err, errlen, "%s: rank %u gave up on group %llu: %s", op->what, h->abort_rank,
-           (unsigned long long)op->gid, h->reason[0] ? h->reason : "(no reason given)");
+  /* Bounded: the reason lives in memory every member can write. */
+  snprintf(err, errlen, "%s: rank %u gave up on group %llu: %.*s", op->what, h->abort_rank,
+           (unsigned long long)op->gid, MN_COLL_MAX_ABORT_MSG, h->reason[0] ? h->reason : "(no reason given)");
   return -1;
 }
 
