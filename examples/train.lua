@@ -68,6 +68,13 @@ local OPTIONS = { -- name, default, kind, help
   { "help", false, "flag", "show this help" },
 }
 
+-- A mistake in how the script was run: the message alone, without a traceback; exit status 1 as for any failed script.
+local function die(msg)
+  io.stderr:write("train.lua: ", msg, "\n")
+  if package.loaded.monarch then monarch.shutdown() end
+  os.exit(1)
+end
+
 local function usage()
   local lines = { "usage: monarch-run examples/train.lua [options]", "" }
   for _, o in ipairs(OPTIONS) do
@@ -90,13 +97,13 @@ local function parse_args(argv)
     local name, inline = a:match("^%-%-([%w%-]+)=(.*)$")
     name = name or a:match("^%-%-([%w%-]+)$")
     local o = name and spec[name]
-    if not o then error("train.lua: unknown argument '" .. a .. "'\n" .. usage(), 0) end
+    if not o then die("unknown argument '" .. a .. "'\n" .. usage()) end
     if o[3] == "flag" then
-      if inline then error("train.lua: --" .. name .. " takes no value", 0) end
+      if inline then die("--" .. name .. " takes no value") end
       opts[name] = true
     else
       local v = inline or argv[i + 1]
-      if v == nil then error("train.lua: --" .. name .. " needs a value", 0) end
+      if v == nil then die("--" .. name .. " needs a value") end
       if not inline then i = i + 1 end
       if o[3] ~= "string" then
         local n = tonumber(v)
@@ -114,12 +121,12 @@ local function parse_args(argv)
   end
   at_least("procs", 1); at_least("epochs", 1); at_least("steps", 1); at_least("batch", 1); at_least("hidden", 1)
   at_least("every", 0); at_least("keep", 1); at_least("snapshot-every", 1); at_least("log-every", 1)
-  if not (opts.lr > 0) then error("train.lua: --lr must be positive", 0) end
+  if not (opts.lr > 0) then die("--lr must be positive") end
   if opts.device ~= "auto" and opts.device ~= "cpu" and opts.device ~= "gpu" then
-    error("train.lua: --device must be auto, cpu or gpu, got '" .. opts.device .. "'", 0)
+    die("--device must be auto, cpu or gpu, got '" .. opts.device .. "'")
   end
   if not (opts["test-fraction"] > 0 and opts["test-fraction"] < 1) then
-    error("train.lua: --test-fraction must be between 0 and 1", 0)
+    die("--test-fraction must be between 0 and 1")
   end
   return opts
 end
@@ -171,7 +178,7 @@ local repo = realpath((script:match("^(.*)/[^/]*$") or ".") .. "/..") or "."
 local function ensure_data()
   local data = opts.data
   if data then
-    return realpath(data) or error("train.lua: data file " .. data .. " does not exist", 0)
+    return realpath(data) or die("data file " .. data .. " does not exist")
   end
   data = repo .. "/data/digits.csv.gz"
   if not file_exists(data) then
@@ -179,7 +186,7 @@ local function ensure_data()
     note("data: %s is missing; fetching it with %s", data, fetch)
     local ok = os.execute(string.format("'%s' '%s'", fetch:gsub("'", "'\\''"), data:gsub("'", "'\\''")))
     if (ok ~= 0 and ok ~= true) or not file_exists(data) then
-      error("train.lua: could not fetch the digits data set (see the message above); or pass --data FILE", 0)
+      die("could not fetch the digits data set (see the message above); or pass --data FILE")
     end
   end
   return data
@@ -214,7 +221,7 @@ if opts.device ~= "cpu" then
     end
   end
   if not on_gpu then
-    if opts.device == "gpu" then error("train.lua: --device gpu: " .. tostring(why), 0) end
+    if opts.device == "gpu" then die("--device gpu: " .. tostring(why)) end
     device_line = device_line .. "; no GPU used: " .. tostring(why)
   end
 end
@@ -315,11 +322,11 @@ local function load_checkpoint()
     where = opts["resume-from"]
     local err
     ck, err = checkpoint.read(where)
-    if not ck then error("train.lua: cannot resume: " .. err, 0) end
+    if not ck then die("cannot resume: " .. err) end
   else
     ck, where, rejected = checkpoint.latest(opts["checkpoint-dir"])
     for _, why in ipairs(rejected or {}) do note("resume: skipping %s", why) end
-    if not ck then error("train.lua: cannot resume: " .. where, 0) end
+    if not ck then die("cannot resume: " .. where) end
   end
   for _, k in ipairs { "features", "hidden", "classes" } do
     if ck.meta[k] ~= tostring(meta[k]) then
@@ -329,7 +336,7 @@ local function load_checkpoint()
   end
   local P, S = ck.by_name.params, ck.by_name.adam
   if not P or #P ~= 4 * nparams or not S or #S ~= 8 * nparams then
-    error("train.lua: cannot resume from " .. where .. ": its params/adam sections do not fit this model", 0)
+    die("cannot resume from " .. where .. ": its params/adam sections do not fit this model")
   end
   for _, k in ipairs { "procs", "batch", "lr", "seed", "test_fraction" } do
     if ck.meta[k] ~= tostring(meta[k]) then
@@ -377,7 +384,7 @@ local function train_step(s)
   local epoch, k = math.floor(s / steps_per_epoch), s % steps_per_epoch
   if opts["kill-at"] == s and not injected.kill then
     injected.kill = true
-    if not restartable then error("train.lua: --kill-at needs restart support (ProcMesh:ready)", 0) end
+    if not restartable then die("--kill-at needs restart support (ProcMesh:ready)") end
     procs:load "faulty"
     -- Its future fails with the proc; the step's own calls report the failure.
     procs:slice{ hosts = 0, procs = procs:size("procs") - 1 }:call_one("exit", 9)

@@ -116,11 +116,10 @@ static int check_tensor(mk_ctx_t *ctx, const char *k, const char *name, const mk
   if (t->dtype == dtype && t->ndim == want_ndim && (d0 < 0 || t->shape[0] == d0) &&
       (want_ndim == 1 || d1 < 0 || t->shape[1] == d1))
     return 0;
-  if (want_ndim == 1)
-    return mk_errorf(ctx, "%s: %s must be a GPU %s[%lld], got %s", k, name, dtype_name(dtype), (long long)d0,
-                     desc(t, d, sizeof(d)));
   char w0[CM_DIM_BUF], w1[CM_DIM_BUF];
   snprintf(w0, sizeof(w0), d0 < 0 ? "*" : "%lld", (long long)d0);
+  if (want_ndim == 1)
+    return mk_errorf(ctx, "%s: %s must be a GPU %s[%s], got %s", k, name, dtype_name(dtype), w0, desc(t, d, sizeof(d)));
   snprintf(w1, sizeof(w1), d1 < 0 ? "*" : "%lld", (long long)d1);
   return mk_errorf(ctx, "%s: %s must be a GPU %s[%sx%s], got %s", k, name, dtype_name(dtype), w0, w1,
                    desc(t, d, sizeof(d)));
