@@ -1648,12 +1648,11 @@ typedef struct {
 static void shm_name(void *arg, int j, char *buf, size_t n) { member_name(((shm_ctx_t *)arg)->g, j, buf, n); }
 
 /*
- * Between sleeps: a shared-memory group sends nothing on its sockets, so a
- * readable one means its member died (EOF) or gave up (an ABORT header).
+ * For a group that sends nothing on its sockets (shared memory, or a watch
+ * group): a readable one means its member died (EOF) or gave up (an ABORT
+ * header). 0, or -1 with err naming the member and `what` was running.
  */
-static int shm_check(void *arg, char *err, size_t errlen) {
-  shm_ctx_t *x = arg;
-  group_t *g = x->g;
+static int group_peer_check(group_t *g, const char *what, char *err, size_t errlen) {
   int fds[3] = {g->next_fd, g->prev_fd, g->me != 0 ? g->star[0] : -1};
   int who[3] = {(g->me + 1) % g->n, mod(g->me - 1, g->n), 0};
   int nfd = g->me != 0 ? 3 : 2;
@@ -1671,16 +1670,21 @@ static int shm_check(void *arg, char *err, size_t errlen) {
       size_t rl = a.nbytes > MN_COLL_MAX_ABORT_MSG ? 0 : (size_t)a.nbytes;
       if (read_exact(fd, reason, rl, now_ms() + 100) != 0) rl = 0;
       reason[rl] = '\0';
-      snprintf(err, errlen, "%s: rank %u gave up on group %llu: %s", x->what, a.rank, (unsigned long long)g->id,
+      snprintf(err, errlen, "%s: rank %u gave up on group %llu: %s", what, a.rank, (unsigned long long)g->id,
                rl ? reason : "(no reason given)");
-    } else if (rc == MN_ECLOSED || rc != 0) {
-      fail_io(err, errlen, x->what, name, 0, rc == 0 ? MN_ECLOSED : rc);
+    } else if (rc != 0) {
+      fail_io(err, errlen, what, name, 0, rc);
     } else {
-      snprintf(err, errlen, "%s: %s sent bytes a shared-memory group never sends (out of step)", x->what, name);
+      snprintf(err, errlen, "%s: %s sent bytes this group never sends (out of step)", what, name);
     }
     return -1;
   }
   return 0;
+}
+
+static int shm_check(void *arg, char *err, size_t errlen) {
+  shm_ctx_t *x = arg;
+  return group_peer_check(x->g, x->what, err, errlen);
 }
 
 static int shm_over(mn_coll_t *c, group_t *g, const mn_coll_hdr_t *h, char *data, const char *src, size_t count,
@@ -1967,6 +1971,15 @@ static struct {
   int used;
   uint64_t tag, id;
 } local_sends[MN_COLL_MAX_LOCAL];
+
+int mn_coll_watch(uint64_t gid, const char *what, char *err, size_t errlen) {
+  group_t *g = proc_coll != NULL ? group_find(proc_coll, gid) : NULL;
+  return g == NULL ? 0 : group_peer_check(g, what, err, errlen);
+}
+
+void mn_coll_watch_free(uint64_t gid) {
+  if (proc_coll != NULL) mn_coll_group_free(proc_coll, gid);
+}
 
 static int arg_u64(const msgpack_object *args, uint32_t i, const char *name, const char *what, uint64_t *v,
                    char *err, size_t errlen) {

@@ -189,4 +189,15 @@ int mn_coll_recv(mn_coll_t *c, mk_tensor_t *t, uint64_t tag, char *err, size_t e
  */
 int mn_coll_start(const char *bind_host, const mn_auth_t *auth, int rank);
 
+/*
+ * Watching peers from other code on the executor thread (the NCCL waits in
+ * gpu.c): gid names a group of the process's instance on which nothing is
+ * ever sent. Returns 0 while every member's links are quiet, or -1 with err
+ * naming the member that died or gave up (`what` names the caller's
+ * operation); 0 when there is no such group.
+ */
+int mn_coll_watch(uint64_t gid, const char *what, char *err, size_t errlen);
+/* Frees a watch group (closing its links, so its other members notice too). */
+void mn_coll_watch_free(uint64_t gid);
+
 #endif

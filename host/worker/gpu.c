@@ -1,6 +1,8 @@
 /* gpu.c - CUDA device memory and NCCL collectives for a proc; see gpu.h. */
 #include "gpu.h"
 
+#include "collective.h"
+
 #include "exec.h"
 #include "registry.h"
 
@@ -52,6 +54,7 @@ typedef struct {
   int nranks;
   int rank;
   int device;
+  uint64_t watch; /* a collective group of the same procs whose links tell when one dies (0: none) */
 } comm_t;
 
 /* One per process: the proc has one executor thread. */
@@ -316,6 +319,7 @@ static comm_t *find_comm(uint64_t id) {
 }
 
 static void drop_comm(comm_t *c) {
+  if (c->watch != 0) mn_coll_watch_free(c->watch); /* closing its links tells the other members at once */
   *c = G.comms[--G.ncomms];
 }
 
@@ -396,6 +400,13 @@ static int coll_wait(mn_exec_t *x, mk_ctx_t *ctx, comm_t *c, const char *who, ch
       if (G.nccl.CommGetAsyncError(c->comm, &async) == NCCL_SUCCESS && async != NCCL_SUCCESS &&
           async != NCCL_IN_PROGRESS) {
         nccl_fail(x, async, c->comm, who, err, errlen);
+        break;
+      }
+      if (c->watch != 0 && mn_coll_watch(c->watch, who, err, errlen) != 0) {
+        /* NCCL does not notice a dead peer on its own: it would wait for the timeout. */
+        x->err_kind = "gpu";
+        size_t l = strlen(err);
+        snprintf(err + l, errlen - l, "; communicator %llu aborted", (unsigned long long)c->id);
         break;
       }
       if (mk_cancelled(ctx)) why = "cancelled";
@@ -557,41 +568,51 @@ static int b_nccl_id(mn_exec_t *x, mk_ctx_t *ctx, char *err, size_t errlen) {
   return mk_return_bytes(ctx, id.internal, sizeof(id.internal));
 }
 
+/* A communicator that was not made does not keep its watch group. */
+static int fail_watch(uint64_t watch) {
+  if (watch != 0) mn_coll_watch_free(watch);
+  return -1;
+}
+
 static int b_nccl_init(mn_exec_t *x, const msgpack_object *args, char *err, size_t errlen) {
-  uint64_t cid;
+  uint64_t cid, watch = 0;
   int64_t nranks, rank;
   const char *s;
   size_t sl;
   mn_nccl_id_t id;
   if (mn_get_u64(args, 0, &cid) != 0 || (mn_get_bin(args, 1, &s, &sl) != 0 && mn_get_str(args, 1, &s, &sl) != 0) ||
-      mn_get_i64(args, 2, &nranks) != 0 || mn_get_i64(args, 3, &rank) != 0) {
-    snprintf(err, errlen, "__gpu_nccl_init takes (comm, id bytes, nranks, rank)");
+      mn_get_i64(args, 2, &nranks) != 0 || mn_get_i64(args, 3, &rank) != 0 ||
+      (args->via.array.size > 4 && mn_get_u64(args, 4, &watch) != 0)) {
+    snprintf(err, errlen, "__gpu_nccl_init takes (comm, id bytes, nranks, rank [, watch group])");
     return -1;
   }
   if (sl != sizeof(id.internal)) {
     snprintf(err, errlen, "__gpu_nccl_init: the NCCL id must be %d bytes, got %zu", MN_GPU_NCCL_ID_BYTES, sl);
-    return -1;
+    return fail_watch(watch);
   }
   if (nranks < 1 || nranks > 1 << 20 || rank < 0 || rank >= nranks) {
     snprintf(err, errlen, "__gpu_nccl_init: rank %lld is outside 0..nranks-1 (nranks %lld)", (long long)rank,
              (long long)nranks);
-    return -1;
+    return fail_watch(watch);
   }
-  if (nccl_ready(x, err, errlen) != 0 || use_device(x, proc_device(x), err, errlen) != 0) return -1;
+  if (nccl_ready(x, err, errlen) != 0 || use_device(x, proc_device(x), err, errlen) != 0) return fail_watch(watch);
   if (find_comm(cid) != NULL) {
     snprintf(err, errlen, "__gpu_nccl_init: communicator %llu already exists on this proc", (unsigned long long)cid);
-    return -1;
+    return fail_watch(watch);
   }
   if (G.ncomms == MN_GPU_MAX_COMMS) {
     snprintf(err, errlen, "__gpu_nccl_init: MN_GPU_MAX_COMMS (%d) communicators already live on this proc",
              MN_GPU_MAX_COMMS);
-    return -1;
+    return fail_watch(watch);
   }
   memcpy(id.internal, s, sizeof(id.internal));
   void *comm = NULL;
   int rc = G.nccl.CommInitRank(&comm, (int)nranks, id, (int)rank);
-  if (rc != NCCL_SUCCESS) return nccl_fail(x, rc, NULL, "ncclCommInitRank", err, errlen);
-  G.comms[G.ncomms++] = (comm_t){cid, comm, (int)nranks, (int)rank, G.cur};
+  if (rc != NCCL_SUCCESS) {
+    nccl_fail(x, rc, NULL, "ncclCommInitRank", err, errlen);
+    return fail_watch(watch);
+  }
+  G.comms[G.ncomms++] = (comm_t){cid, comm, (int)nranks, (int)rank, G.cur, watch};
   return 0;
 }
 

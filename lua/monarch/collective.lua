@@ -373,6 +373,16 @@ function M.setup_groups(m, opts)
   return ids
 end
 
+--- A fresh group of these procs (in this order) on which nothing is ever
+-- sent: each member's links to the others tell it at once when one dies
+-- (gpu.lua hands it to NCCL communicators, which do not notice on their
+-- own). Returns its id once every member has joined.
+function M.watch_group(procs, timeout)
+  local g = group_for(procs, timeout, true)
+  for _, f in ipairs(g.setup) do f:get() end
+  return g.id
+end
+
 --- Forgets every cached group (the next collective sets new ones up).
 function M.forget_groups() groups = {} end
 

@@ -226,12 +226,22 @@ local function bootstrap(m, dim, level)
   for g, f in ipairs(id_futs) do ids[g] = f:get(M.init_timeout) end
   next_comm = next_comm + 1
   local cid = next_comm
+  -- A watch group per communicator: its links show a dead peer, which NCCL would wait on until the timeout.
+  -- Best effort: without one a dead peer is found by that timeout.
+  local watches = {}
+  for g, members in ipairs(groups) do
+    local procs = {}
+    for k, i in ipairs(members) do procs[k] = m._procs[i] end
+    local ok, gid = true, 0
+    if #procs > 1 then ok, gid = pcall(require("monarch.collective").watch_group, procs, M.init_timeout) end
+    watches[g] = ok and gid or 0
+  end
   -- Every member must be asked before any answers: ncclCommInitRank waits for the whole group.
   local inits = {}
   for g, members in ipairs(groups) do
     for r, i in ipairs(members) do
       local p = m._procs[i]
-      inits[#inits + 1] = runtime.submit({ p }, "__gpu_nccl_init", { cid, ids[g], #members, r - 1 }, 4,
+      inits[#inits + 1] = runtime.submit({ p }, "__gpu_nccl_init", { cid, ids[g], #members, r - 1, watches[g] }, 5,
         { mode = "one", what = "NCCL init on rank " .. p.rank }).future
     end
   end

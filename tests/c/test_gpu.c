@@ -27,6 +27,7 @@ static struct {
   int live;           /* allocations not yet freed */
   int fail_malloc;
   int not_ready;      /* StreamQuery never finishes */
+  int hang;           /* the same until a communicator is aborted (a collective whose peer died) */
   int nccl_rc;        /* what collectives return */
   int comms;          /* live communicators */
   int aborted;
@@ -50,7 +51,7 @@ static int f_free(void *p) { free(p); F.live--; return 0; }
 static int f_memset(void *p, int v, size_t n) { memset(p, v, n); return 0; }
 static int f_memcpy(void *d, const void *s, size_t n, int kind) { memcpy(d, s, n); return kind == 1 || kind == 2 ? 0 : 21; }
 static int f_sync(void) { return 0; }
-static int f_query(void *s) { return F.not_ready ? 600 : 0; }
+static int f_query(void *s) { return F.not_ready || F.hang ? 600 : 0; }
 static int f_meminfo(size_t *fb, size_t *tb) { *fb = 1000; *tb = 4000; return 0; }
 /* The name tells which GPU a pinned proc was given: "Fake GPU (CUDA_VISIBLE_DEVICES=1)". */
 static int f_props(void *p, int dev) {
@@ -101,7 +102,11 @@ static int n_init(void **c, int nranks, mn_nccl_id_t id, int rank) {
   return 0;
 }
 static int n_destroy(void *c) { free(c); F.comms--; return 0; }
-static int n_abort(void *c) { F.aborted++; return n_destroy(c); }
+static int n_abort(void *c) {
+  F.aborted++;
+  F.hang = 0;
+  return n_destroy(c);
+}
 static int n_async(void *c, int *e) { *e = 0; return 0; }
 static int record(const void *s, void *r, size_t count, int dt, int op, int root) {
   F.last_send = s, F.last_recv = r, F.last_count = count, F.last_dtype = dt, F.last_op = op, F.last_root = root;
@@ -130,7 +135,8 @@ static const char *n_last(void *c) { return F.nccl_rc ? "Duplicate GPU detected"
  * collective cannot combine data across procs; instead an f32 all_reduce of
  * 4 or more elements writes what its communicator is into the tensor:
  * {nranks, rank, pid of the proc that made the id, that id's serial}. One of
- * exactly 13 elements fails with ncclInvalidUsage.
+ * exactly 13 elements fails with ncclInvalidUsage; one of exactly 17 never
+ * completes (as when a peer died) until its communicator is aborted.
  */
 #define EXPORT __attribute__((visibility("default")))
 EXPORT int cudaGetDeviceCount(int *n) { return f_count(n); }
@@ -157,6 +163,7 @@ EXPORT int ncclCommGetAsyncError(void *c, int *e) { return n_async(c, e); }
 EXPORT int ncclAllReduce(const void *s, void *r, size_t count, int dt, int op, void *c, void *st) {
   const fake_comm_t *fc = c;
   if (count == 13) return 5;
+  if (count == 17) F.hang = 1;
   if (dt == 7 && count >= 4) {
     float *out = r;
     out[0] = (float)fc->nranks, out[1] = (float)fc->rank, out[2] = (float)fc->pid, out[3] = (float)fc->serial;

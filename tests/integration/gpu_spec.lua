@@ -456,4 +456,27 @@ describe("GPU built-ins on a fake CUDA runtime", function()
     t:free()
     bad:free()
   end)
+
+  it("aborts a collective as soon as a peer dies instead of waiting out the timeout", function()
+    need_fake()
+    local three = hosts:spawn_procs{ procs = 3 }
+    three:on_failure(function() end)
+    local t = three:gpu_tensor("f32", { 17 }) -- the fake's all_reduce of 17 never completes: as with a dead peer
+    local f = three:gpu_all_reduce(t, "sum")
+    monarch.sleep(0.3) -- every member is waiting on the stream now
+    local survivors = three:slice{ procs = { 0, 2 } }
+    os.execute("kill -9 " .. three:procs()[3].pid)
+    local t0 = monarch.now()
+    local ok, err = pcall(f.get, f)
+    assert.is_false(ok)
+    -- MN_GPU_COLL_TIMEOUT_S is 300 s: only the watch group's links can end it this soon.
+    assert.is_true(monarch.now() - t0 < 10, "took " .. (monarch.now() - t0) .. " s")
+    local msgs = { tostring(err) }
+    for _, e in ipairs(err.failures or {}) do msgs[#msgs + 1] = tostring(e) end
+    assert.matches("closed its link during __gpu_all_reduce %(it failed or died%); communicator %d+ aborted",
+      table.concat(msgs, "\n"))
+    -- The survivors were not stuck: they answer at once.
+    for _, v in ipairs(survivors:gpu_info():get():values()) do assert.are.equal("Fake GPU", v.name) end
+    three:stop()
+  end)
 end)
