@@ -12,10 +12,12 @@
  * peer that never came). Everything else - groups, collectives, copies - runs
  * on the executor thread alone.
  *
- * Layers: pure helpers (reduction ops, segment arithmetic, step headers),
- * then an mn_coll_t instance API that tests drive directly (several instances
- * in one process), then mn_coll_start(), which opens the process's instance
- * and registers the "__coll_" built-ins with the executor.
+ * Layers: pure helpers (reduction ops, segment arithmetic, step headers:
+ * coll_ops.c), then an mn_coll_t instance API that tests drive directly
+ * (several instances in one process: coll_link.c, coll_ring.c,
+ * collective.c, coll_shm.c, coll_copy.c), then mn_coll_start(), which opens
+ * the process's instance and registers the "__coll_" built-ins with the
+ * executor (coll_proc.c).
  */
 #ifndef MN_COLLECTIVE_H
 #define MN_COLLECTIVE_H

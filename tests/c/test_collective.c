@@ -1,5 +1,5 @@
 /*
- * test_collective.c - unit tests for host/worker/collective.c: the pure
+ * test_collective.c - unit tests for host/worker/collective.c and coll_*.c: the pure
  * pieces (reduction ops, segment arithmetic, step headers), then real
  * collectives between several mn_coll_t instances in this one process, one
  * thread per member, over real loopback sockets - both over TCP and with
