@@ -1,0 +1,137 @@
+/*
+ * agent_int.h - what the host agent's files share: its structs and the
+ * functions one part calls in another. agent.c holds the loop, controller
+ * connections and sessions; agent_proc.c spawns procs and forwards their
+ * ports, exits, status lines and output; agent_persist.c keeps persistent
+ * meshes and answers STATUS and LIST. The public entry point is agent.h.
+ */
+#ifndef MN_AGENT_INT_H
+#define MN_AGENT_INT_H
+
+#include "agent.h"
+
+#include "handshake.h"
+#include "wire.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+#include <uv.h>
+
+#define MN_MAX_SPAWN 4096         /* most procs one SPAWN may ask for */
+#define MN_AGENT_GRACE_MS 10000   /* a departed controller's procs live this long (default) */
+#define MN_AGENT_SILENCE_MS 10000 /* a controller connection silent this long is dropped */
+#define MN_MAX_BACKLOG (1u << 20) /* bytes of events kept for a detached session */
+#define MN_EXITS_KEPT 16          /* recent proc exits the agent remembers for STATUS */
+#define MN_MAX_LOG_LINE (64u << 10) /* a longer unterminated line is forwarded in pieces */
+#define MN_MAX_PERSISTED 256      /* most persistent meshes one agent keeps */
+
+typedef struct aconn_s aconn_t;
+typedef struct asession_s asession_t;
+typedef struct apersist_s apersist_t;
+
+/* A persistent mesh's record: its procs point at it. */
+struct apersist_s {
+  char name[MN_MAX_NAME + 1];
+  mn_buf_t blob;     /* the controller's description, packed msgpack; returned verbatim by ATTACH */
+  int nprocs;        /* live procs marked with this record; the record goes with the last */
+  apersist_t *next;
+};
+
+typedef struct {
+  uv_loop_t *loop;
+  uv_tcp_t server;
+  mn_auth_t auth;
+  const mn_agent_opts_t *o;
+  char host[256];
+  aconn_t *conns;
+  int nconns;
+  asession_t *sessions;
+  apersist_t *persisted;
+  int npersisted;
+  uv_timer_t tick;
+  uint64_t grace_ms;
+  uint64_t silence_ms;
+  int nprocs;
+  int served;
+  int stopping;
+  uint64_t started;
+  struct {
+    int rank;
+    int64_t pid, status;
+    int sig;
+    uint64_t at;
+  } exits[MN_EXITS_KEPT];
+  int nexits;          /* total recorded; the ring holds the last MN_EXITS_KEPT */
+} agent_t;
+
+struct asession_s {
+  uint64_t id;
+  agent_t *a;
+  aconn_t *conn;      /* NULL while the controller is away */
+  uint64_t left_at;   /* uv_now when it went away */
+  mn_buf_t backlog;   /* events to deliver when it comes back */
+  int ended;          /* GOODBYE or grace expired: procs are being killed */
+  asession_t *next;
+};
+
+struct aconn_s {
+  uv_tcp_t tcp;
+  agent_t *a;
+  asession_t *session;
+  uint64_t last_rx;
+  int ready;
+  int closing;
+  uint8_t ns[MN_NONCE_LEN];
+  mn_buf_t in;
+  msgpack_zone zone;
+  uv_timer_t hs_timer;
+  aconn_t *next;
+};
+
+typedef struct {
+  uv_process_t proc;
+  uv_pipe_t pipe;     /* fd 3: the port report */
+  uv_pipe_t out, err; /* the proc's stdout and stderr, forwarded as LOG */
+  mn_buf_t obuf, ebuf; /* partial lines */
+  agent_t *a;
+  asession_t *owner;  /* NULL once killed, or while parked (persistent, no controller) */
+  apersist_t *persist; /* the persistent mesh it belongs to, or NULL */
+  uint64_t req;
+  int index;
+  int rank;
+  char buf[256];       /* fd 3: the port line, then "S queued executed running" lines */
+  size_t blen;
+  int reported;
+  int open_handles;
+  uint64_t started;    /* uv_now at spawn */
+  int queued;          /* the proc's last status report */
+  uint64_t executed;
+  char running[104];
+} aproc_t;
+
+/* ---- agent.c ------------------------------------------------------------------------------ */
+
+void mn__agent_maybe_exit(agent_t *a);
+void mn__agent_persist_unmark(aproc_t *p);
+void mn__agent_refuse(aconn_t *c, int code, const char *msg);
+void mn__agent_send_buf(aconn_t *c, const mn_buf_t *b);
+void mn__agent_session_send(asession_t *s, const mn_buf_t *b);
+
+/* ---- agent_proc.c ------------------------------------------------------------------------- */
+
+void mn__agent_send_spawn_failed(asession_t *c, uint64_t req, int index, const char *msg);
+int mn__agent_spawn_one(asession_t *c, uint64_t req, int index, int rank, int world, int device);
+
+/* ---- agent_persist.c ---------------------------------------------------------------------- */
+
+void mn__agent_handle_attach(aconn_t *c, const msgpack_object *m);
+void mn__agent_handle_detach(aconn_t *c, const msgpack_object *m);
+void mn__agent_handle_list(aconn_t *c, const msgpack_object *m);
+void mn__agent_handle_persist(aconn_t *c, const msgpack_object *m);
+void mn__agent_handle_status(aconn_t *c, const msgpack_object *m);
+
+#endif

@@ -1,0 +1,241 @@
+/* agent_proc.c - the host agent's procs: spawning, port reports, exits, status lines and output. */
+#include "agent_int.h"
+
+/* ---- procs ----------------------------------------------------------------- */
+
+static void proc_handle_closed(uv_handle_t *h) {
+  aproc_t *p = h->data;
+  if (--p->open_handles == 0) {
+    agent_t *a = p->a;
+    mn_buf_free(&p->obuf);
+    mn_buf_free(&p->ebuf);
+    free(p);
+    a->nprocs--;
+    mn__agent_maybe_exit(a);
+  }
+}
+
+void mn__agent_send_spawn_failed(asession_t *c, uint64_t req, int index, const char *msg) {
+  mn_buf_t b;
+  msgpack_packer pk;
+  mn_buf_init(&b);
+  msgpack_packer_init(&pk, &b, mn_buf_write_cb);
+  size_t s = mn_frame_begin(&b);
+  msgpack_pack_array(&pk, 4);
+  msgpack_pack_int(&pk, MN_MSG_SPAWN_FAILED);
+  msgpack_pack_uint64(&pk, req);
+  msgpack_pack_int(&pk, index);
+  mn_pack_cstr(&pk, msg);
+  mn_frame_end(&b, s);
+  mn__agent_session_send(c, &b);
+  mn_buf_free(&b);
+}
+
+static void on_proc_exit(uv_process_t *h, int64_t status, int sig) {
+  aproc_t *p = h->data;
+  char msg[160];
+  agent_t *ag = p->a;
+  int slot = ag->nexits++ % MN_EXITS_KEPT;
+  ag->exits[slot].rank = p->rank;
+  ag->exits[slot].pid = h->pid;
+  ag->exits[slot].status = status;
+  ag->exits[slot].sig = sig;
+  ag->exits[slot].at = uv_now(ag->loop);
+  if (p->owner != NULL) {
+    if (!p->reported) {
+      snprintf(msg, sizeof(msg), "proc rank %d exited (%s %d) before it was ready", p->rank,
+               sig ? "signal" : "code", sig ? sig : (int)status);
+      mn__agent_send_spawn_failed(p->owner, p->req, p->index, msg);
+    } else {
+      mn_buf_t b;
+      msgpack_packer pk;
+      mn_buf_init(&b);
+      msgpack_packer_init(&pk, &b, mn_buf_write_cb);
+      size_t s = mn_frame_begin(&b);
+      msgpack_pack_array(&pk, 5);
+      msgpack_pack_int(&pk, MN_MSG_PROC_EXIT);
+      msgpack_pack_int64(&pk, h->pid);
+      msgpack_pack_int64(&pk, status);
+      mn_pack_cstr(&pk, sig ? sigabbrev_np(sig) ? sigabbrev_np(sig) : "?" : "");
+      msgpack_pack_int(&pk, p->rank);
+      mn_frame_end(&b, s);
+      mn__agent_session_send(p->owner, &b);
+      mn_buf_free(&b);
+    }
+  }
+  mn__agent_persist_unmark(p);
+  uv_close((uv_handle_t *)&p->proc, proc_handle_closed);
+  if (!uv_is_closing((uv_handle_t *)&p->pipe)) uv_close((uv_handle_t *)&p->pipe, proc_handle_closed);
+}
+
+static void pipe_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf) {
+  aproc_t *p = h->data;
+  (void)hint;
+  *buf = uv_buf_init(p->buf + p->blen, (unsigned)(sizeof(p->buf) - 1 - p->blen));
+}
+
+/* Takes the proc's "S queued executed running" lines, once its port is known. */
+static void take_status(aproc_t *p) {
+  char *nl;
+  while ((nl = memchr(p->buf, '\n', p->blen)) != NULL) {
+    *nl = '\0';
+    unsigned long long e;
+    int q;
+    char run[104];
+    if (sscanf(p->buf, "S %d %llu %103s", &q, &e, run) == 3) {
+      p->queued = q;
+      p->executed = e;
+      snprintf(p->running, sizeof(p->running), "%s", run);
+    }
+    size_t used = (size_t)(nl - p->buf) + 1;
+    memmove(p->buf, p->buf + used, p->blen - used);
+    p->blen -= used;
+  }
+  if (p->blen >= sizeof(p->buf) - 1) p->blen = 0; /* garbage without a newline: drop it */
+}
+
+static void on_port(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
+  aproc_t *p = s->data;
+  (void)buf;
+  if (n < 0) {
+    uv_close((uv_handle_t *)&p->pipe, proc_handle_closed);
+    return;
+  }
+  p->blen += (size_t)n;
+  p->buf[p->blen] = '\0';
+  if (p->reported || p->owner == NULL) {
+    take_status(p);
+    return;
+  }
+  if (strchr(p->buf, '\n') == NULL && p->blen < sizeof(p->buf) - 1) return;
+  int port = atoi(p->buf);
+  if (port > 0 && p->owner != NULL && !p->reported) {
+    mn_buf_t b;
+    msgpack_packer pk;
+    mn_buf_init(&b);
+    msgpack_packer_init(&pk, &b, mn_buf_write_cb);
+    size_t st = mn_frame_begin(&b);
+    msgpack_pack_array(&pk, 5);
+    msgpack_pack_int(&pk, MN_MSG_SPAWNED);
+    msgpack_pack_uint64(&pk, p->req);
+    msgpack_pack_int(&pk, p->index);
+    msgpack_pack_int64(&pk, p->proc.pid);
+    msgpack_pack_int(&pk, port);
+    mn_frame_end(&b, st);
+    mn__agent_session_send(p->owner, &b);
+    mn_buf_free(&b);
+    p->reported = 1;
+    char *nl = memchr(p->buf, '\n', p->blen);
+    size_t used = nl ? (size_t)(nl - p->buf) + 1 : p->blen;
+    memmove(p->buf, p->buf + used, p->blen - used);
+    p->blen -= used;
+    take_status(p);
+    return; /* the pipe stays open for status lines */
+  }
+  uv_close((uv_handle_t *)&p->pipe, proc_handle_closed);
+}
+
+/* Sends [LOG, rank, stream, text] for the complete lines in b (all of b if `all`). */
+static void forward_lines(aproc_t *p, int stream, mn_buf_t *b, int all) {
+  size_t end = b->len;
+  if (!all) {
+    while (end > 0 && b->data[end - 1] != '\n') end--;
+    if (end == 0 && b->len >= MN_MAX_LOG_LINE) end = b->len;
+  }
+  if (end == 0) return;
+  mn_buf_t f;
+  msgpack_packer pk;
+  mn_buf_init(&f);
+  msgpack_packer_init(&pk, &f, mn_buf_write_cb);
+  size_t s = mn_frame_begin(&f);
+  msgpack_pack_array(&pk, 4);
+  msgpack_pack_int(&pk, MN_MSG_LOG);
+  msgpack_pack_int(&pk, p->rank);
+  msgpack_pack_int(&pk, stream);
+  msgpack_pack_str(&pk, end);
+  msgpack_pack_str_body(&pk, b->data, end);
+  mn_frame_end(&f, s);
+  mn__agent_session_send(p->owner, &f);
+  mn_buf_free(&f);
+  mn_buf_consume(b, end);
+}
+
+static void log_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf) {
+  aproc_t *p = h->data;
+  mn_buf_t *b = h == (uv_handle_t *)&p->out ? &p->obuf : &p->ebuf;
+  (void)hint;
+  if (mn_buf_reserve(b, 16 * 1024) != 0) {
+    *buf = uv_buf_init(NULL, 0);
+    return;
+  }
+  *buf = uv_buf_init(b->data + b->len, (unsigned)(b->cap - b->len));
+}
+
+static void log_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
+  aproc_t *p = s->data;
+  int stream = s == (uv_stream_t *)&p->out ? 1 : 2;
+  mn_buf_t *b = stream == 1 ? &p->obuf : &p->ebuf;
+  (void)buf;
+  if (n > 0) b->len += (size_t)n;
+  forward_lines(p, stream, b, n < 0);
+  if (n < 0) uv_close((uv_handle_t *)s, proc_handle_closed);
+}
+
+int mn__agent_spawn_one(asession_t *c, uint64_t req, int index, int rank, int world, int device) {
+  agent_t *a = c->a;
+  aproc_t *p = calloc(1, sizeof(*p));
+  char srank[16], sworld[16], sparent[16], sorphan[32], sdevice[16];
+  if (p == NULL) return UV_ENOMEM;
+  p->a = a;
+  p->owner = c;
+  p->req = req;
+  p->index = index;
+  p->rank = rank;
+  snprintf(srank, sizeof(srank), "%d", rank);
+  snprintf(sworld, sizeof(sworld), "%d", world);
+  snprintf(sparent, sizeof(sparent), "%d", (int)getpid());
+  snprintf(sorphan, sizeof(sorphan), "%g", a->o->orphan_timeout);
+  snprintf(sdevice, sizeof(sdevice), "%d", device);
+  /* A GPU proc gets "--device D" (it pins itself); a CPU proc ends the list there. */
+  char *args[] = {(char *)a->o->exe, "--proc", "--rank", srank, "--world", sworld, "--bind", a->host,
+                  "--parent", sparent, "--port-fd", "3", "--orphan-timeout", sorphan,
+                  device >= 0 ? "--device" : NULL, sdevice, NULL};
+  uv_pipe_init(a->loop, &p->pipe, 0);
+  uv_pipe_init(a->loop, &p->out, 0);
+  uv_pipe_init(a->loop, &p->err, 0);
+  p->pipe.data = p->out.data = p->err.data = p;
+  p->proc.data = p;
+  p->started = uv_now(a->loop);
+  snprintf(p->running, sizeof(p->running), "-");
+  uv_stdio_container_t stdio[4];
+  stdio[0].flags = UV_IGNORE;
+  stdio[1].flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE;
+  stdio[1].data.stream = (uv_stream_t *)&p->out;
+  stdio[2].flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE;
+  stdio[2].data.stream = (uv_stream_t *)&p->err;
+  stdio[3].flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE;
+  stdio[3].data.stream = (uv_stream_t *)&p->pipe;
+  uv_process_options_t po;
+  memset(&po, 0, sizeof(po));
+  po.file = a->o->exe;
+  po.args = args;
+  po.exit_cb = on_proc_exit;
+  po.stdio = stdio;
+  po.stdio_count = 4;
+  int rc = uv_spawn(a->loop, &p->proc, &po);
+  if (rc != 0) {
+    p->open_handles = 3;
+    p->owner = NULL;
+    a->nprocs++;
+    uv_close((uv_handle_t *)&p->pipe, proc_handle_closed);
+    uv_close((uv_handle_t *)&p->out, proc_handle_closed);
+    uv_close((uv_handle_t *)&p->err, proc_handle_closed);
+    return rc;
+  }
+  p->open_handles = 4;
+  a->nprocs++;
+  uv_read_start((uv_stream_t *)&p->pipe, pipe_alloc, on_port);
+  uv_read_start((uv_stream_t *)&p->out, log_alloc, log_read);
+  uv_read_start((uv_stream_t *)&p->err, log_alloc, log_read);
+  return 0;
+}
