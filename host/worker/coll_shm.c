@@ -144,10 +144,16 @@ int mn_shm_attach(mn_shm_t **out, int n, int me, long pid, int fd, size_t piece,
   }
   char path[64];
   snprintf(path, sizeof(path), "/proc/%ld/fd/%d", pid, fd);
-  int f = open(path, O_RDWR | O_CLOEXEC);
+  /* Only a regular file (a memfd is one): never open a device or FIFO a confused peer names. */
   struct stat st;
-  if (f < 0 || fstat(f, &st) != 0 || (size_t)st.st_size < s->size) {
-    snprintf(err, errlen, "shared memory: cannot open %s: %s", path, f < 0 ? strerror(errno) : "too small");
+  const char *why = NULL;
+  int f = -1;
+  if (stat(path, &st) != 0) why = strerror(errno);
+  else if (!S_ISREG(st.st_mode)) why = "not a regular file";
+  else if ((f = open(path, O_RDWR | O_CLOEXEC | O_NONBLOCK)) < 0) why = strerror(errno);
+  else if (fstat(f, &st) != 0 || (size_t)st.st_size < s->size) why = "too small";
+  if (why != NULL) {
+    snprintf(err, errlen, "shared memory: cannot open %s: %s", path, why);
     if (f >= 0) close(f);
     mn_shm_close(s);
     return -1;

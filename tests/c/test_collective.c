@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -20,6 +21,7 @@
 #include <unistd.h>
 
 #include "collective.h"
+#include "coll_shm.h"
 #include "registry.h"
 #include "sock.h"
 
@@ -141,6 +143,36 @@ static void test_header_check_names_both_calls(void **state) {
   later.seq = 6;
   assert_int_equal(-1, mn_coll_hdr_check(&theirs, &later, err, sizeof(err)));
   assert_non_null(strstr(err, "#6"));
+}
+
+/* A region offered by a confused or hostile member 0 is refused with a reason, never mapped blindly. */
+static void test_shm_attach_refuses_what_is_not_a_region(void **state) {
+  (void)state;
+  char err[256];
+  mn_shm_t *s = NULL;
+  size_t piece = mn_shm_piece_for(2, 0);
+  int dn = open("/dev/null", O_RDWR);
+  assert_true(dn >= 0);
+  assert_int_equal(-1, mn_shm_attach(&s, 2, 1, (long)getpid(), dn, piece, err, sizeof(err)));
+  assert_non_null(strstr(err, "not a regular file"));
+  close(dn);
+  FILE *tf = tmpfile();
+  assert_non_null(tf);
+  assert_int_equal(0, ftruncate(fileno(tf), 64 << 20));
+  assert_int_equal(-1, mn_shm_attach(&s, 2, 1, (long)getpid(), fileno(tf), piece, err, sizeof(err)));
+  assert_non_null(strstr(err, "is not this group's region"));
+  assert_int_equal(-1, mn_shm_attach(&s, 2, 1, (long)getpid(), fileno(tf), 100, err, sizeof(err)));
+  assert_non_null(strstr(err, "bad geometry"));
+  fclose(tf);
+  assert_null(s);
+  /* The real thing maps, and its geometry must match. */
+  mn_shm_t *r;
+  assert_int_equal(0, mn_shm_create(&r, 2, piece, err, sizeof(err)));
+  assert_int_equal(-1, mn_shm_attach(&s, 3, 1, (long)getpid(), mn_shm_fd(r), piece, err, sizeof(err)));
+  assert_non_null(strstr(err, "too small"));
+  assert_int_equal(0, mn_shm_attach(&s, 2, 1, (long)getpid(), mn_shm_fd(r), piece, err, sizeof(err)));
+  mn_shm_close(s);
+  mn_shm_close(r);
 }
 
 /* ---- live groups: one thread per member ----------------------------------------- */
@@ -746,6 +778,7 @@ int main(void) {
     cmocka_unit_test(test_segments_cover_in_order),
     cmocka_unit_test(test_header_round_trip_and_magic),
     cmocka_unit_test(test_header_check_names_both_calls),
+    cmocka_unit_test(test_shm_attach_refuses_what_is_not_a_region),
     cmocka_unit_test(test_all_reduce_small_every_op_and_dtype),
     cmocka_unit_test(test_all_reduce_ring_every_op_tcp_and_same_host),
     cmocka_unit_test(test_all_reduce_one_member_is_identity),
