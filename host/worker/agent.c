@@ -222,8 +222,12 @@ static void handle_spawn(aconn_t *c, const msgpack_object *m) {
     mn__agent_send_spawn_failed(c->session, req, 0, "SPAWN device_base must be a GPU number 0..4096");
     return;
   }
+  /* The cores shared out among this host's procs, these included (earlier procs keep theirs). */
+  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  int threads = cpus > 0 ? (int)(cpus / (c->a->nprocs + n)) : 1;
+  if (threads < 1) threads = 1;
   for (int i = 0; i < n; i++) {
-    int rc = mn__agent_spawn_one(c->session, req, i, rb + i, w, db >= 0 ? db + i : -1);
+    int rc = mn__agent_spawn_one(c->session, req, i, rb + i, w, db >= 0 ? db + i : -1, threads);
     if (rc != 0) {
       char msg[200];
       snprintf(msg, sizeof(msg), "cannot start %s: %s", c->a->o->exe, uv_strerror(rc));

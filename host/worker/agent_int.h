@@ -124,7 +124,8 @@ void mn__agent_session_send(asession_t *s, const mn_buf_t *b);
 /* ---- agent_proc.c ------------------------------------------------------------------------- */
 
 void mn__agent_send_spawn_failed(asession_t *c, uint64_t req, int index, const char *msg);
-int mn__agent_spawn_one(asession_t *c, uint64_t req, int index, int rank, int world, int device);
+/* Starts one proc; threads: its BLAS/OpenMP thread count where the user set none (0: leave unset). */
+int mn__agent_spawn_one(asession_t *c, uint64_t req, int index, int rank, int world, int device, int threads);
 
 /* ---- agent_persist.c ---------------------------------------------------------------------- */
 

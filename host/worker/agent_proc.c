@@ -181,11 +181,44 @@ static void log_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
   if (n < 0) uv_close((uv_handle_t *)s, proc_handle_closed);
 }
 
-int mn__agent_spawn_one(asession_t *c, uint64_t req, int index, int rank, int world, int device) {
+/*
+ * The proc's environment: the agent's, plus a BLAS/OpenMP thread count for
+ * whatever the user left unset, so procs sharing a host do not each start a
+ * thread per core (OpenBLAS's default) and fight over the cores. Fills env
+ * (room for every entry of environ plus two and the NULL) from bufs.
+ */
+static void proc_env(char **env, size_t room, char bufs[2][48], int threads) {
+  extern char **environ;
+  static const char *const vars[2] = {"OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"};
+  size_t n = 0;
+  int have[2] = {0, 0};
+  for (char **e = environ; *e != NULL && n + 3 < room; e++) {
+    for (int v = 0; v < 2; v++)
+      if (strncmp(*e, vars[v], strlen(vars[v])) == 0 && (*e)[strlen(vars[v])] == '=') have[v] = 1;
+    env[n++] = *e;
+  }
+  for (int v = 0; v < 2; v++) {
+    if (have[v] || threads < 1) continue;
+    snprintf(bufs[v], sizeof(bufs[v]), "%s=%d", vars[v], threads);
+    env[n++] = bufs[v];
+  }
+  env[n] = NULL;
+}
+
+int mn__agent_spawn_one(asession_t *c, uint64_t req, int index, int rank, int world, int device, int threads) {
   agent_t *a = c->a;
+  extern char **environ;
+  size_t nenv = 0;
+  while (environ[nenv] != NULL) nenv++;
+  char **env = malloc(sizeof(char *) * (nenv + 3)), bufs[2][48];
   aproc_t *p = calloc(1, sizeof(*p));
   char srank[16], sworld[16], sparent[16], sorphan[32], sdevice[16];
-  if (p == NULL) return UV_ENOMEM;
+  if (p == NULL || env == NULL) {
+    free(p);
+    free(env);
+    return UV_ENOMEM;
+  }
+  proc_env(env, nenv + 3, bufs, threads);
   p->a = a;
   p->owner = c;
   p->req = req;
@@ -219,10 +252,12 @@ int mn__agent_spawn_one(asession_t *c, uint64_t req, int index, int rank, int wo
   memset(&po, 0, sizeof(po));
   po.file = a->o->exe;
   po.args = args;
+  po.env = env;
   po.exit_cb = on_proc_exit;
   po.stdio = stdio;
   po.stdio_count = 4;
   int rc = uv_spawn(a->loop, &p->proc, &po);
+  free(env); /* the child has exec'd (or failed to) by now */
   if (rc != 0) {
     p->open_handles = 3;
     p->owner = NULL;

@@ -192,3 +192,52 @@ describe("a mesh of real procs", function()
     other:stop()
   end)
 end)
+
+describe("a host agent spawning procs", function()
+  local mesh_mod = require "monarch.mesh"
+  local runtime = require "monarch.runtime"
+
+  -- An agent of our own, with env prepended to its command line; returns its mesh and pid.
+  local function agent_with(env)
+    local B = os.getenv("MONARCH_BUILD") or "build"
+    local log, pidf = os.tmpname(), os.tmpname()
+    os.execute(string.format("%s MONARCH_TOKEN='%s' %s/bin/monarch-worker --listen 127.0.0.1:0 >%s 2>&1 & echo $! >%s",
+      env, runtime.token, B, log, pidf))
+    local port
+    for _ = 1, 100 do
+      port = tonumber(io.open(log):read("*a"):match("listening on 127%.0%.0%.1:(%d+)"))
+      if port then break end
+      os.execute("sleep 0.05")
+    end
+    local pid = io.open(pidf):read("*l")
+    os.remove(log)
+    os.remove(pidf)
+    return mesh_mod.host_mesh(mesh_mod.connect_agents{ "127.0.0.1:" .. assert(port, "the agent did not start") }), pid
+  end
+
+  local function env_of(pid)
+    local f = assert(io.open("/proc/" .. pid .. "/environ", "rb"))
+    local e = f:read("*a")
+    f:close()
+    return e
+  end
+
+  it("shares the cores out as BLAS and OpenMP threads, unless the user chose a number", function()
+    local hosts, agent = agent_with("env -u OPENBLAS_NUM_THREADS OMP_NUM_THREADS=5")
+    local cpus = tonumber(io.popen("nproc"):read("*l"))
+    local procs = hosts:spawn_procs{ procs = 3 }
+    for _, p in ipairs(procs:procs()) do
+      local e = env_of(p.pid)
+      assert.are.equal(tostring(math.max(1, math.floor(cpus / 3))), e:match("OPENBLAS_NUM_THREADS=(%d+)"))
+      assert.are.equal("5", e:match("OMP_NUM_THREADS=(%d+)"), "the user's own setting is kept")
+    end
+    -- Procs spawned later share what the first left: 3 live + 2 new.
+    local more = hosts:spawn_procs{ procs = 2 }
+    for _, p in ipairs(more:procs()) do
+      assert.are.equal(tostring(math.max(1, math.floor(cpus / 5))), env_of(p.pid):match("OPENBLAS_NUM_THREADS=(%d+)"))
+    end
+    more:stop()
+    procs:stop()
+    os.execute("kill " .. agent)
+  end)
+end)
