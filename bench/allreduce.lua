@@ -2,6 +2,9 @@
 -- algbw = bytes / time, busbw = algbw * 2(n-1)/n) on 2 and 4 procs, and
 -- proc-to-proc copy bandwidth. Run by bench/collective.sh under monarch-run:
 --   monarch-run bench/allreduce.lua [max_bytes] [procs...]
+--   monarch-run --hosts A,B bench/allreduce.lua [max_bytes] per_host:2
+-- (the second form: that many procs on every host, one all_reduce over all
+-- of them; bench/collective.sh uses it for two hosts simulated on one machine)
 -- Prints, in the format of bench/mpi_allreduce.c:
 --   allreduce <procs> <bytes> <time_us> <algbw_GBps> <busbw_GBps>
 --   copy <bytes> <time_us> <GBps>
@@ -15,9 +18,12 @@ local BATCH_BYTES = 64 * 1024 * 1024 -- a batch moves about this much, at least 
 local MAX_BATCH = 100                 -- most calls in one batch
 local BATCHES_SMALL, BATCHES_BIG = 7, 3 -- batches per size, up to / above 16 MiB
 
-local counts = {}
-for i = 2, #(arg or {}) do counts[#counts + 1] = tonumber(arg[i]) end
-if #counts == 0 then counts = { 2, 4 } end
+local counts, per_host = {}, nil
+for i = 2, #(arg or {}) do
+  per_host = per_host or tonumber(tostring(arg[i]):match("^per_host:(%d+)$"))
+  counts[#counts + 1] = tonumber(arg[i])
+end
+if #counts == 0 and not per_host then counts = { 2, 4 } end
 
 local function median(xs)
   table.sort(xs)
@@ -26,11 +32,17 @@ end
 
 local maxn = 0
 for _, n in ipairs(counts) do maxn = math.max(maxn, n) end
-local all = monarch.hosts():spawn_procs{ procs = maxn }
+local all = monarch.hosts():spawn_procs{ procs = per_host or maxn }
 all:load "basic"
+local meshes = {}
+if per_host then
+  meshes[1] = { all, all:size() }
+else
+  for i, n in ipairs(counts) do meshes[i] = { all:slice{ procs = { 0, n } }, n } end
+end
 
-for _, n in ipairs(counts) do
-  local procs = all:slice{ procs = { 0, n } }
+for _, pair in ipairs(meshes) do
+  local procs, n = pair[1], pair[2]
   local bytes = MIN_BYTES
   while bytes <= MAX_BYTES do
     local t = procs:tensor("f32", { bytes / 4 })
@@ -53,6 +65,11 @@ for _, n in ipairs(counts) do
     t:free()
     bytes = bytes * 4
   end
+end
+
+if per_host then
+  monarch.shutdown()
+  return
 end
 
 -- Proc-to-proc copy: rank 0's tensor into rank 1's, directly between them.

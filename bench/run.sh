@@ -39,7 +39,9 @@ act=$($B/bin/monarch-run bench/actors.lua $q 2>/dev/null || true)
 printf '%-52s %11.1f us %12s\n' "actor endpoint round trip (same proc)" "$(get actor_rtt_us "$act")" ""
 printf '%-52s %11.1f us %12s\n' "  kernel round trip in the same run" "$(get kernel_rtt_us "$act")" ""
 printf '%-52s %11.0f /s %12s\n' "CartPole env steps across the mesh" "$(get env_steps_per_s_mesh "$act")" ""
-for extra in bench/collective.sh; do
-  [ -x "$extra" ] && { echo; "$extra" $q || echo "$extra failed"; }
+# The collective tables: quick mode stops at 16 MiB with one repeat.
+sizes=$([ "$mode" = quick ] && echo "16777216 1" || true)
+for extra in bench/collective.sh bench/hosts.sh; do
+  [ -x "$extra" ] && { echo; "$extra" $sizes || echo "$extra failed"; }
 done
 exit 0

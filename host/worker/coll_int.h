@@ -62,7 +62,12 @@ typedef struct group_s {
   int *star;             /* member 0: star[i] links member i; others: star[0] links member 0 */
   char **addrs;          /* member data addresses, for messages */
   int *ranks;            /* member global ranks, for messages (-1: unknown) */
-  mn_shm_t *shm;         /* every member on this host: collectives run in shared memory (coll_shm.h) */
+  int layout;            /* mn_coll_layout_t */
+  mn_shm_t *shm;         /* the region of this member's host (coll_shm.h); NULL when flat or alone on it */
+  int nhosts, host;      /* MN_COLL_HOSTS: hosts, and this member's (numbered by their first member) */
+  int lead;              /* MN_COLL_HOSTS: this member leads its host in the leaders' ring */
+  int lnext, lprev;      /* MN_COLL_HOSTS, leaders: the next and previous leaders (member indices) */
+  int lnext_fd, lprev_fd; /* and the links to them */
   uint64_t seq;          /* collectives started on this group */
   struct group_s *next;
 } group_t;
@@ -82,6 +87,7 @@ struct mn_coll_s {
   int cma;                /* 1: try single-copy links to members on this host */
   int shm;                /* 1: groups entirely on this host use shared memory (needs cma) */
   size_t shm_piece;       /* bytes per staging buffer asked for (0: the default) */
+  char host_key[MN_COLL_HOST_KEY]; /* names this proc's host to its groups (mn_coll_set_host_key) */
   uint64_t cookie;        /* random; a peer that can read it from our memory shares our host */
   atomic_int *cancel;
   group_t *groups;        /* executor thread only, like everything below */

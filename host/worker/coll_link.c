@@ -132,7 +132,7 @@ static int read_ident(int fd, parked_t *e, int64_t deadline) {
   if (items != 6 && items != 10) rc = -1;
   for (uint32_t i = 0; rc == 0 && i < items; i++) rc = mn_get_u64(&msg, i, &v[i]);
   msgpack_zone_destroy(&zone);
-  if (rc != 0 || v[0] < MN_COLL_LINK_RING || v[0] > MN_COLL_LINK_P2P || v[2] > UINT32_MAX || v[5] >= MK_DTYPE_COUNT)
+  if (rc != 0 || v[0] < MN_COLL_LINK_RING || v[0] > MN_COLL_LINK_LEADER || v[2] > UINT32_MAX || v[5] >= MK_DTYPE_COUNT)
     return -1;
   e->kind = (int)v[0];
   e->key = v[1];
@@ -235,6 +235,8 @@ done:
   return rc;
 }
 
+static void default_host_key(mn_coll_t *c);
+
 int mn_coll_open(mn_coll_t **out, const char *bind_host, const mn_auth_t *auth, int rank, char *err,
                  size_t errlen) {
   mn_coll_t *c = calloc(1, sizeof(*c));
@@ -256,6 +258,7 @@ int mn_coll_open(mn_coll_t **out, const char *bind_host, const mn_auth_t *auth, 
   const char *shm = getenv("MONARCH_COLL_SHM"), *piece = getenv("MONARCH_COLL_SHM_PIECE");
   c->shm = !(shm != NULL && strcmp(shm, "0") == 0);
   c->shm_piece = piece != NULL && *piece ? (size_t)strtoull(piece, NULL, 10) : 0;
+  default_host_key(c);
   uint8_t nonce[MN_NONCE_LEN];
   mn_auth_nonce(nonce);
   memcpy(&c->cookie, nonce, sizeof(c->cookie));
@@ -309,6 +312,24 @@ void mn_coll_set_timeout(mn_coll_t *c, double seconds) {
 void mn_coll_set_cancel(mn_coll_t *c, atomic_int *cancel) { c->cancel = cancel; }
 void mn_coll_set_cma(mn_coll_t *c, int on) { c->cma = on != 0; }
 void mn_coll_set_shm(mn_coll_t *c, int on) { c->shm = on != 0; }
+void mn_coll_set_host_key(mn_coll_t *c, const char *key) {
+  memset(c->host_key, 0, sizeof(c->host_key));
+  snprintf(c->host_key, sizeof(c->host_key), "%s", key);
+}
+
+/* The kernel's boot id: procs that share it share memory (the test for that is still made, by mapping). */
+static void default_host_key(mn_coll_t *c) {
+  const char *k = getenv("MONARCH_HOST_KEY");
+  char id[MN_COLL_HOST_KEY] = "";
+  FILE *f = k != NULL && *k ? NULL : fopen("/proc/sys/kernel/random/boot_id", "r");
+  if (f != NULL) {
+    if (fgets(id, sizeof(id), f) == NULL) id[0] = '\0';
+    id[strcspn(id, "\n")] = '\0';
+    fclose(f);
+  }
+  if (k == NULL || !*k) k = id[0] ? id : "unknown";
+  mn_coll_set_host_key(c, k);
+}
 
 /* ---- connecting to a peer's data port ------------------------------------------------- */
 

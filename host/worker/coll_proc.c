@@ -151,6 +151,18 @@ static int coll_builtin(mn_exec_t *x, mk_ctx_t *ctx, const char *name, size_t nl
       return -1;
     return mn_coll_group_free(c, gid);
   }
+  if (IS("__coll_layout")) {
+    static const char *const names[] = {"flat", "one host", "hosts"};
+    if (arg_count(args, 1, 1, "__coll_layout", "(group_id)", err, errlen) != 0 ||
+        arg_u64(args, 0, "group id", "__coll_layout", &gid, err, errlen) != 0)
+      return -1;
+    int l = mn_coll_group_layout(c, gid);
+    if (l < 0) {
+      snprintf(err, errlen, "__coll_layout: rank %d has no group %llu", c->rank, (unsigned long long)gid);
+      return -1;
+    }
+    return mk_return_string(ctx, names[l], strlen(names[l])) == 0 ? 0 : -1;
+  }
   if (IS("__coll_all_reduce") || IS("__coll_reduce_scatter")) {
     int scatter = IS("__coll_reduce_scatter");
     const char *what = scatter ? "__coll_reduce_scatter" : "__coll_all_reduce";
@@ -222,7 +234,7 @@ static int coll_builtin(mn_exec_t *x, mk_ctx_t *ctx, const char *name, size_t nl
     rc = builtin_recv_local(x, t, tag, &found, err, errlen);
     if (!found) rc = mn_coll_recv(c, t, tag, err, errlen);
   } else {
-    snprintf(err, errlen, "unknown built-in '%.*s' (collectives: __coll_port, __coll_group, __coll_free, "
+    snprintf(err, errlen, "unknown built-in '%.*s' (collectives: __coll_port, __coll_group, __coll_free, __coll_layout, "
              "__coll_all_reduce, __coll_broadcast, __coll_all_gather, __coll_reduce_scatter, __coll_barrier, "
              "__coll_send, __coll_recv)", (int)nl, name);
     return -1;

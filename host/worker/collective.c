@@ -74,6 +74,8 @@ void mn__coll_group_destroy(mn_coll_t *c, group_t *g) {
   }
   mn__coll_close_fd(&g->next_fd);
   mn__coll_close_fd(&g->prev_fd);
+  mn__coll_close_fd(&g->lnext_fd);
+  mn__coll_close_fd(&g->lprev_fd);
   int nstar = g->me == 0 ? g->n : 1;
   for (int i = 0; g->star != NULL && i < nstar; i++) mn__coll_close_fd(&g->star[i]);
   for (int i = 0; g->addrs != NULL && i < g->n; i++) free(g->addrs[i]);
@@ -86,7 +88,12 @@ void mn__coll_group_destroy(mn_coll_t *c, group_t *g) {
 
 int mn_coll_group_shm(mn_coll_t *c, uint64_t gid) {
   group_t *g = mn__coll_group_find(c, gid);
-  return g == NULL ? -1 : g->shm != NULL;
+  return g == NULL ? -1 : g->layout == MN_COLL_ONE_HOST;
+}
+
+int mn_coll_group_layout(mn_coll_t *c, uint64_t gid) {
+  group_t *g = mn__coll_group_find(c, gid);
+  return g == NULL ? -1 : g->layout;
 }
 
 int mn_coll_group_free(mn_coll_t *c, uint64_t gid) {
@@ -128,23 +135,27 @@ int mn__coll_same_host(const mn_coll_t *c, uint64_t pid, uint64_t addr, uint64_t
 
 /*
  * Finds out whether each ring link can copy memory directly: every member
- * sends the next one its pid and the address of its random cookie; the next
- * member tries to read the cookie with process_vm_readv (which works only on
- * the same host, with permission to trace the peer) and answers yes or no,
- * so both ends of every link agree on how it moves data.
+ * sends the next one its pid, the address of its random cookie and its host
+ * key; the next member, if the keys match, tries to read the cookie with
+ * process_vm_readv (which works only on the same host, with permission to
+ * trace the peer) and answers yes or no, so both ends of every link agree
+ * on how it moves data.
  */
 static int probe_same_host(mn_coll_t *c, group_t *g, char *err, size_t errlen) {
-  unsigned char out[24], in[24], yes = 0, answer = 0;
+  unsigned char out[24 + MN_COLL_HOST_KEY], in[24 + MN_COLL_HOST_KEY], yes = 0, answer = 0;
   char nw[MN_COLL_MAX_ADDR + 32], pw[MN_COLL_MAX_ADDR + 32];
   member_name(g, (g->me + 1) % g->n, nw, sizeof(nw));
   member_name(g, mn__coll_mod(g->me - 1, g->n), pw, sizeof(pw));
   mn__coll_put_be64(out, (uint64_t)getpid());
   mn__coll_put_be64(out + 8, (uint64_t)(uintptr_t)&c->cookie);
   mn__coll_put_be64(out + 16, c->cma ? c->cookie : 0);
+  memcpy(out + 24, c->host_key, MN_COLL_HOST_KEY);
   xfer_t xs[2] = {{g->next_fd, 1, (char *)out, sizeof(out), 0, nw}, {g->prev_fd, 0, (char *)in, sizeof(in), 0, pw}};
   if (mn__coll_xfer_run(c, xs, 2, "group setup", err, errlen) != 0) return -1;
   uint64_t pid = mn__coll_get_be64(in);
-  yes = (unsigned char)mn__coll_same_host(c, pid, mn__coll_get_be64(in + 8), mn__coll_get_be64(in + 16));
+  /* Different host keys are different hosts, even where the kernel would allow the copy (tests, containers). */
+  yes = (unsigned char)(memcmp(in + 24, c->host_key, MN_COLL_HOST_KEY) == 0 &&
+                        mn__coll_same_host(c, pid, mn__coll_get_be64(in + 8), mn__coll_get_be64(in + 16)));
   xfer_t ys[2] = {{g->prev_fd, 1, (char *)&yes, 1, 0, pw}, {g->next_fd, 0, (char *)&answer, 1, 0, nw}};
   if (mn__coll_xfer_run(c, ys, 2, "group setup", err, errlen) != 0) return -1;
   g->prev_cma = yes;
@@ -153,75 +164,206 @@ static int probe_same_host(mn_coll_t *c, group_t *g, char *err, size_t errlen) {
   return 0;
 }
 
+/* ---- group layout: hosts, shared memory, leaders ------------------------------------------ */
+
 /*
- * When every member is on this host (each ring link copies directly), the
- * group runs its collectives in shared memory. Member 0 gathers the votes
- * over the star, creates the region and offers it; the others map it and
- * report back; the group uses it only if all of them could. -1 only when
- * a link fails; otherwise the group simply keeps the ring.
+ * The setup messages between member 0 and the others, over the star. Member
+ * 0 plays its own part inline. Each step is: every member > 0 sends `olen`
+ * bytes and receives `ilen` back; member 0 gathers all into `in` (member i
+ * at in + i * olen), and `answer` fills `out` (member i at out + i * ilen).
  */
-static int setup_shm(mn_coll_t *c, group_t *g, char *err, size_t errlen) {
-  int n = g->n;
-  unsigned char vote = (unsigned char)(c->shm && c->cma && g->prev_cma && g->next_cma && n <= MN_SHM_MAX_MEMBERS);
-  unsigned char offer[32] = {0}, ok = 0;
-  char who[MN_COLL_MAX_ADDR + 32], why[512];
+typedef struct {
+  mn_coll_t *c;
+  group_t *g;
+  xfer_t *xs;
+  char (*names)[MN_COLL_MAX_ADDR + 32];
+} star_t;
+
+static int star_round(star_t *st, const unsigned char *mine, size_t olen, unsigned char *in, unsigned char *out,
+                      size_t ilen, void (*answer)(void *arg, const unsigned char *in, unsigned char *out), void *arg,
+                      char *err, size_t errlen) {
+  group_t *g = st->g;
+  const char *what = "group setup";
   if (g->me != 0) {
-    member_name(g, 0, who, sizeof(who));
-    xfer_t v = {g->star[0], 1, (char *)&vote, 1, 0, who}, o = {g->star[0], 0, (char *)offer, sizeof(offer), 0, who};
-    if (mn__coll_xfer_run(c, &v, 1, "group setup", err, errlen) != 0 || mn__coll_xfer_run(c, &o, 1, "group setup", err, errlen) != 0)
-      return -1;
-    if (offer[0] == 1 && mn_shm_attach(&g->shm, n, g->me, (long)mn__coll_get_be64(offer + 8), (int)mn__coll_get_be64(offer + 16),
-                                       (size_t)mn__coll_get_be64(offer + 24), why, sizeof(why)) == 0)
-      ok = 1;
-    xfer_t r = {g->star[0], 1, (char *)&ok, 1, 0, who}, f = {g->star[0], 0, (char *)offer, 1, 0, who};
-    if (mn__coll_xfer_run(c, &r, 1, "group setup", err, errlen) != 0 || mn__coll_xfer_run(c, &f, 1, "group setup", err, errlen) != 0)
-      return -1;
-    if (offer[0] != 1) {
-      mn_shm_close(g->shm);
-      g->shm = NULL;
-    }
-    return 0;
+    xfer_t x = {g->star[0], 1, (char *)mine, olen, 0, st->names[0]};
+    if (mn__coll_xfer_run(st->c, &x, 1, what, err, errlen) != 0) return -1;
+    x = (xfer_t){g->star[0], 0, (char *)out, ilen, 0, st->names[0]};
+    return mn__coll_xfer_run(st->c, &x, 1, what, err, errlen);
   }
-  unsigned char *votes = calloc((size_t)n, 1);
-  xfer_t *xs = calloc((size_t)n, sizeof(xfer_t));
-  char (*names)[MN_COLL_MAX_ADDR + 32] = calloc((size_t)n, sizeof(*names));
-  int rc = -1;
-  if (votes == NULL || xs == NULL || names == NULL) {
+  memcpy(in, mine, olen);
+  for (int i = 1; i < g->n; i++) st->xs[i - 1] = (xfer_t){g->star[i], 0, (char *)in + (size_t)i * olen, olen, 0, st->names[i]};
+  if (mn__coll_xfer_run(st->c, st->xs, g->n - 1, what, err, errlen) != 0) return -1;
+  answer(arg, in, out);
+  for (int i = 1; i < g->n; i++)
+    st->xs[i - 1] = (xfer_t){g->star[i], 1, (char *)out + (size_t)i * ilen, ilen, 0, st->names[i]};
+  return mn__coll_xfer_run(st->c, st->xs, g->n - 1, what, err, errlen);
+}
+
+static void put32(unsigned char *p, uint32_t v) { mn_put_be32((char *)p, v); }
+static uint32_t get32(const unsigned char *p) { return mn_be32((const char *)p); }
+
+#define VOTE_LEN (1 + MN_COLL_HOST_KEY) /* may share memory, host key */
+#define PLAN_LEN 25                     /* use regions, host, local index, local count, hosts, next/prev leader */
+#define OFFER_LEN 25                    /* region made, pid, fd, piece */
+
+/* Member 0: numbers the hosts by their first member and tells each member its place. */
+static void plan_answer(void *arg, const unsigned char *in, unsigned char *out) {
+  int n = *(int *)arg, nhosts = 0, use = 1, shared = 0;
+  int *host = calloc((size_t)n, sizeof(int)), *lead = calloc((size_t)n, sizeof(int)), *count = calloc((size_t)n, sizeof(int));
+  int *idx = calloc((size_t)n, sizeof(int));
+  if (host == NULL || lead == NULL || count == NULL || idx == NULL) use = 0;
+  for (int i = 0; use && i < n; i++) {
+    const unsigned char *v = in + (size_t)i * VOTE_LEN;
+    use = use && v[0] == 1;
+    int h = 0;
+    while (h < nhosts && memcmp(in + (size_t)lead[h] * VOTE_LEN + 1, v + 1, MN_COLL_HOST_KEY) != 0) h++;
+    if (h == nhosts) lead[nhosts++] = i;
+    host[i] = h;
+    idx[i] = count[h]++;
+    shared = shared || count[h] > 1;
+  }
+  use = use && shared; /* with one member per host there is nothing to share */
+  for (int i = 0; i < n; i++) {
+    unsigned char *o = out + (size_t)i * PLAN_LEN;
+    memset(o, 0, PLAN_LEN);
+    o[0] = (unsigned char)use;
+    if (!use) continue;
+    int h = host[i];
+    put32(o + 1, (uint32_t)h);
+    put32(o + 5, (uint32_t)idx[i]);
+    put32(o + 9, (uint32_t)count[h]);
+    put32(o + 13, (uint32_t)nhosts);
+    put32(o + 17, (uint32_t)lead[(h + 1) % nhosts]);
+    put32(o + 21, (uint32_t)lead[(h + nhosts - 1) % nhosts]);
+  }
+  free(host);
+  free(lead);
+  free(count);
+  free(idx);
+}
+
+/* Member 0: sends each member the region its host's leader made (leaders get their own back). */
+typedef struct {
+  int n;
+  const unsigned char *plans;
+} offers_arg_t;
+
+static void offer_answer(void *arg, const unsigned char *in, unsigned char *out) {
+  offers_arg_t *a = arg;
+  for (int i = 0; i < a->n; i++) {
+    uint32_t h = get32(a->plans + (size_t)i * PLAN_LEN + 1);
+    int leader = -1;
+    for (int j = 0; j <= i && leader < 0; j++)
+      if (get32(a->plans + (size_t)j * PLAN_LEN + 1) == h) leader = j;
+    memcpy(out + (size_t)i * OFFER_LEN, in + (size_t)(leader < 0 ? i : leader) * OFFER_LEN, OFFER_LEN);
+  }
+}
+
+/* Member 0: the group uses its regions only if every member could map its own. */
+static void final_answer(void *arg, const unsigned char *in, unsigned char *out) {
+  int n = *(int *)arg, all = 1;
+  for (int i = 0; i < n; i++) all = all && in[i] == 1;
+  memset(out, all, (size_t)n);
+}
+
+/* Leaders: the ring of one member per host, for the hosts' sums. */
+static int setup_leaders(mn_coll_t *c, group_t *g, char *err, size_t errlen) {
+  char why[512];
+  g->lnext_fd = mn__coll_link_open(c, g->addrs[g->lnext], MN_COLL_LINK_LEADER, g->id, (uint32_t)g->me, 0, 0, NULL, why,
+                                   sizeof(why));
+  if (g->lnext_fd < 0) {
+    snprintf(err, errlen, "setting up group %llu: link to the next host's leader: %s", (unsigned long long)g->id, why);
+    return -1;
+  }
+  return claim_member(c, g, MN_COLL_LINK_LEADER, g->lprev, &g->lprev_fd, err, errlen);
+}
+
+/*
+ * Lays the group out by host. Every member sends member 0 whether it may
+ * share memory (and both its ring links copy directly, or its host is
+ * another) and its host key; member 0 numbers the hosts and sends each
+ * member its place. If some host has two or more members, the first member
+ * of each such host makes a region for them (a memfd) and offers it; the
+ * others map it through /proc/<pid>/fd/<n> (the same permission as reading
+ * that member's memory) and say whether they could. The group uses the
+ * regions only if everyone could: all on one host, every collective runs in
+ * shared memory (MN_COLL_ONE_HOST); over several hosts, all_reduce sums per
+ * host in shared memory and across hosts over a ring of the hosts' first
+ * members (MN_COLL_HOSTS). Otherwise it keeps the links (MN_COLL_FLAT). -1
+ * only when a link fails.
+ */
+static int setup_layout(mn_coll_t *c, group_t *g, char *err, size_t errlen) {
+  int n = g->n, rc = -1;
+  star_t st = {c, g, calloc((size_t)n, sizeof(xfer_t)), calloc((size_t)n, sizeof(*st.names))};
+  unsigned char *in = calloc((size_t)n, VOTE_LEN), *out = calloc((size_t)n, PLAN_LEN);
+  unsigned char vote[VOTE_LEN] = {0}, plan[PLAN_LEN], offer[OFFER_LEN] = {0}, got[OFFER_LEN], ok, final;
+  char why[512];
+  if (st.xs == NULL || st.names == NULL || in == NULL || out == NULL) {
     snprintf(err, errlen, "out of memory setting up group %llu", (unsigned long long)g->id);
     goto done;
   }
-  for (int i = 1; i < n; i++) {
-    member_name(g, i, names[i], sizeof(names[0]));
-    xs[i - 1] = (xfer_t){g->star[i], 0, (char *)&votes[i], 1, 0, names[i]};
+  for (int i = 0; i < n; i++)
+    if (g->me == 0 || i == 0) member_name(g, i, st.names[i], sizeof(st.names[0]));
+  vote[0] = (unsigned char)(c->shm && c->cma && n <= MN_SHM_MAX_MEMBERS);
+  memcpy(vote + 1, c->host_key, MN_COLL_HOST_KEY);
+  if (star_round(&st, vote, VOTE_LEN, in, out, PLAN_LEN, plan_answer, &n, err, errlen) != 0) goto done;
+  memcpy(plan, out, PLAN_LEN); /* member 0: its own plan is first */
+  uint32_t local = get32(plan + 5), count = get32(plan + 9);
+  int use = plan[0] == 1;
+  if (use) {
+    g->host = (int)get32(plan + 1);
+    g->nhosts = (int)get32(plan + 13);
+    g->lnext = (int)get32(plan + 17);
+    g->lprev = (int)get32(plan + 21);
+    g->lead = local == 0;
   }
-  if (mn__coll_xfer_run(c, xs, n - 1, "group setup", err, errlen) != 0) goto done;
-  int all = vote;
-  for (int i = 1; i < n; i++) all = all && votes[i] == 1;
-  if (all && mn_shm_create(&g->shm, n, mn_shm_piece_for(n, c->shm_piece), why, sizeof(why)) != 0) all = 0;
-  offer[0] = (unsigned char)all;
-  if (all) {
-    mn__coll_put_be64(offer + 8, (uint64_t)getpid());
-    mn__coll_put_be64(offer + 16, (uint64_t)mn_shm_fd(g->shm));
-    mn__coll_put_be64(offer + 24, (uint64_t)mn_shm_piece_for(n, c->shm_piece));
+  /* The first member of a host with company makes its region. */
+  size_t piece = mn_shm_piece_for((int)count, c->shm_piece);
+  if (use && local == 0 && count > 1 && mn_shm_create(&g->shm, (int)count, piece, why, sizeof(why)) == 0) {
+    offer[0] = 1;
+    mn__coll_put_be64(offer + 1, (uint64_t)getpid());
+    mn__coll_put_be64(offer + 9, (uint64_t)mn_shm_fd(g->shm));
+    mn__coll_put_be64(offer + 17, (uint64_t)piece);
   }
-  for (int i = 1; i < n; i++) xs[i - 1] = (xfer_t){g->star[i], 1, (char *)offer, sizeof(offer), 0, names[i]};
-  if (mn__coll_xfer_run(c, xs, n - 1, "group setup", err, errlen) != 0) goto done;
-  for (int i = 1; i < n; i++) xs[i - 1] = (xfer_t){g->star[i], 0, (char *)&votes[i], 1, 0, names[i]};
-  if (mn__coll_xfer_run(c, xs, n - 1, "group setup", err, errlen) != 0) goto done;
-  for (int i = 1; i < n; i++) all = all && votes[i] == 1;
-  ok = (unsigned char)all;
-  for (int i = 1; i < n; i++) xs[i - 1] = (xfer_t){g->star[i], 1, (char *)&ok, 1, 0, names[i]};
-  if (mn__coll_xfer_run(c, xs, n - 1, "group setup", err, errlen) != 0) goto done;
-  if (g->shm != NULL) mn_shm_drop_fd(g->shm); /* every member has it mapped, or none uses it */
-  if (!all) {
+  unsigned char *plans = g->me == 0 ? out : NULL;
+  unsigned char *oin = calloc((size_t)n, OFFER_LEN), *oout = calloc((size_t)n, OFFER_LEN);
+  if (oin == NULL || oout == NULL) {
+    free(oin);
+    free(oout);
+    snprintf(err, errlen, "out of memory setting up group %llu", (unsigned long long)g->id);
+    goto done;
+  }
+  offers_arg_t oa = {n, plans};
+  int r = star_round(&st, offer, OFFER_LEN, oin, oout, OFFER_LEN, offer_answer, &oa, err, errlen);
+  memcpy(got, oout, OFFER_LEN);
+  free(oin);
+  free(oout);
+  if (r != 0) goto done;
+  if (!use) ok = 1;
+  else if (count < 2) ok = 1;
+  else if (local == 0) ok = g->shm != NULL;
+  else
+    ok = got[0] == 1 && mn_shm_attach(&g->shm, (int)count, (int)local, (long)mn__coll_get_be64(got + 1),
+                                      (int)mn__coll_get_be64(got + 9), (size_t)mn__coll_get_be64(got + 17), why,
+                                      sizeof(why)) == 0;
+  if (star_round(&st, &ok, 1, in, out, 1, final_answer, &n, err, errlen) != 0) goto done;
+  final = out[0];
+  if (g->shm != NULL) mn_shm_drop_fd(g->shm); /* mapped by every member of its host, or used by none */
+  if (!use || !final) {
     mn_shm_close(g->shm);
     g->shm = NULL;
+    g->layout = MN_COLL_FLAT;
+    g->lead = 0;
+    rc = 0;
+    goto done;
   }
-  rc = 0;
+  g->layout = g->nhosts == 1 ? MN_COLL_ONE_HOST : MN_COLL_HOSTS;
+  rc = g->layout == MN_COLL_HOSTS && g->lead ? setup_leaders(c, g, err, errlen) : 0;
 done:
-  free(votes);
-  free(xs);
-  free(names);
+  free(st.xs);
+  free(st.names);
+  free(in);
+  free(out);
   return rc;
 }
 
@@ -253,7 +395,7 @@ int mn_coll_group(mn_coll_t *c, uint64_t gid, int me, int n, const char *const *
   g->id = gid;
   g->n = n;
   g->me = me;
-  g->next_fd = g->prev_fd = -1;
+  g->next_fd = g->prev_fd = g->lnext_fd = g->lprev_fd = -1;
   for (int i = 0; i < nstar; i++) g->star[i] = -1;
   g->next = c->groups;
   c->groups = g;
@@ -285,7 +427,7 @@ int mn_coll_group(mn_coll_t *c, uint64_t gid, int me, int n, const char *const *
   for (int i = 1; me == 0 && i < n; i++)
     if (claim_member(c, g, MN_COLL_LINK_STAR, i, &g->star[i], err, errlen) != 0) goto fail;
   if (probe_same_host(c, g, err, errlen) != 0) goto fail;
-  if (setup_shm(c, g, err, errlen) != 0) goto fail;
+  if (setup_layout(c, g, err, errlen) != 0) goto fail;
   return 0;
 fail:
   mn__coll_group_destroy(c, g);
@@ -475,25 +617,35 @@ typedef struct {
   mn_coll_t *c;
   group_t *g;
   const char *what;
+  int strict; /* the group sends nothing on its links (one host): any byte is a failure */
 } shm_ctx_t;
 
 static void shm_name(void *arg, int j, char *buf, size_t n) { member_name(((shm_ctx_t *)arg)->g, j, buf, n); }
 
 /*
- * For a group that sends nothing on its sockets (shared memory, or a watch
- * group): a readable one means its member died (EOF) or gave up (an ABORT
- * header). 0, or -1 with err naming the member and `what` was running.
+ * Whether a member is gone, from the group's links, without waiting. strict
+ * (a group that sends nothing on its links: one host, or a watch group): a
+ * readable link means its member died (EOF) or gave up (an ABORT header).
+ * Otherwise (the links also carry the next collective's bytes) only an EOF
+ * with nothing before it counts. 0, or -1 with err naming the member and
+ * what it was running.
  */
-int mn__coll_group_peer_check(group_t *g, const char *what, char *err, size_t errlen) {
-  int fds[3] = {g->next_fd, g->prev_fd, g->me != 0 ? g->star[0] : -1};
-  int who[3] = {(g->me + 1) % g->n, mn__coll_mod(g->me - 1, g->n), 0};
-  int nfd = g->me != 0 ? 3 : 2;
+static int peer_gone(group_t *g, const char *what, int strict, char *err, size_t errlen) {
+  int fds[5] = {g->next_fd, g->prev_fd, g->me != 0 ? g->star[0] : -1, g->lnext_fd, g->lprev_fd};
+  int who[5] = {(g->me + 1) % g->n, mn__coll_mod(g->me - 1, g->n), 0, g->lnext, g->lprev};
+  int nfd = 5;
   for (int i = 0; i < nfd + (g->me == 0 ? g->n - 1 : 0); i++) {
     int fd = i < nfd ? fds[i] : g->star[i - nfd + 1], member = i < nfd ? who[i] : i - nfd + 1;
     struct pollfd p = {.fd = fd, .events = POLLIN};
     if (fd < 0 || poll(&p, 1, 0) <= 0) continue;
     char name[MN_COLL_MAX_ADDR + 32];
     member_name(g, member, name, sizeof(name));
+    if (!strict) {
+      char b;
+      ssize_t r = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+      if (r > 0 || (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))) continue;
+      return mn__coll_fail_io(err, errlen, what, name, 0, r == 0 ? MN_ECLOSED : -errno);
+    }
     unsigned char h[MN_COLL_HDR_LEN];
     mn_coll_hdr_t a;
     int rc = mn__coll_read_exact(fd, h, sizeof(h), mn__coll_now_ms() + 100);
@@ -514,17 +666,63 @@ int mn__coll_group_peer_check(group_t *g, const char *what, char *err, size_t er
   return 0;
 }
 
+int mn__coll_group_peer_check(group_t *g, const char *what, char *err, size_t errlen) {
+  return peer_gone(g, what, 1, err, errlen);
+}
+
 static int shm_check(void *arg, char *err, size_t errlen) {
   shm_ctx_t *x = arg;
-  return mn__coll_group_peer_check(x->g, x->what, err, errlen);
+  return peer_gone(x->g, x->what, x->strict, err, errlen);
+}
+
+/* One collective in the region of this member's host; 0, or -1 with err (the group is not torn down). */
+static int shm_phase(mn_coll_t *c, group_t *g, const mn_coll_hdr_t *h, char *data, const char *src, size_t count,
+                     size_t esize, const char *what, char *err, size_t errlen, int *mismatch) {
+  shm_ctx_t x = {c, g, what, g->layout == MN_COLL_ONE_HOST};
+  mn_shm_op_t op = {.hdr = h, .gid = g->id, .what = what, .data = data, .src = src, .count = count, .esize = esize,
+                    .timeout_ms = c->timeout_ms, .cancel = c->cancel, .check = shm_check, .name = shm_name, .arg = &x};
+  return mn_shm_run(g->shm, &op, err, errlen, mismatch);
 }
 
 static int shm_over(mn_coll_t *c, group_t *g, const mn_coll_hdr_t *h, char *data, const char *src, size_t count,
                     size_t esize, const char *what, char *err, size_t errlen, int *mismatch) {
-  shm_ctx_t x = {c, g, what};
-  mn_shm_op_t op = {.hdr = h, .gid = g->id, .what = what, .data = data, .src = src, .count = count, .esize = esize,
-                    .timeout_ms = c->timeout_ms, .cancel = c->cancel, .check = shm_check, .name = shm_name, .arg = &x};
-  return mn_shm_run(g->shm, &op, err, errlen, mismatch) == 0 ? 0 : group_fail(c, g);
+  return shm_phase(c, g, h, data, src, count, esize, what, err, errlen, mismatch) == 0 ? 0 : group_fail(c, g);
+}
+
+/*
+ * all_reduce over several hosts (MN_COLL_HOSTS): the step header goes round
+ * the whole ring as always (so a mismatch is still reported by everyone);
+ * then each host sums in its region, the hosts' first members all_reduce
+ * those sums over their own ring, and each hands the result to its host
+ * (a broadcast in the region). One stream per host crosses the network
+ * instead of one per member. Every member ends with the same bytes: the
+ * leaders' ring gives its members identical results and the rest copy them.
+ */
+static int hosts_all_reduce(mn_coll_t *c, group_t *g, mk_tensor_t *t, int op, const mn_coll_hdr_t *h, char *err,
+                            size_t errlen, int *mismatch) {
+  const char *what = "all_reduce";
+  if (exchange_headers(c, g, h, what, err, errlen, mismatch) != 0) return group_fail(c, g);
+  int sum = op == MN_COLL_AVG ? MN_COLL_SUM : op; /* an average of the hosts' averages is not the average */
+  size_t es = mk_dtype_size(t->dtype);
+  mn_coll_hdr_t local = *h;
+  local.op = (uint8_t)sum;
+  if (g->shm != NULL && shm_phase(c, g, &local, t->data, NULL, (size_t)t->numel, es, what, err, errlen, mismatch) != 0)
+    return group_fail(c, g);
+  if (g->lead && g->nhosts > 1) {
+    char nw[MN_COLL_MAX_ADDR + 32], pw[MN_COLL_MAX_ADDR + 32];
+    member_name(g, g->lnext, nw, sizeof(nw));
+    member_name(g, g->lprev, pw, sizeof(pw));
+    ring_t r = {.send_fd = g->lnext_fd, .recv_fd = g->lprev_fd, .nsend = 2 * (g->nhosts - 1),
+                .nrecv = 2 * (g->nhosts - 1), .lag = 1, .reuse_from = g->nhosts - 1, .reuse_dist = g->nhosts - 1,
+                .piece = piece_all_reduce, .dtype = t->dtype, .op = sum, .n = g->nhosts, .me = g->host, .esize = es,
+                .next_who = nw, .prev_who = pw, .what = what, .data = t->data, .count = (size_t)t->numel};
+    if (mn__coll_ring_run(c, &r, err, errlen) != 0) return group_fail(c, g);
+  }
+  mn_coll_hdr_t bcast = {MN_COLL_BROADCAST, 0, (uint8_t)t->dtype, (uint32_t)c->rank, 0, g->seq, t->nbytes};
+  if (g->shm != NULL && shm_phase(c, g, &bcast, t->data, NULL, t->nbytes, 1, what, err, errlen, mismatch) != 0)
+    return group_fail(c, g);
+  if (op == MN_COLL_AVG) mn_coll_divide(t->data, (size_t)t->numel, t->dtype, g->n);
+  return 0;
 }
 
 int mn_coll_all_reduce(mn_coll_t *c, uint64_t gid, mk_tensor_t *t, int op, char *err, size_t errlen,
@@ -537,8 +735,10 @@ int mn_coll_all_reduce(mn_coll_t *c, uint64_t gid, mk_tensor_t *t, int op, char 
     return group_abort(c, g, err);
   if (g->n == 1) return 0; /* the sum, max, min and average of one value is that value */
   mn_coll_hdr_t h = {MN_COLL_ALL_REDUCE, (uint8_t)op, (uint8_t)t->dtype, (uint32_t)c->rank, 0, g->seq, t->nbytes};
-  if (g->shm != NULL)
+  if (g->layout == MN_COLL_ONE_HOST)
     return shm_over(c, g, &h, t->data, NULL, (size_t)t->numel, mk_dtype_size(t->dtype), what, err, errlen, mismatch);
+  /* Small ones are bound by latency: the star's two hops beat the three phases (bench/hosts.sh). */
+  if (g->layout == MN_COLL_HOSTS && t->nbytes >= MN_COLL_SMALL) return hosts_all_reduce(c, g, t, op, &h, err, errlen, mismatch);
   if (exchange_headers(c, g, &h, what, err, errlen, mismatch) != 0) return group_fail(c, g);
   int rc;
   if (t->nbytes < MN_COLL_SMALL && (size_t)(g->n - 1) * t->nbytes <= MN_COLL_STAR_MAX) {
@@ -566,7 +766,7 @@ int mn_coll_broadcast(mn_coll_t *c, uint64_t gid, mk_tensor_t *t, int root, char
   }
   if (g->n == 1) return 0;
   mn_coll_hdr_t h = {MN_COLL_BROADCAST, 0, (uint8_t)t->dtype, (uint32_t)c->rank, (uint32_t)root, g->seq, t->nbytes};
-  if (g->shm != NULL) return shm_over(c, g, &h, t->data, NULL, t->nbytes, 1, what, err, errlen, mismatch);
+  if (g->layout == MN_COLL_ONE_HOST) return shm_over(c, g, &h, t->data, NULL, t->nbytes, 1, what, err, errlen, mismatch);
   if (exchange_headers(c, g, &h, what, err, errlen, mismatch) != 0) return group_fail(c, g);
   /* A chain from the root around the ring, forwarded chunk by chunk as it lands. */
   int last = (g->me + 1) % g->n == root;
@@ -592,7 +792,7 @@ int mn_coll_all_gather(mn_coll_t *c, uint64_t gid, const mk_tensor_t *src, mk_te
   memmove((char *)dst->data + (size_t)g->me * src->nbytes, src->data, src->nbytes);
   if (g->n == 1) return 0;
   mn_coll_hdr_t h = {MN_COLL_ALL_GATHER, 0, (uint8_t)src->dtype, (uint32_t)c->rank, 0, g->seq, src->nbytes};
-  if (g->shm != NULL) return shm_over(c, g, &h, dst->data, src->data, src->nbytes, 1, what, err, errlen, mismatch);
+  if (g->layout == MN_COLL_ONE_HOST) return shm_over(c, g, &h, dst->data, src->data, src->nbytes, 1, what, err, errlen, mismatch);
   if (exchange_headers(c, g, &h, what, err, errlen, mismatch) != 0) return group_fail(c, g);
   ring_t r = {.nsend = g->n - 1, .nrecv = g->n - 1, .lag = 1, .piece = piece_all_gather, .dtype = src->dtype,
               .esize = 1, .data = dst->data, .count = src->nbytes};
@@ -624,7 +824,7 @@ int mn_coll_reduce_scatter(mn_coll_t *c, uint64_t gid, const mk_tensor_t *src, m
   }
   mn_coll_hdr_t h = {MN_COLL_REDUCE_SCATTER, (uint8_t)op, (uint8_t)src->dtype, (uint32_t)c->rank, 0, g->seq,
                      src->nbytes};
-  if (g->shm != NULL)
+  if (g->layout == MN_COLL_ONE_HOST)
     return shm_over(c, g, &h, dst->data, src->data, (size_t)dst->numel, mk_dtype_size(src->dtype), what, err, errlen,
                     mismatch);
   if (exchange_headers(c, g, &h, what, err, errlen, mismatch) != 0) return group_fail(c, g);
@@ -652,7 +852,7 @@ int mn_coll_barrier(mn_coll_t *c, uint64_t gid, char *err, size_t errlen, int *m
   g->seq++;
   if (g->n == 1) return 0;
   mn_coll_hdr_t h = {MN_COLL_BARRIER, 0, 0, (uint32_t)c->rank, 0, g->seq, 0};
-  if (g->shm != NULL) return shm_over(c, g, &h, NULL, NULL, 0, 1, what, err, errlen, mismatch);
+  if (g->layout == MN_COLL_ONE_HOST) return shm_over(c, g, &h, NULL, NULL, 0, 1, what, err, errlen, mismatch);
   char token = 1;
   if (exchange_headers(c, g, &h, what, err, errlen, mismatch) != 0 ||
       star_run(c, g, &token, 1, MK_U8, 0, 0, what, err, errlen) != 0)

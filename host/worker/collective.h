@@ -42,6 +42,7 @@
 #define MN_COLL_MAX_IDENT 256              /* largest identification frame, bytes */
 #define MN_COLL_MAX_ABORT_MSG 900          /* longest reason an ABORT header carries */
 #define MN_COLL_MAX_ADDR 300               /* longest "host:port" of a member */
+#define MN_COLL_HOST_KEY 40                /* bytes naming a member's host (its kernel's boot id, or MONARCH_HOST_KEY) */
 
 /* What a step header announces. */
 typedef enum {
@@ -57,7 +58,7 @@ typedef enum {
 typedef enum { MN_COLL_SUM = 0, MN_COLL_MAX = 1, MN_COLL_MIN = 2, MN_COLL_AVG = 3 } mn_coll_op_t;
 
 /* What an accepted link is for (the first element of its identification frame). */
-typedef enum { MN_COLL_LINK_RING = 1, MN_COLL_LINK_STAR = 2, MN_COLL_LINK_P2P = 3 } mn_coll_link_t;
+typedef enum { MN_COLL_LINK_RING = 1, MN_COLL_LINK_STAR = 2, MN_COLL_LINK_P2P = 3, MN_COLL_LINK_LEADER = 4 } mn_coll_link_t;
 
 /* ---- pure helpers (no sockets; unit-tested) ------------------------------- */
 
@@ -127,6 +128,13 @@ void mn_coll_set_cma(mn_coll_t *c, int on);
  * links. On by default unless MONARCH_COLL_SHM=0; needs cma on too.
  */
 void mn_coll_set_shm(mn_coll_t *c, int on);
+/*
+ * What names this proc's host to its groups' other members (at most
+ * MN_COLL_HOST_KEY - 1 bytes): by default the kernel's boot id, so procs
+ * sharing a kernel (network namespaces included) are one host;
+ * MONARCH_HOST_KEY overrides it. Groups set up from now on use it.
+ */
+void mn_coll_set_host_key(mn_coll_t *c, const char *key);
 /* A flag that, once nonzero, makes waits fail with "cancelled" (may be NULL). */
 void mn_coll_set_cancel(mn_coll_t *c, atomic_int *cancel);
 
@@ -150,6 +158,14 @@ int mn_coll_group(mn_coll_t *c, uint64_t gid, int me, int n, const char *const *
                   char *err, size_t errlen);
 /* 1 when group gid runs its collectives in shared memory, 0 over its links, -1 when unknown. */
 int mn_coll_group_shm(mn_coll_t *c, uint64_t gid);
+/* How group gid is laid out: MN_COLL_FLAT, MN_COLL_ONE_HOST or MN_COLL_HOSTS; -1 when unknown. */
+typedef enum {
+  MN_COLL_FLAT = 0,     /* every collective over the links (ring, star) */
+  MN_COLL_ONE_HOST = 1, /* every member on this host: every collective in shared memory */
+  MN_COLL_HOSTS = 2     /* several hosts with several members on some: all_reduce in shared memory per host
+                           and a ring of one leader per host; the other collectives over the links */
+} mn_coll_layout_t;
+int mn_coll_group_layout(mn_coll_t *c, uint64_t gid);
 /* Forgets group gid, closing its links; 0 whether or not it existed. */
 int mn_coll_group_free(mn_coll_t *c, uint64_t gid);
 /*

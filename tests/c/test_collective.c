@@ -186,7 +186,8 @@ struct member_s {
   body_fn body;
   void *arg;
   int rc, mismatch;
-  int shm; /* the group ran in shared memory */
+  int shm;    /* the group ran in shared memory */
+  int layout; /* mn_coll_layout_t */
   char err[1024];
   double seconds;
 };
@@ -235,10 +236,14 @@ static void *member_main(void *arg) {
 /* How members on one host move data: 0 TCP only, 1 the ring with direct copies, 2 shared memory (the default). */
 enum { TCP = 0, CMA = 1, SHM = 2 };
 
+/* Host keys for the next group (NULL: every member on one host); lets one process play several hosts. */
+static const char *const *host_keys;
+
 static void run_group(member_t *m, int n, body_fn body, void *arg, int mode) {
   pthread_t th[MAXM];
   uint64_t gid = ++next_gid;
   for (int i = 0; i < n; i++) {
+    mn_coll_set_host_key(inst[i], host_keys != NULL ? host_keys[i] : "this-host");
     mn_coll_set_cma(inst[i], mode >= CMA);
     mn_coll_set_shm(inst[i], mode == SHM);
     memset(&m[i], 0, sizeof(m[i]));
@@ -260,6 +265,7 @@ static int join(member_t *m) {
   for (int i = 0; i < m->n; i++) addrs[i] = addr[i], ranks[i] = 10 + i;
   m->rc = mn_coll_group(m->c, m->gid, m->me, m->n, addrs, ranks, m->err, sizeof(m->err));
   m->shm = mn_coll_group_shm(m->c, m->gid);
+  m->layout = mn_coll_group_layout(m->c, m->gid);
   return m->rc;
 }
 
@@ -560,6 +566,77 @@ static void test_collectives_back_to_back(void **state) {
   }
 }
 
+/* ---- several hosts -------------------------------------------------------------- */
+
+/*
+ * Members on several "hosts" (host keys), some with company: all_reduce sums
+ * per host in shared memory and across hosts over a ring of leaders. Every
+ * op, dtype and host pattern gives the exact result, the same on every member.
+ */
+static void test_all_reduce_across_hosts_every_op_and_pattern(void **state) {
+  (void)state;
+  static const char *const patterns[][MAXM] = {
+      {"A", "A", "B", "B"}, {"A", "B", "A", "B"}, {"A", "A", "A", "B"}, {"A", "B", "B", "B"}, {"A", "B", "C", "C"}};
+  for (size_t p = 0; p < sizeof(patterns) / sizeof(patterns[0]); p++) {
+    host_keys = patterns[p];
+    for (int op = 0; op < 4; op++) {
+      for (int d = 0; d < 4; d++) {
+        ar_case_t k = {reducible[d], d % 2 ? 1000 : 300007, op, {NULL}};
+        member_t m[MAXM];
+        for (int i = 0; i < MAXM; i++) {
+          k.t[i] = tensor_new(k.dtype, k.numel);
+          fill(k.t[i], i);
+        }
+        run_group(m, MAXM, body_all_reduce, &k, SHM);
+        for (int i = 0; i < MAXM; i++) {
+          if (m[i].rc != 0) fail_msg("pattern %zu member %d: %s", p, i, m[i].err);
+          if (m[i].layout != MN_COLL_HOSTS) fail_msg("pattern %zu member %d: layout %d", p, i, m[i].layout);
+        }
+        for (int64_t e = 0; e < k.numel; e++) {
+          double want = expect(op, MAXM, e, k.dtype), got = get(k.t[0], e);
+          if (k.dtype == MK_F32 || k.dtype == MK_F64 ? fabs(got - want) > 1e-9 * fabs(want) : got != want)
+            fail_msg("pattern %zu %s %s element %lld: got %g, want %g", p, mn_dtype_name(k.dtype),
+                     mn_coll_op_name(op), (long long)e, got, want);
+        }
+        for (int i = 1; i < MAXM; i++) assert_memory_equal(k.t[0]->data, k.t[i]->data, k.t[0]->nbytes);
+        for (int i = 0; i < MAXM; i++) tensor_free(k.t[i]);
+      }
+    }
+  }
+  host_keys = NULL;
+}
+
+/* One member per host: nothing to share, the group stays flat. */
+static void test_one_member_per_host_stays_flat(void **state) {
+  (void)state;
+  static const char *const keys[MAXM] = {"A", "B", "C", "D"};
+  host_keys = keys;
+  ar_case_t k = {MK_F32, 1000, MN_COLL_SUM, {NULL}};
+  member_t m[MAXM];
+  for (int i = 0; i < MAXM; i++) k.t[i] = tensor_new(MK_F32, 1000);
+  run_group(m, MAXM, body_all_reduce, &k, SHM);
+  for (int i = 0; i < MAXM; i++) {
+    if (m[i].rc != 0) fail_msg("member %d: %s", i, m[i].err);
+    assert_int_equal(MN_COLL_FLAT, m[i].layout);
+  }
+  for (int i = 0; i < MAXM; i++) tensor_free(k.t[i]);
+  host_keys = NULL;
+}
+
+/* The other collectives keep the ring on a several-host group, and all of them stay in step. */
+static void test_collectives_back_to_back_across_hosts(void **state) {
+  (void)state;
+  static const char *const keys[MAXM] = {"A", "A", "B", "B"};
+  host_keys = keys;
+  member_t m[MAXM];
+  run_group(m, 4, body_sequence, NULL, SHM);
+  for (int i = 0; i < 4; i++) {
+    if (m[i].rc != 0) fail_msg("member %d: %s", i, m[i].err);
+    assert_int_equal(MN_COLL_HOSTS, m[i].layout);
+  }
+  host_keys = NULL;
+}
+
 /* ---- failures ------------------------------------------------------------------- */
 
 /* Member 0 all_reduces, member 1 broadcasts: both learn what the other called. */
@@ -590,6 +667,34 @@ static void test_mismatched_collectives_are_reported(void **state) {
     assert_non_null(strstr(m[1].err, "rank 10 called all_reduce(sum, f32) of 4096 bytes but rank 11 called "
                                      "broadcast(root 0, f32) of 16 bytes"));
   }
+}
+
+/* Several hosts: members 0-2 all_reduce, member 3 broadcasts. The two that see the other call report the
+ * mismatch; the two between them, already summing in shared memory, learn at once that their peers left. */
+static void body_hosts_mismatch(member_t *m) {
+  mk_tensor_t *t = tensor_new(MK_F32, m->me == 3 ? 4 : 100000);
+  if (join(m) == 0) {
+    if (m->me != 3) m->rc = mn_coll_all_reduce(m->c, m->gid, t, MN_COLL_SUM, m->err, sizeof(m->err), &m->mismatch);
+    else m->rc = mn_coll_broadcast(m->c, m->gid, t, 0, m->err, sizeof(m->err), &m->mismatch);
+  }
+  tensor_free(t);
+}
+
+static void test_mismatch_across_hosts_fails_every_member_fast(void **state) {
+  (void)state;
+  static const char *const keys[MAXM] = {"A", "A", "B", "B"};
+  host_keys = keys;
+  member_t m[MAXM];
+  run_group(m, 4, body_hosts_mismatch, NULL, SHM);
+  host_keys = NULL;
+  for (int i = 0; i < 4; i++) {
+    assert_int_equal(MN_COLL_HOSTS, m[i].layout);
+    if (m[i].rc != -1) fail_msg("member %d succeeded", i);
+    assert_true(m[i].seconds < 5);
+  }
+  assert_int_equal(1, m[0].mismatch);
+  assert_int_equal(1, m[3].mismatch);
+  assert_non_null(strstr(m[0].err, "broadcast(root 0, f32) of 16 bytes"));
 }
 
 /* A u8 tensor cannot be reduced: the member that sees it says so, the others hear why. */
@@ -787,9 +892,13 @@ int main(void) {
     cmocka_unit_test(test_reduce_scatter_leaves_src_alone),
     cmocka_unit_test(test_barrier_waits_for_the_last_member),
     cmocka_unit_test(test_collectives_back_to_back),
+    cmocka_unit_test(test_all_reduce_across_hosts_every_op_and_pattern),
+    cmocka_unit_test(test_one_member_per_host_stays_flat),
+    cmocka_unit_test(test_collectives_back_to_back_across_hosts),
     cmocka_unit_test(test_ring_all_reduces_stream_back_to_back),
     cmocka_unit_test(test_mismatched_collectives_are_reported),
     cmocka_unit_test(test_unsupported_dtype_fails_every_member_fast),
+    cmocka_unit_test(test_mismatch_across_hosts_fails_every_member_fast),
     cmocka_unit_test(test_a_peer_that_leaves_gives_an_error_not_a_hang),
     cmocka_unit_test(test_a_peer_that_never_comes_times_out_by_name),
     cmocka_unit_test(test_group_setup_names_the_member_that_never_joins),

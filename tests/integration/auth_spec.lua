@@ -4,36 +4,20 @@ local monarch = require "monarch"
 local mesh = require "monarch.mesh"
 local runtime = require "monarch.runtime"
 local raw = require "rawpeer"
-
-local B = os.getenv("MONARCH_BUILD") or "build"
+local agent = require "agent"
 
 describe("a host agent daemon", function()
-  local token, port, pidfile, logfile
+  local token, port, daemon
 
   setup(function()
     monarch.hosts() -- starts the runtime, so its token is known
     token = runtime.token
-    logfile, pidfile = os.tmpname(), os.tmpname()
-    os.execute(string.format("MONARCH_TOKEN='%s' %s/bin/monarch-worker --listen 127.0.0.1:0 >%s 2>&1 & echo $! >%s",
-      token, B, logfile, pidfile))
-    for _ = 1, 100 do
-      local f = io.open(logfile)
-      local s = f:read("*a")
-      f:close()
-      port = tonumber(s:match("listening on 127%.0%.0%.1:(%d+)"))
-      if port then break end
-      os.execute("sleep 0.05")
-    end
-    assert.is_number(port, "agent did not report its port")
+    daemon = agent.start{ token = token }
+    port = daemon.port
   end)
 
   teardown(function()
-    local f = io.open(pidfile)
-    local pid = f:read("*l")
-    f:close()
-    os.execute("kill " .. pid)
-    os.remove(pidfile)
-    os.remove(logfile)
+    daemon:stop()
   end)
 
   local function hello()

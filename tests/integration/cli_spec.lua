@@ -149,17 +149,8 @@ end)
 describe("monarch-run --status", function()
   local B = os.getenv("MONARCH_BUILD") or "build"
   it("lists a daemon agent's procs with what they run, and recent exits", function()
-    local log = os.tmpname()
-    os.execute(("MONARCH_TOKEN=st %s/bin/monarch-worker --listen 127.0.0.1:0 >%s 2>&1 & echo $! >%s.pid"):format(B, log, log))
-    local port
-    for _ = 1, 100 do
-      local f = io.open(log)
-      port = tonumber(f:read("*a"):match("listening on 127%.0%.0%.1:(%d+)"))
-      f:close()
-      if port then break end
-      os.execute("sleep 0.05")
-    end
-    local agent_pid = io.open(log .. ".pid"):read("*l")
+    local daemon = require("agent").start{ token = "st" }
+    local port = daemon.port
     local run = ("MONARCH_TOKEN=st %s/bin/monarch-run --hosts 127.0.0.1:%d "):format(B, port)
     local f = io.popen(run .. [[-e "local m = require 'monarch'; local p = m.hosts():spawn_procs{procs = 2}; ]] ..
       [[p:load 'basic'; p:load 'faulty'; pcall(function() p:slice{procs = 1}:call_one('exit', 3):get() end); ]] ..
@@ -169,9 +160,7 @@ describe("monarch-run --status", function()
     local f2 = io.popen(run .. "--status 2>&1")
     local after = f2:read("*a")
     f2:close()
-    os.execute("kill " .. agent_pid)
-    os.remove(log)
-    os.remove(log .. ".pid")
+    daemon:stop()
     assert.matches("host %S+ %(127%.0%.0%.1:" .. port .. "%)", out)
     assert.matches("%s0%s+%d+ attached%s+%S+%s+%d+%s+%d+%s+sleep", out) -- rank 0 is running sleep
     assert.matches("rank 1 pid %d+ exited with code 3", out)

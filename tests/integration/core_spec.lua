@@ -197,22 +197,10 @@ describe("a host agent spawning procs", function()
   local mesh_mod = require "monarch.mesh"
   local runtime = require "monarch.runtime"
 
-  -- An agent of our own, with env prepended to its command line; returns its mesh and pid.
+  -- An agent of our own, with env before its command line; returns its mesh and the agent.
   local function agent_with(env)
-    local B = os.getenv("MONARCH_BUILD") or "build"
-    local log, pidf = os.tmpname(), os.tmpname()
-    os.execute(string.format("%s MONARCH_TOKEN='%s' %s/bin/monarch-worker --listen 127.0.0.1:0 >%s 2>&1 & echo $! >%s",
-      env, runtime.token, B, log, pidf))
-    local port
-    for _ = 1, 100 do
-      port = tonumber(io.open(log):read("*a"):match("listening on 127%.0%.0%.1:(%d+)"))
-      if port then break end
-      os.execute("sleep 0.05")
-    end
-    local pid = io.open(pidf):read("*l")
-    os.remove(log)
-    os.remove(pidf)
-    return mesh_mod.host_mesh(mesh_mod.connect_agents{ "127.0.0.1:" .. assert(port, "the agent did not start") }), pid
+    local a = require("agent").start{ token = runtime.token, env = env }
+    return mesh_mod.host_mesh(mesh_mod.connect_agents{ a.addr }), a
   end
 
   local function env_of(pid)
@@ -238,6 +226,6 @@ describe("a host agent spawning procs", function()
     end
     more:stop()
     procs:stop()
-    os.execute("kill " .. agent)
+    agent:stop()
   end)
 end)

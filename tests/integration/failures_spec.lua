@@ -3,6 +3,7 @@
 local monarch = require "monarch"
 local mesh_mod = require "monarch.mesh"
 local runtime = require "monarch.runtime"
+local agent = require "agent"
 
 local function fails(fn)
   local ok, err = pcall(fn)
@@ -130,25 +131,14 @@ describe("failure handling", function()
   end)
 
   it("reports every proc of a killed host agent and leaves none running", function()
-    local B = os.getenv("MONARCH_BUILD") or "build"
-    local log, pidf = os.tmpname(), os.tmpname()
-    os.execute(string.format("MONARCH_TOKEN='%s' %s/bin/monarch-worker --listen 127.0.0.1:0 >%s 2>&1 & echo $! >%s",
-      runtime.token, B, log, pidf))
-    local port
-    for _ = 1, 100 do
-      local s = io.open(log):read("*a")
-      port = tonumber(s:match("listening on 127%.0%.0%.1:(%d+)"))
-      if port then break end
-      os.execute("sleep 0.05")
-    end
-    local agent_pid = io.open(pidf):read("*l")
-    local agents = mesh_mod.connect_agents{ "127.0.0.1:" .. port }
+    local daemon = agent.start{ token = runtime.token }
+    local agents = mesh_mod.connect_agents{ daemon.addr }
     local procs = mesh_mod.host_mesh(agents):spawn_procs{ procs = 2 }
     procs:load "basic"
     local events = {}
     procs:on_failure(function(e) events[#events + 1] = e end)
     local f = procs:call("sleep", 10)
-    sh("kill -9 " .. agent_pid)
+    daemon:stop("9")
     local err = fails(function() return f:get(15) end)
     assert.are.equal("proc_failed", err.kind)
     assert.are.equal(2, #events)
@@ -156,8 +146,7 @@ describe("failure handling", function()
       assert.are.equal("dead", p.state)
       assert.is_false(alive(p.pid), "proc " .. p.pid .. " outlived its agent")
     end
-    os.remove(log)
-    os.remove(pidf)
+
   end)
 
   it("stops the script on a failure nobody handles", function()

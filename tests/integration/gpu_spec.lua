@@ -323,22 +323,14 @@ describe("GPU built-ins on a fake CUDA runtime", function()
   local runtime = require "monarch.runtime"
   local dir = build:sub(1, 1) == "/" and build or (os.getenv("PWD") or ".") .. "/" .. build
   local fake = dir .. "/tests/libmonarch_fakegpu.so"
-  local hosts, procs, agent_pid, log, pidf, no_hooks
+  local hosts, procs, daemon, no_hooks
 
   setup(function()
     if not file_exists(fake) then return end
-    log, pidf = os.tmpname(), os.tmpname()
     -- An empty CUDA_VISIBLE_DEVICES: every fake device visible, whatever this machine has set.
-    os.execute(string.format("MONARCH_TOKEN='%s' MONARCH_CUDART='%s' MONARCH_NCCL='%s' CUDA_VISIBLE_DEVICES= %s/bin/monarch-worker " ..
-      "--listen 127.0.0.1:0 >%s 2>&1 & echo $! >%s", runtime.token, fake, fake, build, log, pidf))
-    local port
-    for _ = 1, 100 do
-      port = tonumber(io.open(log):read("*a"):match("listening on 127%.0%.0%.1:(%d+)"))
-      if port then break end
-      os.execute("sleep 0.05")
-    end
-    agent_pid = io.open(pidf):read("*l")
-    hosts = mesh_mod.host_mesh(mesh_mod.connect_agents{ "127.0.0.1:" .. assert(port, "the fake-GPU host agent did not start") })
+    daemon = require("agent").start{ token = runtime.token,
+      env = string.format("MONARCH_CUDART='%s' MONARCH_NCCL='%s' CUDA_VISIBLE_DEVICES=", fake, fake) }
+    hosts = mesh_mod.host_mesh(mesh_mod.connect_agents{ daemon.addr })
     procs = hosts:spawn_procs{ { "dp", 2 }, { "tp", 2 } }
     -- A proc built without the registry's device hooks (MN_DEVICE_HOOKS) holds no GPU tensors.
     local t = procs:gpu_tensor("u8", { 1 })
@@ -349,9 +341,7 @@ describe("GPU built-ins on a fake CUDA runtime", function()
 
   teardown(function()
     if procs then procs:stop() end
-    if agent_pid then os.execute("kill " .. agent_pid) end
-    if log then os.remove(log) end
-    if pidf then os.remove(pidf) end
+    if daemon then daemon:stop() end
   end)
 
   local function need_fake(tensors)

@@ -3,8 +3,8 @@
 local monarch = require "monarch"
 local mesh_mod = require "monarch.mesh"
 local runtime = require "monarch.runtime"
+local agent = require "agent"
 
-local B = os.getenv("MONARCH_BUILD") or "build"
 local NS, HOST_IF, NS_IF = "mn_part", "mnpart0", "mnpart1"
 local HOST_IP, NS_IP = "10.77.91.1", "10.77.91.2"
 
@@ -38,7 +38,7 @@ local function ns_pids()
 end
 
 describe("a network partition between the controller and a host", function()
-  local port, log
+  local port, far
 
   before_each(function()
     monarch.hosts()
@@ -51,18 +51,10 @@ describe("a network partition between the controller and a host", function()
     assert(sh(("ip addr add %s/24 dev %s && ip link set %s up"):format(HOST_IP, HOST_IF, HOST_IF)))
     assert(sh(("ip netns exec %s sh -c 'ip addr add %s/24 dev %s && ip link set %s up && ip link set lo up'")
       :format(NS, NS_IP, NS_IF, NS_IF)))
-    log = os.tmpname()
     -- The far side gives up quickly too: silence 2 s, grace 1 s, procs' orphan timeout 3 s.
-    os.execute(("ip netns exec %s env MONARCH_TOKEN='%s' MONARCH_AGENT_SILENCE=2 MONARCH_AGENT_GRACE=1 " ..
-      "%s/bin/monarch-worker --listen %s:0 --orphan-timeout 3 >%s 2>&1 &"):format(NS, runtime.token, B, NS_IP, log))
-    for _ = 1, 100 do
-      local f = io.open(log)
-      port = tonumber(f:read("*a"):match("listening on [%d.]+:(%d+)"))
-      f:close()
-      if port then break end
-      os.execute("sleep 0.05")
-    end
-    assert.is_number(port)
+    far = agent.start{ token = runtime.token, wrap = "ip netns exec " .. NS, host = NS_IP,
+      env = "MONARCH_AGENT_SILENCE=2 MONARCH_AGENT_GRACE=1", args = "--orphan-timeout 3" }
+    port = far.port
   end)
 
   after_each(function()
@@ -70,7 +62,7 @@ describe("a network partition between the controller and a host", function()
     sh("ip netns pids " .. NS .. " | xargs -r kill -9")
     sh("ip netns del " .. NS)
     sh("ip link del " .. HOST_IF)
-    os.remove(log)
+    far:stop()
     monarch.configure{ heartbeat = 0.5, heartbeat_timeout = 3.0, reconnect = 5.0 }
   end)
 

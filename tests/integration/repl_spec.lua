@@ -2,10 +2,10 @@
 -- host agent run as a daemon (monarch-worker --listen), as a user would.
 local core = require "monarch.core"
 local pty = require "pty"
+local agent = require "agent"
 
 local B = os.getenv("MONARCH_BUILD") or "build"
 local RUN = B .. "/bin/monarch-run"
-local WORKER = B .. "/bin/monarch-worker"
 
 local function sh(cmd)
   local f = io.popen(cmd .. " 2>&1")
@@ -25,36 +25,21 @@ local function alive(pid)
   return st ~= nil and st ~= "Z"
 end
 
-local function read_all(path)
-  local f = io.open(path)
-  local s = f and f:read("*a") or ""
-  if f then f:close() end
-  return s
-end
-
 describe("the REPL", function()
-  local token, port, agent_pid, dir, log
+  local token, port, daemon, dir
 
   setup(function()
     token = core.generate_token()
     dir = os.tmpname()
     os.remove(dir)
     assert(os.execute("mkdir -p " .. dir) == 0)
-    log = dir .. "/agent.log"
     -- Procs time out after 1 s without a controller, sessions after 1 s: persistence must beat both.
-    agent_pid = tonumber(sh(string.format(
-      "MONARCH_TOKEN='%s' MONARCH_AGENT_GRACE=1 %s --listen 127.0.0.1:0 --orphan-timeout 1 >%s 2>&1 & echo $!",
-      token, WORKER, log)))
-    for _ = 1, 100 do
-      port = tonumber(read_all(log):match("listening on 127%.0%.0%.1:(%d+)"))
-      if port then break end
-      sleep(0.05)
-    end
-    assert.is_number(port, "the agent did not report its port")
+    daemon = agent.start{ token = token, env = "MONARCH_AGENT_GRACE=1", args = "--orphan-timeout 1" }
+    port = daemon.port
   end)
 
   teardown(function()
-    if agent_pid then os.execute("kill " .. agent_pid) end
+    if daemon then daemon:stop() end
     os.execute("rm -rf " .. dir)
   end)
 

@@ -1,0 +1,63 @@
+-- tests/agent.lua: a host agent daemon of a spec's own (`monarch-worker
+-- --listen HOST:0`), started in the background and stopped again.
+--
+--   local agent = require "agent"
+--   local a = agent.start{ token = runtime.token, env = "MONARCH_HOST_KEY=x" }
+--   ... mesh.connect_agents{ a.addr } ...
+--   a:stop()
+local M = {}
+
+local B = os.getenv("MONARCH_BUILD") or "build"
+
+local function slurp(path)
+  local f = io.open(path, "rb")
+  if not f then return "" end
+  local s = f:read("*a")
+  f:close()
+  return s
+end
+
+local Agent = {}
+Agent.__index = Agent
+
+--- Everything the agent has written to stdout and stderr so far.
+function Agent:output() return slurp(self.log) end
+
+--- Kills the agent (SIGTERM, or the signal given) and removes its log.
+function Agent:stop(signal)
+  if self.pid then os.execute(("kill %s %d 2>/dev/null"):format(signal and "-" .. signal or "", self.pid)) end
+  self.pid = nil
+  os.remove(self.log)
+end
+
+--- Starts an agent and waits until it reports its port. opts:
+--   token  the cluster token (required)
+--   env    shell words before the command: "A=1 B=2", "env -u X"
+--   args   extra arguments, e.g. "--orphan-timeout 1"
+--   host   address to listen on (default 127.0.0.1)
+--   wrap   a command to run it under, e.g. "ip netns exec ns"
+-- Returns {addr = "host:port", port, pid, log} with :output() and :stop().
+function M.start(opts)
+  local host, wrap = opts.host or "127.0.0.1", opts.wrap or ""
+  local log = os.tmpname()
+  local f = io.popen(("%s env MONARCH_TOKEN='%s' %s %s/bin/monarch-worker --listen %s:0 %s >%s 2>&1 & echo $!")
+    :format(wrap, assert(opts.token, "agent.start: token"), opts.env or "", B, host, opts.args or "", log))
+  local pid = tonumber(f:read("*l"))
+  f:close()
+  local port
+  for _ = 1, 200 do
+    port = tonumber(slurp(log):match("listening on [^\n]-:(%d+)"))
+    if port then break end
+    os.execute("sleep 0.025")
+  end
+  local a = setmetatable({ pid = pid, log = log, wrap = wrap, port = port }, Agent)
+  if not port then
+    local out = a:output()
+    a:stop()
+    error("the host agent did not report its port; it said: " .. out, 2)
+  end
+  a.addr = host .. ":" .. port
+  return a
+end
+
+return M
