@@ -677,16 +677,17 @@ static int shm_check(void *arg, char *err, size_t errlen) {
 
 /* One collective in the region of this member's host; 0, or -1 with err (the group is not torn down). */
 static int shm_phase(mn_coll_t *c, group_t *g, const mn_coll_hdr_t *h, char *data, const char *src, size_t count,
-                     size_t esize, const char *what, char *err, size_t errlen, int *mismatch) {
+                     size_t esize, int timeout_ms, const char *what, char *err, size_t errlen, int *mismatch) {
   shm_ctx_t x = {c, g, what, g->layout == MN_COLL_ONE_HOST};
   mn_shm_op_t op = {.hdr = h, .gid = g->id, .what = what, .data = data, .src = src, .count = count, .esize = esize,
-                    .timeout_ms = c->timeout_ms, .cancel = c->cancel, .check = shm_check, .name = shm_name, .arg = &x};
+                    .timeout_ms = timeout_ms, .cancel = c->cancel, .check = shm_check, .name = shm_name, .arg = &x};
   return mn_shm_run(g->shm, &op, err, errlen, mismatch);
 }
 
 static int shm_over(mn_coll_t *c, group_t *g, const mn_coll_hdr_t *h, char *data, const char *src, size_t count,
                     size_t esize, const char *what, char *err, size_t errlen, int *mismatch) {
-  return shm_phase(c, g, h, data, src, count, esize, what, err, errlen, mismatch) == 0 ? 0 : group_fail(c, g);
+  return shm_phase(c, g, h, data, src, count, esize, c->timeout_ms, what, err, errlen, mismatch) == 0 ? 0
+                                                                                                  : group_fail(c, g);
 }
 
 /*
@@ -706,7 +707,8 @@ static int hosts_all_reduce(mn_coll_t *c, group_t *g, mk_tensor_t *t, int op, co
   size_t es = mk_dtype_size(t->dtype);
   mn_coll_hdr_t local = *h;
   local.op = (uint8_t)sum;
-  if (g->shm != NULL && shm_phase(c, g, &local, t->data, NULL, (size_t)t->numel, es, what, err, errlen, mismatch) != 0)
+  if (g->shm != NULL &&
+      shm_phase(c, g, &local, t->data, NULL, (size_t)t->numel, es, c->timeout_ms, what, err, errlen, mismatch) != 0)
     return group_fail(c, g);
   if (g->lead && g->nhosts > 1) {
     char nw[MN_COLL_MAX_ADDR + 32], pw[MN_COLL_MAX_ADDR + 32];
@@ -718,8 +720,12 @@ static int hosts_all_reduce(mn_coll_t *c, group_t *g, mk_tensor_t *t, int op, co
                 .next_who = nw, .prev_who = pw, .what = what, .data = t->data, .count = (size_t)t->numel};
     if (mn__coll_ring_run(c, &r, err, errlen) != 0) return group_fail(c, g);
   }
+  /* Meanwhile the others wait on their leader, whose counter stands still while the tensor crosses the network:
+   * the timeout grows by the time the bytes take at MN_COLL_PULL_MIN_RATE. */
   mn_coll_hdr_t bcast = {MN_COLL_BROADCAST, 0, (uint8_t)t->dtype, (uint32_t)c->rank, 0, g->seq, t->nbytes};
-  if (g->shm != NULL && shm_phase(c, g, &bcast, t->data, NULL, t->nbytes, 1, what, err, errlen, mismatch) != 0)
+  double slack = (double)t->nbytes / MN_COLL_PULL_MIN_RATE * 1000.0;
+  int wait_ms = c->timeout_ms + (slack > 1e8 ? (int)1e8 : (int)slack);
+  if (g->shm != NULL && shm_phase(c, g, &bcast, t->data, NULL, t->nbytes, 1, wait_ms, what, err, errlen, mismatch) != 0)
     return group_fail(c, g);
   if (op == MN_COLL_AVG) mn_coll_divide(t->data, (size_t)t->numel, t->dtype, g->n);
   return 0;
