@@ -17,7 +17,7 @@ exec 2>&1
 cd "$(dirname "$0")/.." || exit 1
 B=${BUILD:-build}
 
-SKIP_LIBS='^(linux-vdso|ld-linux|libc\.so|libm\.so|libgcc_s|libpthread|libdl\.so|librt\.so|libstdc\+\+|libcuda|libcudart|libcublas|libnccl|libopenblas|libgfortran|libquadmath)'
+SKIP_LIBS='^(linux-vdso|ld-linux|libc\.so|libm\.so|libgcc_s|libpthread|libdl\.so|librt\.so|libstdc\+\+|libcuda|libcudart|libcublas|libnccl)'
 
 bundle() {
   local dir=$B/gpu-bundle f
@@ -29,7 +29,9 @@ bundle() {
   cp -rL /usr/share/lua/5.1/. "$dir/share/lua/5.1/" || return 1
   cp -rL /usr/lib/x86_64-linux-gnu/lua/5.1/. "$dir/lib/lua/5.1/" || return 1
   # The shared libraries of everything that runs there, minus the system's and
-  # CUDA's own, and OpenBLAS (35 MB, used only by the CPU libraries basic and mlp).
+  # CUDA's own. OpenBLAS (35 MB) goes too: mlp loads the digits for the GPU
+  # training spec, and the GPU machine may not have it; the whole build/ stays
+  # under the 64 MiB a device run carries.
   for f in "$B/bin/monarch-worker" "$B/lib/monarch/lua/monarch/core.so" "$B"/lib/monarch/*.so "$B"/tests/test_gpu \
       "$dir/bin/luajit" $(find "$dir/lib/lua/5.1" -name '*.so'); do
     ldd "$f" 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}'
