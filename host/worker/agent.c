@@ -225,9 +225,10 @@ static void handle_spawn(aconn_t *c, const msgpack_object *m) {
   /* The cores shared out among this host's procs, these included (earlier procs keep theirs). */
   long cpus = sysconf(_SC_NPROCESSORS_ONLN);
   int threads = cpus > 0 ? (int)(cpus / (c->a->nprocs + n)) : 1;
+  int spin_us = cpus > 0 && c->a->nprocs + n <= cpus ? MN_AGENT_SPIN_US : 0;
   if (threads < 1) threads = 1;
   for (int i = 0; i < n; i++) {
-    int rc = mn__agent_spawn_one(c->session, req, i, rb + i, w, db >= 0 ? db + i : -1, threads);
+    int rc = mn__agent_spawn_one(c->session, req, i, rb + i, w, db >= 0 ? db + i : -1, threads, spin_us);
     if (rc != 0) {
       char msg[200];
       snprintf(msg, sizeof(msg), "cannot start %s: %s", c->a->o->exe, uv_strerror(rc));

@@ -28,6 +28,7 @@
 #define MN_EXITS_KEPT 16          /* recent proc exits the agent remembers for STATUS */
 #define MN_MAX_LOG_LINE (64u << 10) /* a longer unterminated line is forwarded in pieces */
 #define MN_MAX_PERSISTED 256      /* most persistent meshes one agent keeps */
+#define MN_AGENT_SPIN_US 50       /* a proc's executor busy-wait while the host has a core per proc */
 
 typedef struct aconn_s aconn_t;
 typedef struct asession_s asession_t;
@@ -124,8 +125,13 @@ void mn__agent_session_send(asession_t *s, const mn_buf_t *b);
 /* ---- agent_proc.c ------------------------------------------------------------------------- */
 
 void mn__agent_send_spawn_failed(asession_t *c, uint64_t req, int index, const char *msg);
-/* Starts one proc; threads: its BLAS/OpenMP thread count where the user set none (0: leave unset). */
-int mn__agent_spawn_one(asession_t *c, uint64_t req, int index, int rank, int world, int device, int threads);
+/*
+ * Starts one proc. Where the user set none: threads is its BLAS/OpenMP
+ * thread count, spin_us its executor's busy-wait (MONARCH_SPIN_US); -1
+ * leaves either unset.
+ */
+int mn__agent_spawn_one(asession_t *c, uint64_t req, int index, int rank, int world, int device, int threads,
+                        int spin_us);
 
 /* ---- agent_persist.c ---------------------------------------------------------------------- */
 

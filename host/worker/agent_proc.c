@@ -181,36 +181,46 @@ static void log_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
   if (n < 0) uv_close((uv_handle_t *)s, proc_handle_closed);
 }
 
+#define PROC_ENV_VARS 3 /* what proc_env may add */
+
 /*
- * The proc's environment: the agent's, plus a BLAS/OpenMP thread count for
- * whatever the user left unset, so procs sharing a host do not each start a
- * thread per core (OpenBLAS's default) and fight over the cores. Fills env
- * (room for every entry of environ plus two and the NULL) from bufs.
+ * The proc's environment: the agent's, plus what the user left unset of
+ *  - a BLAS/OpenMP thread count, so procs sharing a host do not each start
+ *    a thread per core (OpenBLAS's default) and fight over the cores;
+ *  - MONARCH_SPIN_US, how long the proc's threads keep yielding the core
+ *    before they sleep: 50 us while the host has a core per proc (a
+ *    sleeping core takes tens of microseconds to wake on a VM: call_one
+ *    about 20 us instead of 60), 0 when procs outnumber cores (waiting
+ *    then takes a core another proc needs: 8 procs on 2 cores gathered
+ *    2.4x slower). bench/core.lua.
+ * Fills env (room for environ, PROC_ENV_VARS more and the NULL) from bufs.
  */
-static void proc_env(char **env, size_t room, char bufs[2][48], int threads) {
+static void proc_env(char **env, size_t room, char bufs[PROC_ENV_VARS][48], int threads, int spin_us) {
   extern char **environ;
-  static const char *const vars[2] = {"OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"};
+  static const char *const vars[PROC_ENV_VARS] = {"OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MONARCH_SPIN_US"};
+  int vals[PROC_ENV_VARS] = {threads, threads, spin_us};
   size_t n = 0;
-  int have[2] = {0, 0};
-  for (char **e = environ; *e != NULL && n + 3 < room; e++) {
-    for (int v = 0; v < 2; v++)
+  int have[PROC_ENV_VARS] = {0};
+  for (char **e = environ; *e != NULL && n + PROC_ENV_VARS + 1 < room; e++) {
+    for (int v = 0; v < PROC_ENV_VARS; v++)
       if (strncmp(*e, vars[v], strlen(vars[v])) == 0 && (*e)[strlen(vars[v])] == '=') have[v] = 1;
     env[n++] = *e;
   }
-  for (int v = 0; v < 2; v++) {
-    if (have[v] || threads < 1) continue;
-    snprintf(bufs[v], sizeof(bufs[v]), "%s=%d", vars[v], threads);
+  for (int v = 0; v < PROC_ENV_VARS; v++) {
+    if (have[v] || vals[v] < 0) continue;
+    snprintf(bufs[v], sizeof(bufs[v]), "%s=%d", vars[v], vals[v]);
     env[n++] = bufs[v];
   }
   env[n] = NULL;
 }
 
-int mn__agent_spawn_one(asession_t *c, uint64_t req, int index, int rank, int world, int device, int threads) {
+int mn__agent_spawn_one(asession_t *c, uint64_t req, int index, int rank, int world, int device, int threads,
+                        int spin_us) {
   agent_t *a = c->a;
   extern char **environ;
   size_t nenv = 0;
   while (environ[nenv] != NULL) nenv++;
-  char **env = malloc(sizeof(char *) * (nenv + 3)), bufs[2][48];
+  char **env = malloc(sizeof(char *) * (nenv + PROC_ENV_VARS + 1)), bufs[PROC_ENV_VARS][48];
   aproc_t *p = calloc(1, sizeof(*p));
   char srank[16], sworld[16], sparent[16], sorphan[32], sdevice[16];
   if (p == NULL || env == NULL) {
@@ -218,7 +228,7 @@ int mn__agent_spawn_one(asession_t *c, uint64_t req, int index, int rank, int wo
     free(env);
     return UV_ENOMEM;
   }
-  proc_env(env, nenv + 3, bufs, threads);
+  proc_env(env, nenv + PROC_ENV_VARS + 1, bufs, threads, spin_us);
   p->a = a;
   p->owner = c;
   p->req = req;

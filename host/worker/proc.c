@@ -31,6 +31,7 @@
 #include <malloc.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -41,7 +42,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define MN_SPIN_NS_DEFAULT 0 /* executor busy-wait before sleeping; 0: spinning measured slower on 2 cores */
+#define MN_SPIN_NS_DEFAULT 0 /* executor busy-wait before sleeping; the agent sets MONARCH_SPIN_US, knowing how many procs share the host */
 #define MN_MAX_QUEUED (256u << 20) /* bytes of calls queued before the reader stops reading */
 #define MN_MAX_HANDSHAKES 16       /* concurrent unauthenticated connections accepted */
 #define MN_BIG_FRAME (256u << 10)  /* frames this large are received straight into their queue item */
@@ -110,7 +111,7 @@ static void send_bytes(proc_t *p, uint64_t session, const char *data, size_t n) 
 static item_t *take_all(proc_t *p) {
   int64_t until = now_ns() + p->spin_ns;
   while (atomic_load_explicit(&p->nitems, memory_order_acquire) == 0 && now_ns() < until)
-    ;
+    sched_yield();
   pthread_mutex_lock(&p->lock);
   while (p->head == NULL && !p->stop) pthread_cond_wait(&p->cond, &p->lock);
   item_t *all = p->head;
@@ -564,7 +565,10 @@ static void io_loop(proc_t *p, int lfd, double orphan_timeout) {
       last_rx = now_ns(); /* persistent: keep waiting for a controller to attach */
       continue;
     }
-    int r = poll(pfd, 3, (int)((left < 1000000000 ? left : 1000000000) / 1000000) + 1);
+    /* Like the executor: yield briefly before sleeping, so the next frame finds this thread awake. */
+    int r = 0;
+    for (int64_t until = now_ns() + p->spin_ns; r == 0 && now_ns() < until; sched_yield()) r = poll(pfd, 3, 0);
+    if (r == 0) r = poll(pfd, 3, (int)((left < 1000000000 ? left : 1000000000) / 1000000) + 1);
     if (r < 0 && errno != EINTR) break;
     if (r <= 0) continue;
     if (pfd[0].revents & POLLIN) {

@@ -210,7 +210,7 @@ describe("a host agent spawning procs", function()
     return e
   end
 
-  it("shares the cores out as BLAS and OpenMP threads, unless the user chose a number", function()
+  it("shares the cores out as BLAS and OpenMP threads and spins only with a core per proc, unless told", function()
     local hosts, agent = agent_with("env -u OPENBLAS_NUM_THREADS OMP_NUM_THREADS=5")
     local cpus = tonumber(io.popen("nproc"):read("*l"))
     local procs = hosts:spawn_procs{ procs = 3 }
@@ -218,6 +218,7 @@ describe("a host agent spawning procs", function()
       local e = env_of(p.pid)
       assert.are.equal(tostring(math.max(1, math.floor(cpus / 3))), e:match("OPENBLAS_NUM_THREADS=(%d+)"))
       assert.are.equal("5", e:match("OMP_NUM_THREADS=(%d+)"), "the user's own setting is kept")
+      assert.are.equal(3 <= cpus and "50" or "0", e:match("MONARCH_SPIN_US=(%d+)"), "spin only with a core each")
     end
     -- Procs spawned later share what the first left: 3 live + 2 new.
     local more = hosts:spawn_procs{ procs = 2 }
