@@ -58,6 +58,9 @@ typedef struct group_s {
   int next_fd, prev_fd;  /* ring: we send to next, receive from prev */
   int next_cma;          /* next copies from our memory itself (same host) */
   int prev_cma;          /* we copy from prev's memory (same host) */
+  int key_no_copy;       /* a ring neighbour has our host key but no direct copy works: no shared memory */
+  int *lmembers;         /* MN_COLL_HOSTS / ONE_HOST: the group index of each member of this host, in order */
+  int nlocal;
   pid_t prev_pid;
   int *star;             /* member 0: star[i] links member i; others: star[0] links member 0 */
   char **addrs;          /* member data addresses, for messages */

@@ -4,6 +4,8 @@
  */
 #include "coll_int.h"
 
+#include <sodium.h>
+
 /* ---- sockets -------------------------------------------------------------------------- */
 
 static void set_nonblock(int fd) {
@@ -312,15 +314,19 @@ void mn_coll_set_timeout(mn_coll_t *c, double seconds) {
 void mn_coll_set_cancel(mn_coll_t *c, atomic_int *cancel) { c->cancel = cancel; }
 void mn_coll_set_cma(mn_coll_t *c, int on) { c->cma = on != 0; }
 void mn_coll_set_shm(mn_coll_t *c, int on) { c->shm = on != 0; }
+_Static_assert(crypto_generichash_BYTES <= MN_COLL_HOST_KEY, "a host key holds the hash");
+
 void mn_coll_set_host_key(mn_coll_t *c, const char *key) {
+  /* A hash, so keys of any length stay distinct (a truncated copy could merge two hosts). */
   memset(c->host_key, 0, sizeof(c->host_key));
-  snprintf(c->host_key, sizeof(c->host_key), "%s", key);
+  crypto_generichash((unsigned char *)c->host_key, crypto_generichash_BYTES, (const unsigned char *)key, strlen(key),
+                     NULL, 0);
 }
 
 /* The kernel's boot id: procs that share it share memory (the test for that is still made, by mapping). */
 static void default_host_key(mn_coll_t *c) {
   const char *k = getenv("MONARCH_HOST_KEY");
-  char id[MN_COLL_HOST_KEY] = "";
+  char id[64] = "";
   FILE *f = k != NULL && *k ? NULL : fopen("/proc/sys/kernel/random/boot_id", "r");
   if (f != NULL) {
     if (fgets(id, sizeof(id), f) == NULL) id[0] = '\0';

@@ -6,6 +6,7 @@
 #include <limits.h>
 #include <linux/futex.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,19 +26,22 @@
 typedef struct {
   uint32_t magic, n;
   uint64_t piece, size;
-  char pad0[64 - 24];
+  uint64_t gid, nonce; /* whose region this is: checked on attach */
+  char pad0[64 - 40];
   _Atomic uint32_t gen;      /* bumped by every post; sleepers wait on it */
   _Atomic uint32_t sleepers; /* members inside futex_wait: a post wakes them only when nonzero */
   char pad1[64 - 8];
   _Atomic uint32_t abort_claim; /* the first member to give up claims the reason slot */
   _Atomic uint32_t aborted;     /* set once the reason below is written */
   uint32_t abort_rank;
+  uint64_t abort_tick;          /* the aborter's tick: collectives the others finished before it are not failed */
   char reason[MN_COLL_MAX_ABORT_MSG + 1];
 } shm_head_t;
 
 typedef struct {
   _Atomic uint64_t progress;                    /* steps this member finished, over the group's life */
   unsigned char hdr[2][MN_COLL_HDR_LEN];         /* step headers, by the collective's seq parity */
+  _Atomic int64_t pid;                          /* the member's process, to notice it die */
 } shm_slot_t;
 
 _Static_assert(sizeof(shm_slot_t) <= SLOT_BYTES, "slot fits");
@@ -96,7 +100,7 @@ static mn_shm_t *shm_new(int n, int me, size_t piece) {
   return s;
 }
 
-int mn_shm_create(mn_shm_t **out, int n, size_t piece, char *err, size_t errlen) {
+int mn_shm_create(mn_shm_t **out, int n, size_t piece, uint64_t gid, uint64_t nonce, char *err, size_t errlen) {
   *out = NULL;
   if (n < 2 || n > MN_SHM_MAX_MEMBERS || piece < MN_SHM_PIECE_MIN || piece % 64) {
     snprintf(err, errlen, "shared memory: bad geometry (%d members, piece %zu)", n, piece);
@@ -124,12 +128,16 @@ int mn_shm_create(mn_shm_t **out, int n, size_t piece, char *err, size_t errlen)
   h->n = (uint32_t)n;
   h->piece = piece;
   h->size = s->size;
+  h->gid = gid;
+  h->nonce = nonce;
+  atomic_store(&slot(s, 0)->pid, (int64_t)getpid());
   h->magic = SHM_MAGIC; /* the others attach only after a socket round trip, which orders this */
   *out = s;
   return 0;
 }
 
-int mn_shm_attach(mn_shm_t **out, int n, int me, long pid, int fd, size_t piece, char *err, size_t errlen) {
+int mn_shm_attach(mn_shm_t **out, int n, int me, long pid, int fd, size_t piece, uint64_t gid, uint64_t nonce,
+                  char *err, size_t errlen) {
   *out = NULL;
   if (n < 2 || n > MN_SHM_MAX_MEMBERS || me < 1 || me >= n || piece < MN_SHM_PIECE_MIN || piece % 64 ||
       piece > MN_SHM_DATA_MAX || pid <= 0 || fd < 0) {
@@ -151,7 +159,8 @@ int mn_shm_attach(mn_shm_t **out, int n, int me, long pid, int fd, size_t piece,
   if (stat(path, &st) != 0) why = strerror(errno);
   else if (!S_ISREG(st.st_mode)) why = "not a regular file";
   else if ((f = open(path, O_RDWR | O_CLOEXEC | O_NONBLOCK)) < 0) why = strerror(errno);
-  else if (fstat(f, &st) != 0 || (size_t)st.st_size < s->size) why = "too small";
+  else if (fstat(f, &st) != 0 || !S_ISREG(st.st_mode)) why = "not a regular file"; /* what was opened, not named */
+  else if ((size_t)st.st_size < s->size) why = "too small";
   if (why != NULL) {
     snprintf(err, errlen, "shared memory: cannot open %s: %s", path, why);
     if (f >= 0) close(f);
@@ -167,11 +176,13 @@ int mn_shm_attach(mn_shm_t **out, int n, int me, long pid, int fd, size_t piece,
     return -1;
   }
   shm_head_t *h = head(s);
-  if (h->magic != SHM_MAGIC || h->n != (uint32_t)n || h->piece != piece || h->size != s->size) {
+  if (h->magic != SHM_MAGIC || h->n != (uint32_t)n || h->piece != piece || h->size != s->size || h->gid != gid ||
+      h->nonce != nonce) {
     snprintf(err, errlen, "shared memory: %s is not this group's region", path);
     mn_shm_close(s);
     return -1;
   }
+  atomic_store(&slot(s, me)->pid, (int64_t)getpid());
   *out = s;
   return 0;
 }
@@ -213,6 +224,7 @@ void mn_shm_abort(mn_shm_t *s, uint32_t rank, const char *why) {
   uint32_t expect = 0;
   if (atomic_compare_exchange_strong(&h->abort_claim, &expect, 1)) {
     h->abort_rank = rank;
+    h->abort_tick = s->tick; /* the collective it gave up in, or refused to start */
     snprintf(h->reason, sizeof(h->reason), "%s", why);
     atomic_store(&h->aborted, 1);
   }
@@ -233,9 +245,10 @@ static inline void cpu_relax(void) {
 #endif
 }
 
+/* A member gave up on this collective or an earlier one (not on one this member still finishes). */
 static int failed_abort(const mn_shm_t *s, const mn_shm_op_t *op, char *err, size_t errlen) {
   shm_head_t *h = head(s);
-  if (!atomic_load(&h->aborted)) return 0;
+  if (!atomic_load(&h->aborted) || s->tick < h->abort_tick) return 0;
   /* Bounded: the reason lives in memory every member can write. */
   snprintf(err, errlen, "%s: rank %u gave up on group %llu: %.*s", op->what, h->abort_rank,
            (unsigned long long)op->gid, MN_COLL_MAX_ABORT_MSG, h->reason[0] ? h->reason : "(no reason given)");
@@ -285,6 +298,13 @@ static int wait_all(mn_shm_t *s, const mn_shm_op_t *op, uint64_t target, char *e
       return -1;
     }
     if (op->check != NULL && op->check(op->arg, err, errlen) != 0) return -1;
+    int64_t pid = atomic_load(&slot(s, j)->pid);
+    if (pid > 0 && kill((pid_t)pid, 0) != 0 && errno == ESRCH) {
+      char who[400];
+      op->name(op->arg, j, who, sizeof(who));
+      snprintf(err, errlen, "%s: %s died (its process %lld is gone)", op->what, who, (long long)pid);
+      return -1;
+    }
     int64_t now = now_us();
     uint64_t p = atomic_load(&slot(s, j)->progress);
     if (p != seen) {

@@ -36,16 +36,24 @@ typedef struct mn_shm_s mn_shm_t;
 
 /* The piece a region for n members uses when `want` bytes are asked for (0: the default). */
 size_t mn_shm_piece_for(int n, size_t want);
-/* Member 0: creates a region for n members. Returns 0, or -1 with err. */
-int mn_shm_create(mn_shm_t **out, int n, size_t piece, char *err, size_t errlen);
-/* Member me > 0: maps the region member 0 (process pid) holds open as fd. */
-int mn_shm_attach(mn_shm_t **out, int n, int me, long pid, int fd, size_t piece, char *err, size_t errlen);
+/*
+ * The first member: creates a region for n members of group gid, marked
+ * with a random nonce that the others must present. 0, or -1 with err.
+ */
+int mn_shm_create(mn_shm_t **out, int n, size_t piece, uint64_t gid, uint64_t nonce, char *err, size_t errlen);
+/* Member me > 0: maps the region that process pid holds open as fd, if it is group gid's with that nonce. */
+int mn_shm_attach(mn_shm_t **out, int n, int me, long pid, int fd, size_t piece, uint64_t gid, uint64_t nonce,
+                  char *err, size_t errlen);
 /* The creator's descriptor, to name in /proc/<pid>/fd; -1 once dropped. */
 int mn_shm_fd(const mn_shm_t *s);
 /* Closes the creator's descriptor once every member has mapped the region. */
 void mn_shm_drop_fd(mn_shm_t *s);
 void mn_shm_close(mn_shm_t *s);
-/* Tells every member this one gave up (they fail with `why` at their next wait). */
+/*
+ * Tells every member this one gave up on the collective it is in (or
+ * refuses the next): they fail that one, or the next they start, with
+ * `why`; one they are still finishing is not failed.
+ */
 void mn_shm_abort(mn_shm_t *s, uint32_t rank, const char *why);
 
 /* One collective, as every member calls it. */

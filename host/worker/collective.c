@@ -80,6 +80,7 @@ void mn__coll_group_destroy(mn_coll_t *c, group_t *g) {
   for (int i = 0; g->star != NULL && i < nstar; i++) mn__coll_close_fd(&g->star[i]);
   for (int i = 0; g->addrs != NULL && i < g->n; i++) free(g->addrs[i]);
   mn_shm_close(g->shm);
+  free(g->lmembers);
   free(g->addrs);
   free(g->ranks);
   free(g->star);
@@ -154,13 +155,18 @@ static int probe_same_host(mn_coll_t *c, group_t *g, char *err, size_t errlen) {
   if (mn__coll_xfer_run(c, xs, 2, "group setup", err, errlen) != 0) return -1;
   uint64_t pid = mn__coll_get_be64(in);
   /* Different host keys are different hosts, even where the kernel would allow the copy (tests, containers). */
-  yes = (unsigned char)(memcmp(in + 24, c->host_key, MN_COLL_HOST_KEY) == 0 &&
+  int same_key = memcmp(in + 24, c->host_key, MN_COLL_HOST_KEY) == 0;
+  yes = (unsigned char)(same_key &&
                         mn__coll_same_host(c, pid, mn__coll_get_be64(in + 8), mn__coll_get_be64(in + 16)));
+  yes |= (unsigned char)(same_key << 1); /* bit 1: the keys match, so the copy should have worked */
   xfer_t ys[2] = {{g->prev_fd, 1, (char *)&yes, 1, 0, pw}, {g->next_fd, 0, (char *)&answer, 1, 0, nw}};
   if (mn__coll_xfer_run(c, ys, 2, "group setup", err, errlen) != 0) return -1;
-  g->prev_cma = yes;
+  g->prev_cma = yes & 1;
   g->prev_pid = (pid_t)pid;
-  g->next_cma = answer == 1;
+  g->next_cma = answer & 1;
+  /* A neighbour with our host key that we cannot copy from (another PID namespace, another user): sharing
+   * memory through /proc/<pid>/fd would reach the wrong process or fail, so this member votes against. */
+  g->key_no_copy = ((yes & 2) && !(yes & 1)) || ((answer & 2) && !(answer & 1));
   return 0;
 }
 
@@ -203,12 +209,16 @@ static void put32(unsigned char *p, uint32_t v) { mn_put_be32((char *)p, v); }
 static uint32_t get32(const unsigned char *p) { return mn_be32((const char *)p); }
 
 #define VOTE_LEN (1 + MN_COLL_HOST_KEY) /* may share memory, host key */
-#define PLAN_LEN 25                     /* use regions, host, local index, local count, hosts, next/prev leader */
-#define OFFER_LEN 25                    /* region made, pid, fd, piece */
+#define PLAN_HEAD 25                    /* use regions, host, local index, local count, hosts, next/prev leader */
+#define OFFER_LEN 33                    /* region made, pid, fd, piece, nonce */
+
+/* A plan: its head, then (for groups small enough to share memory) every member's host, 2 bytes each. */
+static size_t plan_len(int n) { return PLAN_HEAD + (n <= MN_SHM_MAX_MEMBERS ? 2 * (size_t)n : 0); }
 
 /* Member 0: numbers the hosts by their first member and tells each member its place. */
 static void plan_answer(void *arg, const unsigned char *in, unsigned char *out) {
-  int n = *(int *)arg, nhosts = 0, use = 1, shared = 0;
+  int n = *(int *)arg, nhosts = 0, use = n <= MN_SHM_MAX_MEMBERS, shared = 0;
+  size_t pl = plan_len(n);
   int *host = calloc((size_t)n, sizeof(int)), *lead = calloc((size_t)n, sizeof(int)), *count = calloc((size_t)n, sizeof(int));
   int *idx = calloc((size_t)n, sizeof(int));
   if (host == NULL || lead == NULL || count == NULL || idx == NULL) use = 0;
@@ -224,8 +234,8 @@ static void plan_answer(void *arg, const unsigned char *in, unsigned char *out) 
   }
   use = use && shared; /* with one member per host there is nothing to share */
   for (int i = 0; i < n; i++) {
-    unsigned char *o = out + (size_t)i * PLAN_LEN;
-    memset(o, 0, PLAN_LEN);
+    unsigned char *o = out + (size_t)i * pl;
+    memset(o, 0, pl);
     o[0] = (unsigned char)use;
     if (!use) continue;
     int h = host[i];
@@ -235,11 +245,45 @@ static void plan_answer(void *arg, const unsigned char *in, unsigned char *out) 
     put32(o + 13, (uint32_t)nhosts);
     put32(o + 17, (uint32_t)lead[(h + 1) % nhosts]);
     put32(o + 21, (uint32_t)lead[(h + nhosts - 1) % nhosts]);
+    for (int j = 0; j < n; j++) o[PLAN_HEAD + 2 * j] = (unsigned char)(host[j] >> 8), o[PLAN_HEAD + 2 * j + 1] = (unsigned char)host[j];
   }
   free(host);
   free(lead);
   free(count);
   free(idx);
+}
+
+/*
+ * Takes a plan from member 0, checking every number against the group
+ * before anything indexes with it; fills the group's place and its host's
+ * members. 0, or -1: the plan is refused (the group stays flat).
+ */
+static int take_plan(group_t *g, const unsigned char *plan, uint32_t *local, uint32_t *count) {
+  uint32_t n = (uint32_t)g->n, host = get32(plan + 1), nhosts = get32(plan + 13);
+  uint32_t lnext = get32(plan + 17), lprev = get32(plan + 21);
+  *local = get32(plan + 5);
+  *count = get32(plan + 9);
+  if (n > MN_SHM_MAX_MEMBERS || nhosts < 1 || nhosts > n || host >= nhosts || *count < 1 || *count > n ||
+      *local >= *count || lnext >= n || lprev >= n)
+    return -1;
+  g->lmembers = malloc(sizeof(int) * *count);
+  if (g->lmembers == NULL) return -1;
+  g->nlocal = 0;
+  for (uint32_t j = 0; j < n; j++) {
+    uint32_t h = ((uint32_t)plan[PLAN_HEAD + 2 * j] << 8) | plan[PLAN_HEAD + 2 * j + 1];
+    if (h >= nhosts) return -1;
+    if (h == host) {
+      if ((uint32_t)g->nlocal == *count) return -1;
+      g->lmembers[g->nlocal++] = (int)j;
+    }
+  }
+  if ((uint32_t)g->nlocal != *count || g->lmembers[*local] != g->me) return -1;
+  g->host = (int)host;
+  g->nhosts = (int)nhosts;
+  g->lnext = (int)lnext;
+  g->lprev = (int)lprev;
+  g->lead = *local == 0;
+  return 0;
 }
 
 /* Member 0: sends each member the region its host's leader made (leaders get their own back). */
@@ -250,13 +294,19 @@ typedef struct {
 
 static void offer_answer(void *arg, const unsigned char *in, unsigned char *out) {
   offers_arg_t *a = arg;
+  size_t pl = plan_len(a->n);
+  int *first = malloc(sizeof(int) * (size_t)a->n);
+  for (int i = 0; first != NULL && i < a->n; i++) first[i] = -1;
   for (int i = 0; i < a->n; i++) {
-    uint32_t h = get32(a->plans + (size_t)i * PLAN_LEN + 1);
-    int leader = -1;
-    for (int j = 0; j <= i && leader < 0; j++)
-      if (get32(a->plans + (size_t)j * PLAN_LEN + 1) == h) leader = j;
-    memcpy(out + (size_t)i * OFFER_LEN, in + (size_t)(leader < 0 ? i : leader) * OFFER_LEN, OFFER_LEN);
+    uint32_t h = get32(a->plans + (size_t)i * pl + 1);
+    int leader = i;
+    if (first != NULL && h < (uint32_t)a->n) {
+      if (first[h] < 0) first[h] = i;
+      leader = first[h];
+    }
+    memcpy(out + (size_t)i * OFFER_LEN, in + (size_t)leader * OFFER_LEN, OFFER_LEN);
   }
+  free(first);
 }
 
 /* Member 0: the group uses its regions only if every member could map its own. */
@@ -294,58 +344,46 @@ static int setup_leaders(mn_coll_t *c, group_t *g, char *err, size_t errlen) {
  */
 static int setup_layout(mn_coll_t *c, group_t *g, char *err, size_t errlen) {
   int n = g->n, rc = -1;
+  size_t pl = plan_len(n);
   star_t st = {c, g, calloc((size_t)n, sizeof(xfer_t)), calloc((size_t)n, sizeof(*st.names))};
-  unsigned char *in = calloc((size_t)n, VOTE_LEN), *out = calloc((size_t)n, PLAN_LEN);
-  unsigned char vote[VOTE_LEN] = {0}, plan[PLAN_LEN], offer[OFFER_LEN] = {0}, got[OFFER_LEN], ok, final;
+  unsigned char *in = calloc((size_t)n, VOTE_LEN > OFFER_LEN ? VOTE_LEN : OFFER_LEN), *out = calloc((size_t)n, pl);
+  unsigned char *plan = malloc(pl), vote[VOTE_LEN] = {0}, offer[OFFER_LEN] = {0}, got[OFFER_LEN], ok, final;
+  unsigned char *oout = calloc((size_t)n, OFFER_LEN);
   char why[512];
-  if (st.xs == NULL || st.names == NULL || in == NULL || out == NULL) {
+  uint32_t local = 0, count = 1;
+  uint64_t nonce = 0;
+  if (st.xs == NULL || st.names == NULL || in == NULL || out == NULL || plan == NULL || oout == NULL) {
     snprintf(err, errlen, "out of memory setting up group %llu", (unsigned long long)g->id);
     goto done;
   }
   for (int i = 0; i < n; i++)
     if (g->me == 0 || i == 0) member_name(g, i, st.names[i], sizeof(st.names[0]));
-  vote[0] = (unsigned char)(c->shm && c->cma && n <= MN_SHM_MAX_MEMBERS);
+  vote[0] = (unsigned char)(c->shm && c->cma && n <= MN_SHM_MAX_MEMBERS && !g->key_no_copy);
   memcpy(vote + 1, c->host_key, MN_COLL_HOST_KEY);
-  if (star_round(&st, vote, VOTE_LEN, in, out, PLAN_LEN, plan_answer, &n, err, errlen) != 0) goto done;
-  memcpy(plan, out, PLAN_LEN); /* member 0: its own plan is first */
-  uint32_t local = get32(plan + 5), count = get32(plan + 9);
-  int use = plan[0] == 1;
-  if (use) {
-    g->host = (int)get32(plan + 1);
-    g->nhosts = (int)get32(plan + 13);
-    g->lnext = (int)get32(plan + 17);
-    g->lprev = (int)get32(plan + 21);
-    g->lead = local == 0;
-  }
+  if (star_round(&st, vote, VOTE_LEN, in, out, pl, plan_answer, &n, err, errlen) != 0) goto done;
+  memcpy(plan, out, pl); /* member 0: its own plan is first */
+  int use = plan[0] == 1 && take_plan(g, plan, &local, &count) == 0;
   /* The first member of a host with company makes its region. */
   size_t piece = mn_shm_piece_for((int)count, c->shm_piece);
-  if (use && local == 0 && count > 1 && mn_shm_create(&g->shm, (int)count, piece, why, sizeof(why)) == 0) {
+  uint8_t rnd[MN_NONCE_LEN];
+  mn_auth_nonce(rnd);
+  memcpy(&nonce, rnd, sizeof(nonce)); /* proves an attached region is the one offered, not another group's */
+  if (use && local == 0 && count > 1 && mn_shm_create(&g->shm, (int)count, piece, g->id, nonce, why, sizeof(why)) == 0) {
     offer[0] = 1;
     mn__coll_put_be64(offer + 1, (uint64_t)getpid());
     mn__coll_put_be64(offer + 9, (uint64_t)mn_shm_fd(g->shm));
     mn__coll_put_be64(offer + 17, (uint64_t)piece);
+    mn__coll_put_be64(offer + 25, nonce);
   }
-  unsigned char *plans = g->me == 0 ? out : NULL;
-  unsigned char *oin = calloc((size_t)n, OFFER_LEN), *oout = calloc((size_t)n, OFFER_LEN);
-  if (oin == NULL || oout == NULL) {
-    free(oin);
-    free(oout);
-    snprintf(err, errlen, "out of memory setting up group %llu", (unsigned long long)g->id);
-    goto done;
-  }
-  offers_arg_t oa = {n, plans};
-  int r = star_round(&st, offer, OFFER_LEN, oin, oout, OFFER_LEN, offer_answer, &oa, err, errlen);
+  offers_arg_t oa = {n, g->me == 0 ? out : NULL};
+  if (star_round(&st, offer, OFFER_LEN, in, oout, OFFER_LEN, offer_answer, &oa, err, errlen) != 0) goto done;
   memcpy(got, oout, OFFER_LEN);
-  free(oin);
-  free(oout);
-  if (r != 0) goto done;
-  if (!use) ok = 1;
-  else if (count < 2) ok = 1;
+  if (!use || count < 2) ok = 1;
   else if (local == 0) ok = g->shm != NULL;
   else
     ok = got[0] == 1 && mn_shm_attach(&g->shm, (int)count, (int)local, (long)mn__coll_get_be64(got + 1),
-                                      (int)mn__coll_get_be64(got + 9), (size_t)mn__coll_get_be64(got + 17), why,
-                                      sizeof(why)) == 0;
+                                      (int)mn__coll_get_be64(got + 9), (size_t)mn__coll_get_be64(got + 17), g->id,
+                                      mn__coll_get_be64(got + 25), why, sizeof(why)) == 0;
   if (star_round(&st, &ok, 1, in, out, 1, final_answer, &n, err, errlen) != 0) goto done;
   final = out[0];
   if (g->shm != NULL) mn_shm_drop_fd(g->shm); /* mapped by every member of its host, or used by none */
@@ -364,6 +402,8 @@ done:
   free(st.names);
   free(in);
   free(out);
+  free(oout);
+  free(plan);
   return rc;
 }
 
@@ -474,7 +514,9 @@ int mn_coll_group_abort(mn_coll_t *c, uint64_t gid, const char *why) {
 }
 
 /* A failure in the middle of a collective: the byte streams are out of step, so the group is gone. */
-static int group_fail(mn_coll_t *c, group_t *g) {
+static int group_fail(mn_coll_t *c, group_t *g, const char *err) {
+  /* Members waiting in the region may have no link to this one: tell them there. */
+  if (g->shm != NULL) mn_shm_abort(g->shm, (uint32_t)c->rank, err);
   mn__coll_group_destroy(c, g);
   return -1;
 }
@@ -620,7 +662,11 @@ typedef struct {
   int strict; /* the group sends nothing on its links (one host): any byte is a failure */
 } shm_ctx_t;
 
-static void shm_name(void *arg, int j, char *buf, size_t n) { member_name(((shm_ctx_t *)arg)->g, j, buf, n); }
+/* j is a member of this host's region: name it by its place in the group. */
+static void shm_name(void *arg, int j, char *buf, size_t n) {
+  const group_t *g = ((shm_ctx_t *)arg)->g;
+  member_name(g, g->lmembers != NULL && j < g->nlocal ? g->lmembers[j] : j, buf, n);
+}
 
 /*
  * Whether a member is gone, from the group's links, without waiting. strict
@@ -687,7 +733,7 @@ static int shm_phase(mn_coll_t *c, group_t *g, const mn_coll_hdr_t *h, char *dat
 static int shm_over(mn_coll_t *c, group_t *g, const mn_coll_hdr_t *h, char *data, const char *src, size_t count,
                     size_t esize, const char *what, char *err, size_t errlen, int *mismatch) {
   return shm_phase(c, g, h, data, src, count, esize, c->timeout_ms, what, err, errlen, mismatch) == 0 ? 0
-                                                                                                  : group_fail(c, g);
+                                                                                                  : group_fail(c, g, err);
 }
 
 /*
@@ -702,14 +748,14 @@ static int shm_over(mn_coll_t *c, group_t *g, const mn_coll_hdr_t *h, char *data
 static int hosts_all_reduce(mn_coll_t *c, group_t *g, mk_tensor_t *t, int op, const mn_coll_hdr_t *h, char *err,
                             size_t errlen, int *mismatch) {
   const char *what = "all_reduce";
-  if (exchange_headers(c, g, h, what, err, errlen, mismatch) != 0) return group_fail(c, g);
+  if (exchange_headers(c, g, h, what, err, errlen, mismatch) != 0) return group_fail(c, g, err);
   int sum = op == MN_COLL_AVG ? MN_COLL_SUM : op; /* an average of the hosts' averages is not the average */
   size_t es = mk_dtype_size(t->dtype);
   mn_coll_hdr_t local = *h;
   local.op = (uint8_t)sum;
   if (g->shm != NULL &&
       shm_phase(c, g, &local, t->data, NULL, (size_t)t->numel, es, c->timeout_ms, what, err, errlen, mismatch) != 0)
-    return group_fail(c, g);
+    return group_fail(c, g, err);
   if (g->lead && g->nhosts > 1) {
     char nw[MN_COLL_MAX_ADDR + 32], pw[MN_COLL_MAX_ADDR + 32];
     member_name(g, g->lnext, nw, sizeof(nw));
@@ -718,7 +764,7 @@ static int hosts_all_reduce(mn_coll_t *c, group_t *g, mk_tensor_t *t, int op, co
                 .nrecv = 2 * (g->nhosts - 1), .lag = 1, .reuse_from = g->nhosts - 1, .reuse_dist = g->nhosts - 1,
                 .piece = piece_all_reduce, .dtype = t->dtype, .op = sum, .n = g->nhosts, .me = g->host, .esize = es,
                 .next_who = nw, .prev_who = pw, .what = what, .data = t->data, .count = (size_t)t->numel};
-    if (mn__coll_ring_run(c, &r, err, errlen) != 0) return group_fail(c, g);
+    if (mn__coll_ring_run(c, &r, err, errlen) != 0) return group_fail(c, g, err);
   }
   /* Meanwhile the others wait on their leader, whose counter stands still while the tensor crosses the network:
    * the timeout grows by the time the bytes take at MN_COLL_PULL_MIN_RATE. */
@@ -726,7 +772,7 @@ static int hosts_all_reduce(mn_coll_t *c, group_t *g, mk_tensor_t *t, int op, co
   double slack = (double)t->nbytes / MN_COLL_PULL_MIN_RATE * 1000.0;
   int wait_ms = c->timeout_ms + (slack > 1e8 ? (int)1e8 : (int)slack);
   if (g->shm != NULL && shm_phase(c, g, &bcast, t->data, NULL, t->nbytes, 1, wait_ms, what, err, errlen, mismatch) != 0)
-    return group_fail(c, g);
+    return group_fail(c, g, err);
   if (op == MN_COLL_AVG) mn_coll_divide(t->data, (size_t)t->numel, t->dtype, g->n);
   return 0;
 }
@@ -745,7 +791,7 @@ int mn_coll_all_reduce(mn_coll_t *c, uint64_t gid, mk_tensor_t *t, int op, char 
     return shm_over(c, g, &h, t->data, NULL, (size_t)t->numel, mk_dtype_size(t->dtype), what, err, errlen, mismatch);
   /* Small ones are bound by latency: the star's two hops beat the three phases (bench/hosts.sh). */
   if (g->layout == MN_COLL_HOSTS && t->nbytes >= MN_COLL_SMALL) return hosts_all_reduce(c, g, t, op, &h, err, errlen, mismatch);
-  if (exchange_headers(c, g, &h, what, err, errlen, mismatch) != 0) return group_fail(c, g);
+  if (exchange_headers(c, g, &h, what, err, errlen, mismatch) != 0) return group_fail(c, g, err);
   int rc;
   if (t->nbytes < MN_COLL_SMALL && (size_t)(g->n - 1) * t->nbytes <= MN_COLL_STAR_MAX) {
     rc = star_run(c, g, t->data, t->nbytes, t->dtype, op, 1, what, err, errlen);
@@ -756,7 +802,7 @@ int mn_coll_all_reduce(mn_coll_t *c, uint64_t gid, mk_tensor_t *t, int op, char 
                 .count = (size_t)t->numel};
     rc = ring_over(c, g, &r, t->nbytes, what, err, errlen);
   }
-  return rc == 0 ? 0 : group_fail(c, g);
+  return rc == 0 ? 0 : group_fail(c, g, err);
 }
 
 int mn_coll_broadcast(mn_coll_t *c, uint64_t gid, mk_tensor_t *t, int root, char *err, size_t errlen,
@@ -773,12 +819,12 @@ int mn_coll_broadcast(mn_coll_t *c, uint64_t gid, mk_tensor_t *t, int root, char
   if (g->n == 1) return 0;
   mn_coll_hdr_t h = {MN_COLL_BROADCAST, 0, (uint8_t)t->dtype, (uint32_t)c->rank, (uint32_t)root, g->seq, t->nbytes};
   if (g->layout == MN_COLL_ONE_HOST) return shm_over(c, g, &h, t->data, NULL, t->nbytes, 1, what, err, errlen, mismatch);
-  if (exchange_headers(c, g, &h, what, err, errlen, mismatch) != 0) return group_fail(c, g);
+  if (exchange_headers(c, g, &h, what, err, errlen, mismatch) != 0) return group_fail(c, g, err);
   /* A chain from the root around the ring, forwarded chunk by chunk as it lands. */
   int last = (g->me + 1) % g->n == root;
   ring_t r = {.nsend = last ? 0 : 1, .nrecv = g->me == root ? 0 : 1, .lag = g->me == root ? -1 : 0,
               .piece = piece_broadcast, .dtype = t->dtype, .esize = 1, .data = t->data, .count = t->nbytes};
-  return ring_over(c, g, &r, t->nbytes, what, err, errlen) == 0 ? 0 : group_fail(c, g);
+  return ring_over(c, g, &r, t->nbytes, what, err, errlen) == 0 ? 0 : group_fail(c, g, err);
 }
 
 int mn_coll_all_gather(mn_coll_t *c, uint64_t gid, const mk_tensor_t *src, mk_tensor_t *dst, char *err,
@@ -799,10 +845,10 @@ int mn_coll_all_gather(mn_coll_t *c, uint64_t gid, const mk_tensor_t *src, mk_te
   if (g->n == 1) return 0;
   mn_coll_hdr_t h = {MN_COLL_ALL_GATHER, 0, (uint8_t)src->dtype, (uint32_t)c->rank, 0, g->seq, src->nbytes};
   if (g->layout == MN_COLL_ONE_HOST) return shm_over(c, g, &h, dst->data, src->data, src->nbytes, 1, what, err, errlen, mismatch);
-  if (exchange_headers(c, g, &h, what, err, errlen, mismatch) != 0) return group_fail(c, g);
+  if (exchange_headers(c, g, &h, what, err, errlen, mismatch) != 0) return group_fail(c, g, err);
   ring_t r = {.nsend = g->n - 1, .nrecv = g->n - 1, .lag = 1, .piece = piece_all_gather, .dtype = src->dtype,
               .esize = 1, .data = dst->data, .count = src->nbytes};
-  return ring_over(c, g, &r, src->nbytes, what, err, errlen) == 0 ? 0 : group_fail(c, g);
+  return ring_over(c, g, &r, src->nbytes, what, err, errlen) == 0 ? 0 : group_fail(c, g, err);
 }
 
 int mn_coll_reduce_scatter(mn_coll_t *c, uint64_t gid, const mk_tensor_t *src, mk_tensor_t *dst, int op,
@@ -833,12 +879,12 @@ int mn_coll_reduce_scatter(mn_coll_t *c, uint64_t gid, const mk_tensor_t *src, m
   if (g->layout == MN_COLL_ONE_HOST)
     return shm_over(c, g, &h, dst->data, src->data, (size_t)dst->numel, mk_dtype_size(src->dtype), what, err, errlen,
                     mismatch);
-  if (exchange_headers(c, g, &h, what, err, errlen, mismatch) != 0) return group_fail(c, g);
+  if (exchange_headers(c, g, &h, what, err, errlen, mismatch) != 0) return group_fail(c, g, err);
   /* Two buffers alternate; the one the last step fills is dst. */
   char *scratch = NULL;
   if (g->n > 2 && (scratch = malloc(dst->nbytes ? dst->nbytes : 1)) == NULL) {
     snprintf(err, errlen, "out of memory during %s", what);
-    return group_fail(c, g);
+    return group_fail(c, g, err);
   }
   ring_t r = {.nsend = g->n - 1, .nrecv = g->n - 1, .lag = 1, .reuse_from = 2, .reuse_dist = 1,
               .piece = piece_reduce_scatter,
@@ -848,7 +894,7 @@ int mn_coll_reduce_scatter(mn_coll_t *c, uint64_t gid, const mk_tensor_t *src, m
   r.buf[(g->n - 1) % 2] = scratch;
   int rc = ring_over(c, g, &r, src->nbytes, what, err, errlen);
   free(scratch);
-  return rc == 0 ? 0 : group_fail(c, g);
+  return rc == 0 ? 0 : group_fail(c, g, err);
 }
 
 int mn_coll_barrier(mn_coll_t *c, uint64_t gid, char *err, size_t errlen, int *mismatch) {
@@ -862,6 +908,6 @@ int mn_coll_barrier(mn_coll_t *c, uint64_t gid, char *err, size_t errlen, int *m
   char token = 1;
   if (exchange_headers(c, g, &h, what, err, errlen, mismatch) != 0 ||
       star_run(c, g, &token, 1, MK_U8, 0, 0, what, err, errlen) != 0)
-    return group_fail(c, g);
+    return group_fail(c, g, err);
   return 0;
 }

@@ -42,7 +42,7 @@
 #define MN_COLL_MAX_IDENT 256              /* largest identification frame, bytes */
 #define MN_COLL_MAX_ABORT_MSG 900          /* longest reason an ABORT header carries */
 #define MN_COLL_MAX_ADDR 300               /* longest "host:port" of a member */
-#define MN_COLL_HOST_KEY 40                /* bytes naming a member's host (its kernel's boot id, or MONARCH_HOST_KEY) */
+#define MN_COLL_HOST_KEY 32                /* bytes naming a member's host: a hash of its boot id or MONARCH_HOST_KEY */
 
 /* What a step header announces. */
 typedef enum {
@@ -129,8 +129,8 @@ void mn_coll_set_cma(mn_coll_t *c, int on);
  */
 void mn_coll_set_shm(mn_coll_t *c, int on);
 /*
- * What names this proc's host to its groups' other members (at most
- * MN_COLL_HOST_KEY - 1 bytes): by default the kernel's boot id, so procs
+ * What names this proc's host to its groups' other members (any string;
+ * its hash is what is sent): by default the kernel's boot id, so procs
  * sharing a kernel (network namespaces included) are one host;
  * MONARCH_HOST_KEY overrides it. Groups set up from now on use it.
  */

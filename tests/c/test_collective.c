@@ -153,24 +153,29 @@ static void test_shm_attach_refuses_what_is_not_a_region(void **state) {
   size_t piece = mn_shm_piece_for(2, 0);
   int dn = open("/dev/null", O_RDWR);
   assert_true(dn >= 0);
-  assert_int_equal(-1, mn_shm_attach(&s, 2, 1, (long)getpid(), dn, piece, err, sizeof(err)));
+  assert_int_equal(-1, mn_shm_attach(&s, 2, 1, (long)getpid(), dn, piece, 7, 9, err, sizeof(err)));
   assert_non_null(strstr(err, "not a regular file"));
   close(dn);
   FILE *tf = tmpfile();
   assert_non_null(tf);
   assert_int_equal(0, ftruncate(fileno(tf), 64 << 20));
-  assert_int_equal(-1, mn_shm_attach(&s, 2, 1, (long)getpid(), fileno(tf), piece, err, sizeof(err)));
+  assert_int_equal(-1, mn_shm_attach(&s, 2, 1, (long)getpid(), fileno(tf), piece, 7, 9, err, sizeof(err)));
   assert_non_null(strstr(err, "is not this group's region"));
-  assert_int_equal(-1, mn_shm_attach(&s, 2, 1, (long)getpid(), fileno(tf), 100, err, sizeof(err)));
+  assert_int_equal(-1, mn_shm_attach(&s, 2, 1, (long)getpid(), fileno(tf), 100, 7, 9, err, sizeof(err)));
   assert_non_null(strstr(err, "bad geometry"));
   fclose(tf);
   assert_null(s);
   /* The real thing maps, and its geometry must match. */
   mn_shm_t *r;
-  assert_int_equal(0, mn_shm_create(&r, 2, piece, err, sizeof(err)));
-  assert_int_equal(-1, mn_shm_attach(&s, 3, 1, (long)getpid(), mn_shm_fd(r), piece, err, sizeof(err)));
+  assert_int_equal(0, mn_shm_create(&r, 2, piece, 7, 9, err, sizeof(err)));
+  assert_int_equal(-1, mn_shm_attach(&s, 3, 1, (long)getpid(), mn_shm_fd(r), piece, 7, 9, err, sizeof(err)));
   assert_non_null(strstr(err, "too small"));
-  assert_int_equal(0, mn_shm_attach(&s, 2, 1, (long)getpid(), mn_shm_fd(r), piece, err, sizeof(err)));
+  /* Another group's region, or the right one without its nonce, is not this group's. */
+  assert_int_equal(-1, mn_shm_attach(&s, 2, 1, (long)getpid(), mn_shm_fd(r), piece, 8, 9, err, sizeof(err)));
+  assert_non_null(strstr(err, "is not this group's region"));
+  assert_int_equal(-1, mn_shm_attach(&s, 2, 1, (long)getpid(), mn_shm_fd(r), piece, 7, 10, err, sizeof(err)));
+  assert_non_null(strstr(err, "is not this group's region"));
+  assert_int_equal(0, mn_shm_attach(&s, 2, 1, (long)getpid(), mn_shm_fd(r), piece, 7, 9, err, sizeof(err)));
   mn_shm_close(s);
   mn_shm_close(r);
 }
