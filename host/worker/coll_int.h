@@ -91,6 +91,7 @@ struct mn_coll_s {
   int shm;                /* 1: groups entirely on this host use shared memory (needs cma) */
   size_t shm_piece;       /* bytes per staging buffer asked for (0: the default) */
   char host_key[MN_COLL_HOST_KEY]; /* names this proc's host to its groups (mn_coll_set_host_key) */
+  int spin_us;            /* a transfer yields this long before it sleeps (MONARCH_SPIN_US) */
   uint64_t cookie;        /* random; a peer that can read it from our memory shares our host */
   atomic_int *cancel;
   group_t *groups;        /* executor thread only, like everything below */

@@ -4,6 +4,7 @@
  */
 #include "coll_int.h"
 
+#include <sched.h>
 #include <sodium.h>
 
 /* ---- sockets -------------------------------------------------------------------------- */
@@ -261,6 +262,8 @@ int mn_coll_open(mn_coll_t **out, const char *bind_host, const mn_auth_t *auth, 
   c->shm = !(shm != NULL && strcmp(shm, "0") == 0);
   c->shm_piece = piece != NULL && *piece ? (size_t)strtoull(piece, NULL, 10) : 0;
   default_host_key(c);
+  const char *spin = getenv("MONARCH_SPIN_US");
+  c->spin_us = spin != NULL && *spin ? atoi(spin) : 0;
   uint8_t nonce[MN_NONCE_LEN];
   mn_auth_nonce(nonce);
   memcpy(&c->cookie, nonce, sizeof(c->cookie));
@@ -498,6 +501,15 @@ ssize_t mn__coll_try_io(int fd, int send_, char *p, size_t n) {
   }
 }
 
+static int64_t now_us(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+/* When a transfer waiting now stops yielding and sleeps (MONARCH_SPIN_US, read at open). */
+static int64_t spin_until(const mn_coll_t *c) { return c->spin_us > 0 ? now_us() + c->spin_us : 0; }
+
 /* Runs every transfer to completion; 0, or -1 with err. */
 int mn__coll_xfer_run(mn_coll_t *c, xfer_t *xs, int nx, const char *what, char *err, size_t errlen) {
   struct pollfd stack[8], *pf = nx <= 8 ? stack : malloc(sizeof(*pf) * (size_t)nx);
@@ -539,7 +551,10 @@ int mn__coll_xfer_run(mn_coll_t *c, xfer_t *xs, int nx, const char *what, char *
       goto done;
     }
     int64_t wait = c->timeout_ms - (now - last);
-    if (poll(pf, (nfds_t)np, (int)(wait < MN_COLL_POLL_SLICE_MS ? wait : MN_COLL_POLL_SLICE_MS)) < 0 &&
+    /* Yield a while before sleeping, as the proc's threads do: a peer's bytes then find us awake. */
+    int ready = 0;
+    for (int64_t until = spin_until(c); ready == 0 && now_us() < until; sched_yield()) ready = poll(pf, (nfds_t)np, 0);
+    if (ready == 0 && poll(pf, (nfds_t)np, (int)(wait < MN_COLL_POLL_SLICE_MS ? wait : MN_COLL_POLL_SLICE_MS)) < 0 &&
         errno != EINTR) {
       snprintf(err, errlen, "poll failed during %s: %s", what, strerror(errno));
       goto done;

@@ -610,6 +610,37 @@ done:
 }
 
 /*
+ * Small all_reduce of two members: each sends its tensor to the other and
+ * both reduce member 0's op member 1's, so both hold the same bytes after
+ * one hop (the star takes two).
+ */
+static int pair_run(mn_coll_t *c, group_t *g, char *data, size_t nbytes, mk_dtype_t dt, int op, const char *what,
+                    char *err, size_t errlen) {
+  char who[MN_COLL_MAX_ADDR + 32];
+  if (nbytes > c->star_cap) {
+    char *p = realloc(c->star_buf, nbytes);
+    if (p == NULL) {
+      snprintf(err, errlen, "out of memory during %s", what);
+      return -1;
+    }
+    c->star_buf = p;
+    c->star_cap = nbytes;
+  }
+  member_name(g, 1 - g->me, who, sizeof(who));
+  xfer_t xs[2] = {{g->next_fd, 1, data, nbytes, 0, who}, {g->prev_fd, 0, c->star_buf, nbytes, 0, who}};
+  if (mn__coll_xfer_run(c, xs, 2, what, err, errlen) != 0) return -1;
+  size_t count = nbytes / mk_dtype_size(dt);
+  if (g->me == 0) {
+    mn_coll_reduce(data, data, c->star_buf, count, dt, op);
+  } else {
+    mn_coll_reduce(c->star_buf, c->star_buf, data, count, dt, op);
+    memcpy(data, c->star_buf, nbytes);
+  }
+  if (op == MN_COLL_AVG) mn_coll_divide(data, count, dt, 2);
+  return 0;
+}
+
+/*
  * Runs the ring over g's links, naming the neighbours in messages. Links to
  * members on this host copy directly for collectives of at least
  * MN_COLL_CMA_MIN bytes; below that TCP's buffering wins (every member sees
@@ -793,7 +824,9 @@ int mn_coll_all_reduce(mn_coll_t *c, uint64_t gid, mk_tensor_t *t, int op, char 
   if (g->layout == MN_COLL_HOSTS && t->nbytes >= MN_COLL_SMALL) return hosts_all_reduce(c, g, t, op, &h, err, errlen, mismatch);
   if (exchange_headers(c, g, &h, what, err, errlen, mismatch) != 0) return group_fail(c, g, err);
   int rc;
-  if (t->nbytes < MN_COLL_SMALL && (size_t)(g->n - 1) * t->nbytes <= MN_COLL_STAR_MAX) {
+  if (g->n == 2 && t->nbytes < MN_COLL_SMALL) {
+    rc = pair_run(c, g, t->data, t->nbytes, t->dtype, op, what, err, errlen);
+  } else if (t->nbytes < MN_COLL_SMALL && (size_t)(g->n - 1) * t->nbytes <= MN_COLL_STAR_MAX) {
     rc = star_run(c, g, t->data, t->nbytes, t->dtype, op, 1, what, err, errlen);
   } else {
     /* The gather phase's step k lands on the segment the scatter phase's step k sent. */
