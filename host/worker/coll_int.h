@@ -152,6 +152,9 @@ typedef struct {
   const char *who;  /* the peer, for messages: "rank 3 (host:port)" */
 } xfer_t;
 
+/* poll(), after yielding the core for MONARCH_SPIN_US while nothing is ready. */
+int mn__coll_poll(mn_coll_t *c, struct pollfd *pf, nfds_t n, int timeout_ms);
+
 /* Runs every transfer to completion; 0, or -1 with err. */
 int mn__coll_xfer_run(mn_coll_t *c, xfer_t *xs, int nx, const char *what, char *err, size_t errlen);
 

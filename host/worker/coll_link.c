@@ -507,8 +507,13 @@ static int64_t now_us(void) {
   return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 
-/* When a transfer waiting now stops yielding and sleeps (MONARCH_SPIN_US, read at open). */
-static int64_t spin_until(const mn_coll_t *c) { return c->spin_us > 0 ? now_us() + c->spin_us : 0; }
+int mn__coll_poll(mn_coll_t *c, struct pollfd *pf, nfds_t n, int timeout_ms) {
+  /* Yield a while before sleeping, as the proc's threads do: a peer's bytes then find us awake. */
+  int ready = 0;
+  for (int64_t until = c->spin_us > 0 ? now_us() + c->spin_us : 0; ready == 0 && now_us() < until; sched_yield())
+    ready = poll(pf, n, 0);
+  return ready != 0 ? ready : poll(pf, n, timeout_ms);
+}
 
 /* Runs every transfer to completion; 0, or -1 with err. */
 int mn__coll_xfer_run(mn_coll_t *c, xfer_t *xs, int nx, const char *what, char *err, size_t errlen) {
@@ -551,10 +556,7 @@ int mn__coll_xfer_run(mn_coll_t *c, xfer_t *xs, int nx, const char *what, char *
       goto done;
     }
     int64_t wait = c->timeout_ms - (now - last);
-    /* Yield a while before sleeping, as the proc's threads do: a peer's bytes then find us awake. */
-    int ready = 0;
-    for (int64_t until = spin_until(c); ready == 0 && now_us() < until; sched_yield()) ready = poll(pf, (nfds_t)np, 0);
-    if (ready == 0 && poll(pf, (nfds_t)np, (int)(wait < MN_COLL_POLL_SLICE_MS ? wait : MN_COLL_POLL_SLICE_MS)) < 0 &&
+    if (mn__coll_poll(c, pf, (nfds_t)np, (int)(wait < MN_COLL_POLL_SLICE_MS ? wait : MN_COLL_POLL_SLICE_MS)) < 0 &&
         errno != EINTR) {
       snprintf(err, errlen, "poll failed during %s: %s", what, strerror(errno));
       goto done;

@@ -344,7 +344,8 @@ int mn__coll_ring_run(mn_coll_t *c, ring_t *r, char *err, size_t errlen) {
       goto done;
     }
     int64_t wait = c->timeout_ms - (now - last);
-    if (poll(pf, 2, (int)(wait < MN_COLL_POLL_SLICE_MS ? wait : MN_COLL_POLL_SLICE_MS)) < 0 && errno != EINTR) {
+    if (mn__coll_poll(c, pf, 2, (int)(wait < MN_COLL_POLL_SLICE_MS ? wait : MN_COLL_POLL_SLICE_MS)) < 0 &&
+        errno != EINTR) {
       snprintf(err, errlen, "poll failed during %s: %s", r->what, strerror(errno));
       goto done;
     }
