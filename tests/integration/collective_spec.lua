@@ -320,14 +320,21 @@ describe("collectives over two hosts with two procs each", function()
     end
   end)
 
-  it("fails on every member at once when a proc of the other host dies", function()
-    local t = procs:tensor("f32", { 1048576 })
-    procs:all_reduce(t, "sum"):get()
-    procs:on_failure(function() end)
-    os.execute("kill -9 " .. procs:procs()[4].pid)
-    local t0 = monarch.now()
-    local ok = pcall(function() return procs:all_reduce(t, "sum"):get() end)
-    assert.is_false(ok)
-    assert.is_true(monarch.now() - t0 < 10, "took " .. (monarch.now() - t0) .. " s")
-  end)
+  -- Procs 1, 2 on host a and 3, 4 on host b; 1 and 3 lead their hosts.
+  for _, victim in ipairs({ 4, 3 }) do
+    it(("fails on every member at once when %s of the other host dies"):format(victim == 3 and "the leader" or "a proc"),
+      function()
+        local m = mesh_mod.host_mesh(mesh_mod.connect_agents{ a.addr, b.addr }):spawn_procs{ procs = 2 }
+        m:load "basic"
+        local t = m:tensor("f32", { 1048576 })
+        m:all_reduce(t, "sum"):get()
+        m:on_failure(function() end)
+        os.execute("kill -9 " .. m:procs()[victim].pid)
+        local t0 = monarch.now()
+        local ok = pcall(function() return m:all_reduce(t, "sum"):get() end)
+        assert.is_false(ok)
+        assert.is_true(monarch.now() - t0 < 10, "took " .. (monarch.now() - t0) .. " s")
+        m:stop()
+      end)
+  end
 end)
