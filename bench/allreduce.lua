@@ -4,7 +4,7 @@
 --   monarch-run bench/allreduce.lua [max_bytes] [procs...]
 --   monarch-run --hosts A,B bench/allreduce.lua [max_bytes] per_host:2
 -- (the second form: that many procs on every host, one all_reduce over all
--- of them; bench/collective.sh uses it for two hosts simulated on one machine)
+-- of them; bench/hosts.sh uses it for two hosts on one machine)
 -- Prints, in the format of bench/mpi_allreduce.c:
 --   allreduce <procs> <bytes> <time_us> <algbw_GBps> <busbw_GBps>
 --   copy <bytes> <time_us> <GBps>

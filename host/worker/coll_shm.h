@@ -2,9 +2,9 @@
  * coll_shm.h - collectives for groups whose members all share one host,
  * through one shared memory region per group instead of sockets.
  *
- * Member 0 creates the region (a memfd); the others map it through
- * /proc/<pid>/fd/<fd>, which needs the same permission as reading that
- * process's memory. Each member has a progress counter and a header slot;
+ * The first member of the group on the host creates the region (a memfd);
+ * the others map it through /proc/<pid>/fd/<fd>, which needs the same
+ * permission as reading that process's memory. Each member has a progress counter and a header slot;
  * staging buffers hold one piece of the tensor per member, twice (the next
  * piece fills while the last drains). A collective runs piece by piece in
  * two phases, each ended by waiting for every member's counter:
