@@ -435,9 +435,7 @@ static void on_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf) {
 static int open_session(mn_ctl_t *c, mn_conn_t *k) {
   mn_buf_t b;
   msgpack_packer pk;
-  mn_buf_init(&b);
-  msgpack_packer_init(&pk, &b, mn_buf_write_cb);
-  size_t s = mn_frame_begin(&b);
+  size_t s = mn_frame_start(&b, &pk);
   msgpack_pack_array(&pk, 3);
   msgpack_pack_int(&pk, MN_MSG_SESSION);
   msgpack_pack_uint64(&pk, k->session);

@@ -68,6 +68,12 @@ int mn_buf_write_cb(void *data, const char *p, size_t n) {
 
 /* ---- framing ------------------------------------------------------------ */
 
+size_t mn_frame_start(mn_buf_t *b, msgpack_packer *pk) {
+  mn_buf_init(b);
+  msgpack_packer_init(pk, b, mn_buf_write_cb);
+  return mn_frame_begin(b);
+}
+
 size_t mn_frame_begin(mn_buf_t *b) {
   size_t start = b->len;
   static const char zero[MN_FRAME_HEADER] = {0};

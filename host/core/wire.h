@@ -86,6 +86,9 @@ int mn_buf_write_cb(void *data, const char *p, size_t n);
 
 /* Reserves the length prefix of a new frame; returns its offset in b. */
 size_t mn_frame_begin(mn_buf_t *b);
+/* A new frame in a fresh buffer: initialises b and a packer writing into it,
+ * reserves the prefix (mn_frame_begin) and returns its offset. */
+size_t mn_frame_start(mn_buf_t *b, msgpack_packer *pk);
 /* Patches the length prefix once the body has been packed after `start`. */
 void mn_frame_end(mn_buf_t *b, size_t start);
 

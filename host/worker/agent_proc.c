@@ -18,9 +18,7 @@ static void proc_handle_closed(uv_handle_t *h) {
 void mn__agent_send_spawn_failed(asession_t *c, uint64_t req, int index, const char *msg) {
   mn_buf_t b;
   msgpack_packer pk;
-  mn_buf_init(&b);
-  msgpack_packer_init(&pk, &b, mn_buf_write_cb);
-  size_t s = mn_frame_begin(&b);
+  size_t s = mn_frame_start(&b, &pk);
   msgpack_pack_array(&pk, 4);
   msgpack_pack_int(&pk, MN_MSG_SPAWN_FAILED);
   msgpack_pack_uint64(&pk, req);
@@ -49,9 +47,7 @@ static void on_proc_exit(uv_process_t *h, int64_t status, int sig) {
     } else {
       mn_buf_t b;
       msgpack_packer pk;
-      mn_buf_init(&b);
-      msgpack_packer_init(&pk, &b, mn_buf_write_cb);
-      size_t s = mn_frame_begin(&b);
+      size_t s = mn_frame_start(&b, &pk);
       msgpack_pack_array(&pk, 5);
       msgpack_pack_int(&pk, MN_MSG_PROC_EXIT);
       msgpack_pack_int64(&pk, h->pid);
@@ -112,9 +108,7 @@ static void on_port(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
   if (port > 0 && p->owner != NULL && !p->reported) {
     mn_buf_t b;
     msgpack_packer pk;
-    mn_buf_init(&b);
-    msgpack_packer_init(&pk, &b, mn_buf_write_cb);
-    size_t st = mn_frame_begin(&b);
+    size_t st = mn_frame_start(&b, &pk);
     msgpack_pack_array(&pk, 5);
     msgpack_pack_int(&pk, MN_MSG_SPAWNED);
     msgpack_pack_uint64(&pk, p->req);
@@ -145,9 +139,7 @@ static void forward_lines(aproc_t *p, int stream, mn_buf_t *b, int all) {
   if (end == 0) return;
   mn_buf_t f;
   msgpack_packer pk;
-  mn_buf_init(&f);
-  msgpack_packer_init(&pk, &f, mn_buf_write_cb);
-  size_t s = mn_frame_begin(&f);
+  size_t s = mn_frame_start(&f, &pk);
   msgpack_pack_array(&pk, 4);
   msgpack_pack_int(&pk, MN_MSG_LOG);
   msgpack_pack_int(&pk, p->rank);

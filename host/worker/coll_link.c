@@ -441,9 +441,7 @@ int mn__coll_link_open(mn_coll_t *c, const char *addr, int kind, uint64_t key, u
   }
   mn_buf_t b;
   msgpack_packer pk;
-  mn_buf_init(&b);
-  msgpack_packer_init(&pk, &b, mn_buf_write_cb);
-  size_t start = mn_frame_begin(&b);
+  size_t start = mn_frame_start(&b, &pk);
   msgpack_pack_array(&pk, data != NULL ? 10 : 6);
   msgpack_pack_int(&pk, kind);
   msgpack_pack_uint64(&pk, key);
