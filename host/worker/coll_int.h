@@ -206,6 +206,12 @@ void mn__coll_group_destroy(mn_coll_t *c, group_t *g);
 int mn__coll_same_host(const mn_coll_t *c, uint64_t pid, uint64_t addr, uint64_t cookie);
 /* 0 for a CPU tensor; -1 with err naming `arg` otherwise. */
 int mn__coll_check_cpu(const mk_tensor_t *t, const char *what, const char *arg, char *err, size_t errlen);
+/* "rank 3 (host:port)" for member i, for messages. */
+void mn__coll_member_name(const group_t *g, int i, char *buf, size_t n);
+/* Waits for member `from`'s link of `kind` to group g; 0, or -1 with err naming it. */
+int mn__coll_claim_member(mn_coll_t *c, group_t *g, int kind, int from, int *fd, char *err, size_t errlen);
+/* Lays g out by host (coll_layout.c): regions, layout, leaders' links. -1 only when a link fails. */
+int mn__coll_setup_layout(mn_coll_t *c, group_t *g, char *err, size_t errlen);
 /* For a group that sends nothing on its links: 0 while they are quiet, else -1 naming who died or gave up. */
 int mn__coll_group_peer_check(group_t *g, const char *what, char *err, size_t errlen);
 

@@ -15,7 +15,7 @@
  * Layers: pure helpers (reduction ops, segment arithmetic, step headers:
  * coll_ops.c), then an mn_coll_t instance API that tests drive directly
  * (several instances in one process: coll_link.c, coll_ring.c,
- * collective.c, coll_shm.c, coll_copy.c), then mn_coll_start(), which opens
+ * collective.c, coll_layout.c, coll_shm.c, coll_copy.c), then mn_coll_start(), which opens
  * the process's instance and registers the "__coll_" built-ins with the
  * executor (coll_proc.c).
  */
