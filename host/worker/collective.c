@@ -320,6 +320,19 @@ static int exchange_headers(mn_coll_t *c, group_t *g, const mn_coll_hdr_t *mine,
   return 0;
 }
 
+/* Grows the instance's receive buffer for small collectives to `need` bytes; 0, or -1 with err. */
+static int star_reserve(mn_coll_t *c, size_t need, const char *what, char *err, size_t errlen) {
+  if (need <= c->star_cap) return 0;
+  char *p = realloc(c->star_buf, need);
+  if (p == NULL) {
+    snprintf(err, errlen, "out of memory during %s", what);
+    return -1;
+  }
+  c->star_buf = p;
+  c->star_cap = need;
+  return 0;
+}
+
 /*
  * Small all_reduce and barrier: every member sends to member 0, which
  * reduces in member order (so the result is the same every run) and sends
@@ -337,16 +350,7 @@ static int star_run(mn_coll_t *c, group_t *g, char *data, size_t nbytes, mk_dtyp
     x.done = 0;
     return mn__coll_xfer_run(c, &x, 1, what, err, errlen);
   }
-  size_t need = (size_t)(n - 1) * nbytes;
-  if (need > c->star_cap) {
-    char *p = realloc(c->star_buf, need);
-    if (p == NULL) {
-      snprintf(err, errlen, "out of memory during %s", what);
-      return -1;
-    }
-    c->star_buf = p;
-    c->star_cap = need;
-  }
+  if (star_reserve(c, (size_t)(n - 1) * nbytes, what, err, errlen) != 0) return -1;
   xfer_t *xs = calloc((size_t)(n - 1), sizeof(xfer_t));
   char (*names)[MN_COLL_MAX_ADDR + 32] = calloc((size_t)(n - 1), sizeof(*names));
   int rc = -1;
@@ -380,15 +384,7 @@ done:
 static int pair_run(mn_coll_t *c, group_t *g, char *data, size_t nbytes, mk_dtype_t dt, int op, const char *what,
                     char *err, size_t errlen) {
   char who[MN_COLL_MAX_ADDR + 32];
-  if (nbytes > c->star_cap) {
-    char *p = realloc(c->star_buf, nbytes);
-    if (p == NULL) {
-      snprintf(err, errlen, "out of memory during %s", what);
-      return -1;
-    }
-    c->star_buf = p;
-    c->star_cap = nbytes;
-  }
+  if (star_reserve(c, nbytes, what, err, errlen) != 0) return -1;
   mn__coll_member_name(g, 1 - g->me, who, sizeof(who));
   xfer_t xs[2] = {{g->next_fd, 1, data, nbytes, 0, who}, {g->prev_fd, 0, c->star_buf, nbytes, 0, who}};
   if (mn__coll_xfer_run(c, xs, 2, what, err, errlen) != 0) return -1;
