@@ -103,6 +103,6 @@ describe("a network partition between the controller and a host", function()
     -- Nothing stays behind on the far side: agent silence + grace kill the procs.
     local t0 = monarch.now()
     while ns_pids() > 1 and monarch.now() - t0 < 10 do runtime.pump(0.2) end
-    assert.are.equal(1, ns_pids()) -- only the agent daemon itself
+    assert.are.equal(1, ns_pids(), "the far agent said: " .. far:output()) -- only the agent daemon itself
   end)
 end)
