@@ -109,6 +109,12 @@ static inline int64_t mn__coll_now_ms(void) {
   return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+static inline int64_t mn__coll_now_us(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
 static inline int mn__coll_cancelled(const mn_coll_t *c) { return c->cancel != NULL && atomic_load(c->cancel) != 0; }
 
 static inline void mn__coll_close_fd(int *fd) {

@@ -499,17 +499,11 @@ ssize_t mn__coll_try_io(int fd, int send_, char *p, size_t n) {
   }
 }
 
-static int64_t now_us(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-}
-
 int mn__coll_poll(mn_coll_t *c, struct pollfd *pf, nfds_t n, int timeout_ms) {
   /* Yield a while before sleeping, as the proc's threads do: a peer's bytes then find us awake. */
   int ready = 0;
-  for (int64_t until = c->spin_us > 0 ? now_us() + c->spin_us : 0; ready == 0 && now_us() < until; sched_yield())
-    ready = poll(pf, n, 0);
+  int64_t until = c->spin_us > 0 ? mn__coll_now_us() + c->spin_us : 0;
+  for (; ready == 0 && mn__coll_now_us() < until; sched_yield()) ready = poll(pf, n, 0);
   return ready != 0 ? ready : poll(pf, n, timeout_ms);
 }
 

@@ -1,6 +1,8 @@
 /* coll_shm.c - same-host collectives through shared memory; see coll_shm.h and docs/collectives.md. */
 #include "coll_shm.h"
 
+#include "coll_int.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -231,12 +233,6 @@ void mn_shm_abort(mn_shm_t *s, uint32_t rank, const char *why) {
   wake_all(s);
 }
 
-static int64_t now_us(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-}
-
 static inline void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
@@ -267,16 +263,16 @@ static int wait_all(mn_shm_t *s, const mn_shm_op_t *op, uint64_t target, char *e
   int j = laggard(s, 0, target);
   if (j == s->n) return 0;
   shm_head_t *h = head(s);
-  int64_t start = now_us(), moved = start;
+  int64_t start = mn__coll_now_us(), moved = start;
   uint64_t seen = atomic_load(&slot(s, j)->progress);
   /* Busy-wait first: a peer on another core posts within microseconds. */
   for (unsigned i = 1; s->spin_us > 0; i++) {
     cpu_relax();
     if ((j = laggard(s, j, target)) == s->n) return 0;
-    if ((i & 255) == 0 && now_us() - start > s->spin_us) break;
+    if ((i & 255) == 0 && mn__coll_now_us() - start > s->spin_us) break;
   }
   /* Then yield: on a shared core this lets the member we wait for run now rather than at the next tick. */
-  for (int64_t t0 = now_us(); s->yield_us > 0 && now_us() - t0 < s->yield_us;) {
+  for (int64_t t0 = mn__coll_now_us(); s->yield_us > 0 && mn__coll_now_us() - t0 < s->yield_us;) {
     sched_yield();
     if ((j = laggard(s, j, target)) == s->n) return 0;
   }
@@ -305,7 +301,7 @@ static int wait_all(mn_shm_t *s, const mn_shm_op_t *op, uint64_t target, char *e
       snprintf(err, errlen, "%s: %s died (its process %lld is gone)", op->what, who, (long long)pid);
       return -1;
     }
-    int64_t now = now_us();
+    int64_t now = mn__coll_now_us();
     uint64_t p = atomic_load(&slot(s, j)->progress);
     if (p != seen) {
       seen = p;
