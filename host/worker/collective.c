@@ -87,11 +87,6 @@ void mn__coll_group_destroy(mn_coll_t *c, group_t *g) {
   free(g);
 }
 
-int mn_coll_group_shm(mn_coll_t *c, uint64_t gid) {
-  group_t *g = mn__coll_group_find(c, gid);
-  return g == NULL ? -1 : g->layout == MN_COLL_ONE_HOST;
-}
-
 int mn_coll_group_layout(mn_coll_t *c, uint64_t gid) {
   group_t *g = mn__coll_group_find(c, gid);
   return g == NULL ? -1 : g->layout;

@@ -156,8 +156,6 @@ void mn_coll_set_cancel(mn_coll_t *c, atomic_int *cancel);
  */
 int mn_coll_group(mn_coll_t *c, uint64_t gid, int me, int n, const char *const *addrs, const int *ranks,
                   char *err, size_t errlen);
-/* 1 when group gid runs its collectives in shared memory, 0 over its links, -1 when unknown. */
-int mn_coll_group_shm(mn_coll_t *c, uint64_t gid);
 /* How group gid is laid out: MN_COLL_FLAT, MN_COLL_ONE_HOST or MN_COLL_HOSTS; -1 when unknown. */
 typedef enum {
   MN_COLL_FLAT = 0,     /* every collective over the links (ring, star) */

@@ -191,7 +191,6 @@ struct member_s {
   body_fn body;
   void *arg;
   int rc, mismatch;
-  int shm;    /* the group ran in shared memory */
   int layout; /* mn_coll_layout_t */
   char err[1024];
   double seconds;
@@ -269,7 +268,6 @@ static int join(member_t *m) {
   int ranks[MAXM];
   for (int i = 0; i < m->n; i++) addrs[i] = addr[i], ranks[i] = 10 + i;
   m->rc = mn_coll_group(m->c, m->gid, m->me, m->n, addrs, ranks, m->err, sizeof(m->err));
-  m->shm = mn_coll_group_shm(m->c, m->gid);
   m->layout = mn_coll_group_layout(m->c, m->gid);
   return m->rc;
 }
@@ -346,26 +344,35 @@ static void body_all_reduce(member_t *m) {
   m->rc = mn_coll_all_reduce(m->c, m->gid, k->t[m->me], k->op, m->err, sizeof(m->err), &m->mismatch);
 }
 
-static void check_all_reduce(int n, mk_dtype_t dt, int64_t numel, int op, int cma) {
+/* all_reduce on n members (host_keys place them): the group must be laid out as `layout`, every element exact. */
+static void check_all_reduce_laid_out(int n, mk_dtype_t dt, int64_t numel, int op, int mode, int layout) {
   ar_case_t k = {dt, numel, op, {NULL}};
   member_t m[MAXM];
+  char hosts[64] = "";
+  for (int i = 0; i < n && host_keys != NULL; i++)
+    snprintf(hosts + strlen(hosts), sizeof(hosts) - strlen(hosts), "%s%s", i ? "," : " hosts ", host_keys[i]);
   for (int i = 0; i < n; i++) {
     k.t[i] = tensor_new(dt, numel);
     fill(k.t[i], i);
   }
-  run_group(m, n, body_all_reduce, &k, cma);
+  run_group(m, n, body_all_reduce, &k, mode);
   for (int i = 0; i < n; i++) {
-    if (m[i].rc != 0) fail_msg("member %d: %s", i, m[i].err);
-    if (m[i].shm != (cma == SHM)) fail_msg("mode %d member %d: shared memory %s", cma, i, m[i].shm ? "on" : "off");
+    if (m[i].rc != 0) fail_msg("member %d%s: %s", i, hosts, m[i].err);
+    if (m[i].layout != layout) fail_msg("mode %d%s member %d: layout %d, want %d", mode, hosts, i, m[i].layout, layout);
   }
   for (int64_t e = 0; e < numel; e++) {
     double want = expect(op, n, e, dt), got = get(k.t[0], e);
     if (dt == MK_F32 || dt == MK_F64 ? fabs(got - want) > 1e-9 * fabs(want) : got != want)
-      fail_msg("n=%d %s op %s element %lld: got %g, want %g", n, mn_dtype_name(dt), mn_coll_op_name(op),
+      fail_msg("n=%d%s %s op %s element %lld: got %g, want %g", n, hosts, mn_dtype_name(dt), mn_coll_op_name(op),
                (long long)e, got, want);
   }
   for (int i = 1; i < n; i++) assert_memory_equal(k.t[0]->data, k.t[i]->data, k.t[0]->nbytes);
   for (int i = 0; i < n; i++) tensor_free(k.t[i]);
+}
+
+/* On one host: shared memory in SHM mode, the links otherwise. */
+static void check_all_reduce(int n, mk_dtype_t dt, int64_t numel, int op, int mode) {
+  check_all_reduce_laid_out(n, dt, numel, op, mode, mode == SHM ? MN_COLL_ONE_HOST : MN_COLL_FLAT);
 }
 
 static const mk_dtype_t reducible[] = {MK_F32, MK_F64, MK_I32, MK_I64};
@@ -584,29 +591,9 @@ static void test_all_reduce_across_hosts_every_op_and_pattern(void **state) {
       {"A", "A", "B", "B"}, {"A", "B", "A", "B"}, {"A", "A", "A", "B"}, {"A", "B", "B", "B"}, {"A", "B", "C", "C"}};
   for (size_t p = 0; p < sizeof(patterns) / sizeof(patterns[0]); p++) {
     host_keys = patterns[p];
-    for (int op = 0; op < 4; op++) {
-      for (int d = 0; d < 4; d++) {
-        ar_case_t k = {reducible[d], d % 2 ? 1000 : 300007, op, {NULL}};
-        member_t m[MAXM];
-        for (int i = 0; i < MAXM; i++) {
-          k.t[i] = tensor_new(k.dtype, k.numel);
-          fill(k.t[i], i);
-        }
-        run_group(m, MAXM, body_all_reduce, &k, SHM);
-        for (int i = 0; i < MAXM; i++) {
-          if (m[i].rc != 0) fail_msg("pattern %zu member %d: %s", p, i, m[i].err);
-          if (m[i].layout != MN_COLL_HOSTS) fail_msg("pattern %zu member %d: layout %d", p, i, m[i].layout);
-        }
-        for (int64_t e = 0; e < k.numel; e++) {
-          double want = expect(op, MAXM, e, k.dtype), got = get(k.t[0], e);
-          if (k.dtype == MK_F32 || k.dtype == MK_F64 ? fabs(got - want) > 1e-9 * fabs(want) : got != want)
-            fail_msg("pattern %zu %s %s element %lld: got %g, want %g", p, mn_dtype_name(k.dtype),
-                     mn_coll_op_name(op), (long long)e, got, want);
-        }
-        for (int i = 1; i < MAXM; i++) assert_memory_equal(k.t[0]->data, k.t[i]->data, k.t[0]->nbytes);
-        for (int i = 0; i < MAXM; i++) tensor_free(k.t[i]);
-      }
-    }
+    for (int op = 0; op < 4; op++)
+      for (int d = 0; d < 4; d++)
+        check_all_reduce_laid_out(MAXM, reducible[d], d % 2 ? 1000 : 300007, op, SHM, MN_COLL_HOSTS);
   }
   host_keys = NULL;
 }
@@ -616,15 +603,7 @@ static void test_one_member_per_host_stays_flat(void **state) {
   (void)state;
   static const char *const keys[MAXM] = {"A", "B", "C", "D"};
   host_keys = keys;
-  ar_case_t k = {MK_F32, 1000, MN_COLL_SUM, {NULL}};
-  member_t m[MAXM];
-  for (int i = 0; i < MAXM; i++) k.t[i] = tensor_new(MK_F32, 1000);
-  run_group(m, MAXM, body_all_reduce, &k, SHM);
-  for (int i = 0; i < MAXM; i++) {
-    if (m[i].rc != 0) fail_msg("member %d: %s", i, m[i].err);
-    assert_int_equal(MN_COLL_FLAT, m[i].layout);
-  }
-  for (int i = 0; i < MAXM; i++) tensor_free(k.t[i]);
+  check_all_reduce_laid_out(MAXM, MK_F32, 1000, MN_COLL_SUM, SHM, MN_COLL_FLAT);
   host_keys = NULL;
 }
 
