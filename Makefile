@@ -20,16 +20,28 @@ SAN    ?=
 OPT    ?= -O2
 WARN   := -Wall -Wextra -Werror -Wno-unused-parameter -Wshadow -Wformat=2
 CFLAGS_BASE := -std=gnu11 -g $(OPT) $(WARN) -fPIC -D_GNU_SOURCE $(SAN)
-INC    := -Ihost/core -Ihost/controller -Ihost/worker -Ihost/lua -Ikernels
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS))
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS))
-CFLAGS := $(CFLAGS_BASE) $(INC) $(PKG_CFLAGS)
 LDLIBS := $(PKG_LIBS) -lpthread -ldl -lm
 EDIT_LIBS := $(shell pkg-config --libs libedit 2>/dev/null)
 
+# Layers (docs/architecture.md): cli -> controller | agent | proc -> coll -> core.
+# Each layer's objects see only its own headers and those below it, so an
+# include that points the wrong way fails to compile.
+INC_core       := -Ihost/core -Ikernels # the kernel ABI header is the floor every layer stands on
+INC_coll       := -Ihost/coll $(INC_core)
+INC_proc       := -Ihost/proc $(INC_coll)
+INC_agent      := -Ihost/agent $(INC_core)
+INC_controller := -Ihost/controller $(INC_core)
+INC_cli        := -Ihost/controller -Ihost/agent -Ihost/proc $(INC_coll)
+INC    := $(INC_cli) # tests, benchmarks and fuzzers see every layer
+layer_inc = $(INC_$(word 2,$(subst /, ,$(1))))
+CFLAGS := $(CFLAGS_BASE) $(INC) $(PKG_CFLAGS)
+
 CORE_SRC := $(wildcard host/core/*.c)
-CTL_SRC  := $(wildcard host/controller/*.c) $(wildcard host/lua/*.c)
-WRK_SRC  := $(wildcard host/worker/*.c) host/lua/luapack.c
+COLL_SRC := $(wildcard host/coll/*.c)
+CTL_SRC  := $(wildcard host/controller/*.c)
+WRK_SRC  := $(wildcard host/agent/*.c) $(wildcard host/proc/*.c) $(COLL_SRC)
 OBJ = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
 
 BIN    := $(BUILD)/bin
@@ -40,6 +52,11 @@ KERNELS := $(KDIR)/basic.so $(KDIR)/faulty.so $(KDIR)/mlp.so $(KDIR)/cartpole.so
 NVCC ?= $(shell command -v nvcc 2>/dev/null)
 
 all: $(BIN)/monarch-run $(BIN)/monarch-worker $(LUAMOD) $(KERNELS) $(BUILD)/share/monarch/lua
+
+# Objects of host/<layer>/ get only that layer's include paths; the rest (tests, benchmarks) get all.
+$(BUILD)/obj/host/%.o: host/%.c $(wildcard host/*/*.h) kernels/monarch_kernel.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) $(call layer_inc,$<) $(PKG_CFLAGS) -c $< -o $@
 
 $(BUILD)/obj/%.o: %.c $(wildcard host/*/*.h) kernels/monarch_kernel.h
 	@mkdir -p $(dir $@)
@@ -117,12 +134,13 @@ $(BUILD)/bench/%: bench/%.c $(call OBJ,$(CORE_SRC))
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
 install: all
-	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/monarch/lua/monarch $(DESTDIR)$(PREFIX)/share/monarch/lua/monarch $(DESTDIR)$(PREFIX)/include
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/monarch/lua/monarch $(DESTDIR)$(PREFIX)/share/monarch/lua/monarch/proc $(DESTDIR)$(PREFIX)/include
 	install -m 755 $(BIN)/monarch-run $(BIN)/monarch-worker $(DESTDIR)$(PREFIX)/bin/
 	install -m 644 $(KDIR)/basic.so $(KDIR)/mlp.so $(KDIR)/cartpole.so $(DESTDIR)$(PREFIX)/lib/monarch/
 	for f in $(KDIR)/cuda_*.so; do [ ! -e "$$f" ] || install -m 644 "$$f" $(DESTDIR)$(PREFIX)/lib/monarch/; done
 	install -m 644 $(LUAMOD) $(DESTDIR)$(PREFIX)/lib/monarch/lua/monarch/
 	install -m 644 lua/monarch/*.lua $(DESTDIR)$(PREFIX)/share/monarch/lua/monarch/
+	install -m 644 lua/monarch/proc/*.lua $(DESTDIR)$(PREFIX)/share/monarch/lua/monarch/proc/
 	install -m 644 kernels/monarch_kernel.h $(DESTDIR)$(PREFIX)/include/
 
 clean:

@@ -52,7 +52,7 @@ $(BUILD)/bench/gpu_dispatch: bench/gpu_dispatch.cu
 
 # gpu.c declares the CUDA and NCCL constants it needs instead of including
 # their headers (the worker builds without CUDA); here they meet the headers.
-$(BUILD)/obj/gpu-abi-check.stamp: host/worker/gpu.c host/worker/gpu.h
+$(BUILD)/obj/gpu-abi-check.stamp: host/proc/gpu.c host/proc/gpu.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -DMN_GPU_ABI_CHECK -I$(CUDA_INC) -fsyntax-only $<
 	@touch $@
@@ -67,9 +67,9 @@ endif
 # tests/c/test_gpu.c, built as a library) that gpu_spec.lua gives to procs of
 # its own, so the GPU built-ins and monarch.gpu are tested on every machine.
 ifdef CFLAGS_BASE
-$(BUILD)/tests/libmonarch_fakegpu.so: tests/c/test_gpu.c host/worker/gpu.h
+$(BUILD)/tests/libmonarch_fakegpu.so: tests/c/test_gpu.c host/proc/gpu.h
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_BASE) -fvisibility=hidden -shared -Ihost/worker -DMN_GPU_FAKE_LIB $< -o $@
+	$(CC) $(CFLAGS_BASE) -fvisibility=hidden -shared -Ihost/proc -DMN_GPU_FAKE_LIB $< -o $@
 
 tests: $(BUILD)/tests/libmonarch_fakegpu.so
 endif

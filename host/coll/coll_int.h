@@ -2,8 +2,8 @@
  * coll_int.h - what the files of the CPU data plane share and nothing else
  * sees: the instance and group structs, the link and transfer helpers
  * (coll_link.c), the ring engine (coll_ring.c) and the group helpers
- * (collective.c) that the copies (coll_copy.c) and the built-ins
- * (coll_proc.c) use. The public API is collective.h.
+ * (collective.c) that the copies (coll_copy.c) and the process instance
+ * (coll_inst.c) use. The public API is collective.h.
  */
 #ifndef MN_COLL_INT_H
 #define MN_COLL_INT_H
@@ -11,9 +11,8 @@
 #include "collective.h"
 
 #include "coll_shm.h"
-#include "exec.h"
+#include "dtype.h"
 #include "handshake.h"
-#include "registry.h"
 #include "sock.h"
 #include "wire.h"
 
@@ -31,7 +30,6 @@
 #include <unistd.h>
 
 #define MN_COLL_POLL_SLICE_MS 100 /* longest single poll, so cancellation is seen promptly */
-#define MN_COLL_MAX_LOCAL 64      /* most "local" sends waiting for their recv on one proc */
 #define MN_COLL_MAX_HS_FRAME 4096 /* largest handshake frame read before authentication */
 #define MN_COLL_CMA_CHUNK (1u << 20) /* same host: bytes per announcement and per copy (measured best) */
 #define MN_COLL_CTL_LEN 24        /* bytes of a same-host control message */

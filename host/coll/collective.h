@@ -114,6 +114,7 @@ int mn_coll_open(mn_coll_t **out, const char *bind_host, const mn_auth_t *auth, 
 /* Stops the acceptor, closes every link and group, frees the instance. */
 void mn_coll_close(mn_coll_t *c);
 int mn_coll_port(const mn_coll_t *c);
+int mn_coll_rank(const mn_coll_t *c);
 /* Seconds without progress before a wait fails (default MONARCH_COLL_TIMEOUT or 60). */
 void mn_coll_set_timeout(mn_coll_t *c, double seconds);
 /*
@@ -199,11 +200,12 @@ int mn_coll_recv(mn_coll_t *c, mk_tensor_t *t, uint64_t tag, char *err, size_t e
 /* ---- the proc's instance ---------------------------------------------------- */
 
 /*
- * Opens the process's instance on bind_host and registers the "__coll_"
- * built-ins. Called once by the proc after mn_exec_init. Returns 0, or a
- * negative code after printing why to stderr.
+ * The process's one instance (a proc has one data port): opened once by
+ * the proc at start, then reached through mn_coll_instance() (NULL before).
+ * Returns 0, or a negative errno-style code with err set.
  */
-int mn_coll_start(const char *bind_host, const mn_auth_t *auth, int rank);
+int mn_coll_instance_open(const char *bind_host, const mn_auth_t *auth, int rank, char *err, size_t errlen);
+mn_coll_t *mn_coll_instance(void);
 
 /*
  * Watching peers from other code on the executor thread (the NCCL waits in

@@ -186,18 +186,6 @@ const mk_library_t *mn_registry_load(mn_registry_t *r, const char *name, char *e
 
 /* ---- tensors ------------------------------------------------------------ */
 
-static const char *const dtype_names[MK_DTYPE_COUNT] = {"f32", "f64", "f16", "bf16", "i32", "i64", "u8"};
-
-int mn_dtype_parse(const char *s, size_t n) {
-  for (int i = 0; i < MK_DTYPE_COUNT; i++)
-    if (strlen(dtype_names[i]) == n && memcmp(dtype_names[i], s, n) == 0) return i;
-  return -1;
-}
-
-const char *mn_dtype_name(mk_dtype_t d) {
-  return (unsigned)d < MK_DTYPE_COUNT ? dtype_names[d] : "?";
-}
-
 /* The registry's own address marks a deleted slot so probing continues past it. */
 #define TOMB(r) ((mk_tensor_t *)(r))
 

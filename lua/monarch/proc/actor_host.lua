@@ -48,7 +48,7 @@ end
 
 -- Frames that belong to the host and not to the actor's code.
 local function internal(line)
-  return line:find("monarch/actor_host.lua", 1, true) or line:find("[C]: in function 'xpcall'", 1, true)
+  return line:find("monarch/proc/actor_host.lua", 1, true) or line:find("[C]: in function 'xpcall'", 1, true)
     or line:find("^%s*%[C%]: %?$") or line:find("^%s*%[C%]: at 0x") or line:find("^%s*%(tail call%)")
     or line:find("^%s*%[builtin#%d+%]") -- xpcall, as the coroutine of an endpoint shows it
 end

@@ -5,6 +5,7 @@
 #ifndef MN_REGISTRY_H
 #define MN_REGISTRY_H
 
+#include "dtype.h"
 #include "monarch_kernel.h"
 
 #include <stddef.h>
@@ -67,8 +68,5 @@ mk_tensor_t *mn_tensor_new_on(mn_registry_t *r, uint64_t id, mk_dtype_t dtype, i
 mk_tensor_t *mn_tensor_get(const mn_registry_t *r, uint64_t id);
 /* Frees a tensor; returns 0, or -1 if there was none with that id. */
 int mn_tensor_free(mn_registry_t *r, uint64_t id);
-/* Parses "f32" etc; returns -1 if unknown. */
-int mn_dtype_parse(const char *s, size_t n);
-const char *mn_dtype_name(mk_dtype_t d);
 
 #endif

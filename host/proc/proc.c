@@ -19,6 +19,7 @@
 #include "proc.h"
 
 #include "actor.h"
+#include "coll_builtins.h"
 #include "collective.h"
 #include "exec.h"
 #include "gpu.h"

@@ -1,24 +1,20 @@
-/* coll_proc.c - the process's instance and its "__coll_" built-ins; see collective.h. */
-#include "coll_int.h"
+/* coll_builtins.c - the proc's "__coll_" built-ins over the collective instance of host/coll. */
+#include "coll_builtins.h"
 
-/* ---- the __coll_ built-ins ------------------------------------------------------------------ */
+#include "collective.h"
+#include "exec.h"
+#include "registry.h"
 
-static mn_coll_t *proc_coll; /* the process's instance, opened by mn_coll_start */
+#include <stdio.h>
+#include <string.h>
+
+#define MN_COLL_MAX_LOCAL 64 /* most "local" sends waiting for their recv on one proc */
 
 /* "local" sends waiting for their recv on this proc: tag -> tensor id. */
 static struct {
   int used;
   uint64_t tag, id;
 } local_sends[MN_COLL_MAX_LOCAL];
-
-int mn_coll_watch(uint64_t gid, const char *what, char *err, size_t errlen) {
-  group_t *g = proc_coll != NULL ? mn__coll_group_find(proc_coll, gid) : NULL;
-  return g == NULL ? 0 : mn__coll_group_peer_check(g, what, err, errlen);
-}
-
-void mn_coll_watch_free(uint64_t gid) {
-  if (proc_coll != NULL) mn_coll_group_free(proc_coll, gid);
-}
 
 static int arg_u64(const msgpack_object *args, uint32_t i, const char *name, const char *what, uint64_t *v,
                    char *err, size_t errlen) {
@@ -97,7 +93,7 @@ static int builtin_group(const msgpack_object *args, char *err, size_t errlen) {
     }
     ranks[i] = (int)rk;
   }
-  rc = mn_coll_group(proc_coll, gid, (int)me, n, (const char *const *)addrs, ranks, err, errlen);
+  rc = mn_coll_group(mn_coll_instance(), gid, (int)me, n, (const char *const *)addrs, ranks, err, errlen);
 done:
   for (int i = 0; addrs != NULL && i < n; i++) free(addrs[i]);
   free(addrs);
@@ -139,11 +135,11 @@ static int coll_builtin(mn_exec_t *x, mk_ctx_t *ctx, const char *name, size_t nl
   uint64_t gid, tag, root;
   int op, mismatch = 0, rc;
   mk_tensor_t *t, *t2 = NULL;
-  mn_coll_t *c = proc_coll;
+  mn_coll_t *c = mn_coll_instance();
   mn_coll_set_cancel(c, x->cancel);
 #define IS(lit) (nl == sizeof(lit) - 1 && memcmp(name, lit, nl) == 0)
 #define TENSOR(i) mn_exec_tensor_arg(x, args, i, err, errlen)
-  if (IS("__coll_port")) return mk_return_int(ctx, c->port) == 0 ? 0 : -1;
+  if (IS("__coll_port")) return mk_return_int(ctx, mn_coll_port(c)) == 0 ? 0 : -1;
   if (IS("__coll_group")) return builtin_group(args, err, errlen);
   if (IS("__coll_free")) {
     if (arg_count(args, 1, 1, "__coll_free", "(group_id)", err, errlen) != 0 ||
@@ -158,7 +154,7 @@ static int coll_builtin(mn_exec_t *x, mk_ctx_t *ctx, const char *name, size_t nl
       return -1;
     int l = mn_coll_group_layout(c, gid);
     if (l < 0) {
-      snprintf(err, errlen, "__coll_layout: rank %d has no group %llu", c->rank, (unsigned long long)gid);
+      snprintf(err, errlen, "__coll_layout: rank %d has no group %llu", mn_coll_rank(c), (unsigned long long)gid);
       return -1;
     }
     return mk_return_string(ctx, names[l], strlen(names[l])) == 0 ? 0 : -1;
@@ -247,7 +243,7 @@ static int coll_builtin(mn_exec_t *x, mk_ctx_t *ctx, const char *name, size_t nl
 
 int mn_coll_start(const char *bind_host, const mn_auth_t *auth, int rank) {
   char err[256];
-  int rc = mn_coll_open(&proc_coll, bind_host, auth, rank, err, sizeof(err));
+  int rc = mn_coll_instance_open(bind_host, auth, rank, err, sizeof(err));
   if (rc != 0) {
     fprintf(stderr, "monarch-worker --proc: data port: %s\n", err);
     return rc;

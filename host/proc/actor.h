@@ -3,7 +3,7 @@
  *
  * Each executor that hosts actors owns one LuaJIT state, made on the first
  * actor built-in and used only on the executor thread. The Lua half of the
- * actor host is lua/monarch/actor_host.lua, loaded from
+ * actor host is lua/monarch/proc/actor_host.lua, loaded from
  * <prefix>/share/monarch/lua/monarch/. The built-ins are:
  *
  *   __actor_define(hash, source, chunkname)   caches a module's source by its content hash
@@ -29,7 +29,7 @@
 #define MN_ACTOR_MEM_MB_DEFAULT 1024    /* Lua heap limit of one proc's actors, MiB (MONARCH_ACTOR_MEM_MB) */
 #define MN_ACTOR_MAX_KRESULTS 256       /* most values one proc.call may return to Lua */
 #define MN_ACTOR_TENSOR_BASE (1ull << 48) /* first id of tensors actors create; the controller counts up from 1 */
-#define MN_ACTOR_HOST_LUA "/share/monarch/lua/monarch/actor_host.lua" /* under the install prefix */
+#define MN_ACTOR_HOST_LUA "/share/monarch/lua/monarch/proc/actor_host.lua" /* under the install prefix */
 
 /* Registers the "__actor_" built-ins with the executor; 0, or -1 if the table of modules is full. */
 int mn_actor_register(void);

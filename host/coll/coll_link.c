@@ -311,6 +311,7 @@ void mn_coll_close(mn_coll_t *c) {
 }
 
 int mn_coll_port(const mn_coll_t *c) { return c->port; }
+int mn_coll_rank(const mn_coll_t *c) { return c->rank; }
 void mn_coll_set_timeout(mn_coll_t *c, double seconds) {
   c->timeout_ms = seconds <= 0 ? 1 : seconds > 1e6 ? 1000000000 : (int)(seconds * 1000);
 }
