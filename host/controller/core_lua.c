@@ -607,6 +607,12 @@ static int l_fetch_into(lua_State *L) {
   return 0;
 }
 
+static void set_msg_type(void *data, int type, const char *name) {
+  lua_State *L = data;
+  lua_pushinteger(L, type);
+  lua_setfield(L, -2, name);
+}
+
 int luaopen_monarch_core(lua_State *L) {
   static const luaL_Reg fns[] = {
       {"init", l_init},           {"shutdown", l_shutdown},   {"start_agent", l_start_agent},
@@ -622,5 +628,8 @@ int luaopen_monarch_core(lua_State *L) {
   lua_setfield(L, -2, "protocol_version");
   lua_pushinteger(L, MN_MAX_ARGS);
   lua_setfield(L, -2, "max_args");
+  lua_newtable(L); /* stack: core, MSG */
+  mn_msg_each(set_msg_type, L);
+  lua_setfield(L, -2, "MSG");
   return 1;
 }

@@ -2,11 +2,13 @@
  * wire.h - framing, the msgpack codec glue and the protocol's named limits.
  *
  * A frame is a 4-byte big-endian body length followed by one msgpack array
- * whose first element is a message type (mn_msg_t). docs/protocol.md is the
+ * whose first element is a message type (mn_msg_t, msg.h). docs/protocol.md is the
  * specification; this header is its C mirror.
  */
 #ifndef MN_WIRE_H
 #define MN_WIRE_H
+
+#include "msg.h"
 
 #include <msgpack.h>
 #include <stddef.h>
@@ -21,31 +23,6 @@
 #define MN_MAX_ARGS 64               /* most arguments of one call */
 #define MN_MAX_NAME 256              /* longest kernel or library name */
 
-typedef enum {
-  MN_MSG_HELLO = 1,       /* server -> client: version, nonce, role */
-  MN_MSG_AUTH = 2,        /* client -> server: version, nonce, mac */
-  MN_MSG_WELCOME = 3,     /* server -> client: mac, info */
-  MN_MSG_ERROR = 4,       /* either way: code, message; then the sender closes */
-  MN_MSG_PING = 5,        /* either way: id */
-  MN_MSG_PONG = 6,        /* reply: id */
-  MN_MSG_SPAWN = 10,      /* controller -> agent: req, spec */
-  MN_MSG_SPAWNED = 11,    /* agent -> controller: req, index, pid, port */
-  MN_MSG_SPAWN_FAILED = 12, /* agent -> controller: req, index, message */
-  MN_MSG_PROC_EXIT = 13,  /* agent -> controller: pid, exit code, signal name */
-  MN_MSG_KILL = 14,       /* controller -> agent: pid, signal number */
-  MN_MSG_PERSIST = 15,    /* controller -> agent: req, name, pids, description: keep these procs up */
-  MN_MSG_ATTACH = 16,     /* controller -> agent: req, name: take over a persistent mesh */
-  MN_MSG_REPLY = 17,      /* agent -> controller: req, ok, value (answers 15, 16, 18, 19) */
-  MN_MSG_DETACH = 18,     /* controller -> agent: req, name: let go of a persistent mesh */
-  MN_MSG_LIST = 19,       /* controller -> agent: req: the persistent meshes kept here */
-  MN_MSG_CALL = 20,       /* controller -> proc: seq, kernel, args */
-  MN_MSG_RESULT = 21,     /* proc -> controller: seq, ok, value */
-  MN_MSG_SESSION = 22,    /* controller -> agent/proc, first after WELCOME: session id, acked seq */
-  MN_MSG_ACK = 24,        /* controller -> proc: highest seq whose RESULT arrived */
-  MN_MSG_GOODBYE = 25,    /* controller -> agent: clean exit, stop my procs now */
-  MN_MSG_LOG = 26,        /* agent -> controller: rank, stream (1 stdout, 2 stderr), text of whole lines */
-  MN_MSG_STATUS = 27,     /* controller -> agent: req; answered by REPLY with the agent's procs and recent exits */
-} mn_msg_t;
 
 /* Error codes: negative, errno-style; mn_strerror() names them. */
 enum {

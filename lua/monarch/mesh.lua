@@ -12,7 +12,6 @@ local M = {}
 local unpack = unpack or table.unpack
 
 local procs_mod = require "monarch.procs"
-local MSG = procs_mod.MSG
 local wait_until = procs_mod.wait_until
 
 --- Connects to host agents at addrs ({"host:port", ...}); returns the agent objects.

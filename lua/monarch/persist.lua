@@ -21,8 +21,7 @@ local mesh_mod = require "monarch.mesh"
 local tensor = require "monarch.tensor"
 
 local M = {}
-local MSG = { PERSIST = 15, ATTACH = 16, REPLY = 17, DETACH = 18, LIST = 19 }
-M.MSG = MSG
+local MSG = core.MSG
 M.REPLY_TIMEOUT = 10  -- seconds for the host agents to answer
 M.DETACH_TIMEOUT = 60 -- seconds detach waits for calls in flight
 M.FORMAT = 1          -- version of the description the agents keep

@@ -14,8 +14,7 @@ local runtime = require "monarch.runtime"
 local M = {}
 local log = require "monarch.log"
 
-local MSG = { SPAWN = 10, SPAWNED = 11, SPAWN_FAILED = 12, PROC_EXIT = 13, KILL = 14, ERROR = 4, PONG = 6, LOG = 26 }
-M.MSG = MSG
+local MSG = core.MSG -- message types, from host/core/msg.h
 M.CONNECT_TIMEOUT = 10 -- seconds to reach and authenticate a host agent
 M.SPAWN_TIMEOUT = 30   -- seconds for procs to start and accept our connection
 local DEATH_GRACE = 1.0 -- seconds to wait for the agent's exit report after a proc's socket closes

@@ -1,10 +1,10 @@
 --- monarch.status(): what the host agents know, for `monarch-run --status --hosts ...`:
 -- each host, its procs (state, uptime, calls queued and run, the kernel
 -- running now) and the procs that exited recently.
+local core = require "monarch.core"
 local persist = require "monarch.persist"
 
 local M = {}
-local STATUS = 27
 
 local function duration(s)
   if s < 60 then return string.format("%.0fs", s) end
@@ -14,7 +14,7 @@ end
 
 --- The agents' reports: a list of {agent, ok, value}.
 function M.collect(agents)
-  return persist.ask(agents, function(req) return { STATUS, req } end, "asking for status")
+  return persist.ask(agents, function(req) return { core.MSG.STATUS, req } end, "asking for status")
 end
 
 --- Prints the report of the script's hosts (monarch.hosts()) to `out` (default stdout).
