@@ -3,6 +3,7 @@
 PREFIX ?= /usr/local
 BUILD  ?= build
 CC     ?= gcc
+VERSION := $(shell sed -n 's/^\#define MN_VERSION "\(.*\)"/\1/p' host/core/version.h 2>/dev/null)
 PKGS   := luajit libuv msgpack libsodium
 DEPS_OK := $(shell pkg-config --exists $(PKGS) openblas 2>/dev/null && echo yes)
 # Compiling targets need the -dev packages; `make deps` installs (as root) or names them.
@@ -142,6 +143,9 @@ install: all
 	install -m 644 lua/monarch/*.lua $(DESTDIR)$(PREFIX)/share/monarch/lua/monarch/
 	install -m 644 lua/monarch/proc/*.lua $(DESTDIR)$(PREFIX)/share/monarch/lua/monarch/proc/
 	install -m 644 kernels/monarch_kernel.h $(DESTDIR)$(PREFIX)/include/
+	install -d $(DESTDIR)$(PREFIX)/lib/pkgconfig
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' mk/monarch-kernel.pc.in \
+	  > $(DESTDIR)$(PREFIX)/lib/pkgconfig/monarch-kernel.pc
 
 clean:
 	rm -rf build build-asan
