@@ -1,0 +1,61 @@
+-- bench/scale.lua: what a mesh-wide call costs the controller as the mesh grows.
+--   monarch-run --hostfile F bench/scale.lua PROCS_PER_HOST [CALLS]
+-- Run by bench/scale.sh, which starts the host agents. Prints "name value" lines.
+local monarch = require "monarch"
+local per, calls = tonumber(arg[1] or "32"), tonumber(arg[2] or "40")
+
+local function median(xs)
+  table.sort(xs)
+  local n = #xs
+  return n % 2 == 1 and xs[(n + 1) / 2] or (xs[n / 2] + xs[n / 2 + 1]) / 2
+end
+
+-- This process's CPU seconds (user + system), from /proc: what the controller spent.
+local TICK = 100 -- USER_HZ on Linux
+local function cpu_s()
+  local f = assert(io.open("/proc/self/stat"))
+  local s = f:read("*a")
+  f:close()
+  local fields = {}
+  for w in s:match("%) (.*)"):gmatch("%S+") do fields[#fields + 1] = w end
+  return (tonumber(fields[12]) + tonumber(fields[13])) / TICK -- utime, stime
+end
+
+local function status_kib(key)
+  local f = assert(io.open("/proc/self/status"))
+  local s = f:read("*a")
+  f:close()
+  return tonumber(s:match(key .. ":%s*(%d+)"))
+end
+
+local hosts = monarch.hosts()
+local t0 = monarch.now()
+local procs = hosts:spawn_procs{ procs = per }
+procs:load "basic"
+local spawn_s = monarch.now() - t0
+local n = #hosts.agents * per
+print(string.format("procs %d", n))
+print(string.format("spawn_connect_s %.3f", spawn_s))
+
+for _ = 1, 5 do procs:call("noop"):get() end
+local lat, cpu = {}, {}
+for b = 1, 5 do
+  local c0, w0 = cpu_s(), monarch.now()
+  for _ = 1, calls do procs:call("noop"):get() end
+  lat[b] = (monarch.now() - w0) / calls * 1e3
+  cpu[b] = (cpu_s() - c0) / calls * 1e3
+end
+print(string.format("call_gather_ms %.3f", median(lat)))
+print(string.format("ctl_cpu_per_call_ms %.3f", median(cpu)))
+
+-- Idle: the controller only keeps its heartbeats going.
+local idle = 5
+local c0, w0 = cpu_s(), monarch.now()
+monarch.sleep(idle)
+print(string.format("ctl_idle_cpu_pct %.2f", (cpu_s() - c0) / (monarch.now() - w0) * 100))
+print(string.format("ctl_peak_rss_mib %.1f", status_kib("VmHWM") / 1024))
+local ffi = require "ffi"
+ffi.cdef "int getpid(void);"
+local fds = io.popen("ls /proc/" .. ffi.C.getpid() .. "/fd | wc -l")
+print(string.format("ctl_open_fds %d", tonumber(fds:read("*a"))))
+fds:close()

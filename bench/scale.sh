@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# bench/scale.sh: mesh-wide call + gather, controller CPU and memory, as the
+# mesh grows: real procs on local host agents (AGENTS x PER procs).
+#   bench/scale.sh [AGENTS [PER [CALLS]]]     (default 32 x 32 = 1,024 procs)
+# Every agent and proc is a real process on real TCP on this machine, so the
+# latencies include the procs' own CPU time on its cores; the controller's
+# CPU per call is its own (from /proc/self/stat).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+B=${BUILD:-build}
+agents=${1:-32} per=${2:-32} calls=${3:-40}
+export MONARCH_TOKEN=${MONARCH_TOKEN:-$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')}
+dir=$(mktemp -d)
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$dir"; }
+trap cleanup EXIT
+for i in $(seq 1 "$agents"); do
+  $B/bin/monarch-worker --listen 127.0.0.1:0 >"$dir/agent$i.log" 2>&1 &
+  pids+=($!)
+done
+for i in $(seq 1 "$agents"); do
+  for _ in $(seq 1 200); do
+    port=$(sed -n 's/.*listening on [^ ]*:\([0-9]*\).*/\1/p' "$dir/agent$i.log" | head -1)
+    [ -n "$port" ] && break
+    sleep 0.025
+  done
+  [ -n "$port" ] || { echo "agent $i did not start: $(cat "$dir/agent$i.log")"; exit 1; }
+  echo "127.0.0.1:$port" >>"$dir/hosts"
+done
+echo "scale bench ($(nproc) cores, $(date -u +%Y-%m-%dT%H:%MZ)): $agents agents x $per procs, direct path"
+$B/bin/monarch-run --hostfile "$dir/hosts" bench/scale.lua "$per" "$calls"
