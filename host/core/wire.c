@@ -18,6 +18,11 @@ const char *mn_strerror(int code) {
   case MN_ENOMEM: return "out of memory";
   case MN_ECLOSED: return "connection closed";
   case MN_ETIMEDOUT: return "timed out";
+  case MN_EINVAL: return "invalid argument";
+  case MN_ENOTFOUND: return "not found";
+  case MN_EPEER: return "a peer failed";
+  case MN_ECANCELED: return "cancelled";
+  case MN_EKERNEL: return "kernel error";
   default: return code < 0 && code > -1000 ? strerror(-code) : "unknown error";
   }
 }

@@ -8,6 +8,7 @@
 #ifndef MN_WIRE_H
 #define MN_WIRE_H
 
+#include "err.h"
 #include "msg.h"
 
 #include <msgpack.h>
@@ -24,22 +25,6 @@
 #define MN_MAX_NAME 256              /* longest kernel or library name */
 
 
-/* Error codes: negative, errno-style; mn_strerror() names them. */
-enum {
-  MN_OK = 0,
-  MN_EAGAIN = -1001,      /* need more bytes */
-  MN_EFRAME = -1002,      /* frame larger than MN_MAX_FRAME */
-  MN_EMSGPACK = -1003,    /* body is not exactly one valid msgpack object */
-  MN_ELIMIT = -1004,      /* depth, length or count limit crossed */
-  MN_EPROTO = -1005,      /* valid msgpack, but not a message we know */
-  MN_EAUTH = -1006,       /* authentication failed */
-  MN_EVERSION = -1007,    /* protocol version mismatch */
-  MN_ENOMEM = -1008,
-  MN_ECLOSED = -1009,     /* peer closed the connection */
-  MN_ETIMEDOUT = -1010,
-};
-
-const char *mn_strerror(int code);
 
 /* ---- growable byte buffer ---------------------------------------------- */
 
