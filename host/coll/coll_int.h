@@ -137,12 +137,20 @@ static inline uint64_t mn__coll_get_be64(const unsigned char *p) {
 /* Blocking-with-deadline I/O: 0, MN_ECLOSED, MN_ETIMEDOUT or -errno. */
 int mn__coll_read_exact(int fd, void *p, size_t n, int64_t deadline);
 int mn__coll_write_exact(int fd, const void *p, size_t n, int64_t deadline);
-/* Waits for the link parked under (kind, key, from): 0, MN_ECLOSED or MN_ETIMEDOUT. */
+/* Waits for the link parked under (kind, key, from): 0, MN_ECANCELED or MN_ETIMEDOUT. */
 int mn__coll_claim(mn_coll_t *c, int kind, uint64_t key, int64_t from, parked_t *out);
-/* Connects to a peer's data port, authenticates and identifies the link: the fd, or -1 with err. */
+/*
+ * Connects to a peer's data port, authenticates and identifies the link: the
+ * fd (>= 0), or a negative code with err: MN_EINVAL (bad address), -errno
+ * (connecting), the handshake's MN_E* code, or the I/O code.
+ */
 int mn__coll_link_open(mn_coll_t *c, const char *addr, int kind, uint64_t key, uint32_t from, uint64_t nbytes,
                        int dtype, const void *data, char *err, size_t errlen);
-/* Fill err for a failed or a stalled transfer; both return -1. */
+/*
+ * Fill err for a failed or a stalled transfer. fail_io returns MN_EPEER for
+ * code MN_ECLOSED (the peer closed its link), else code itself (-errno,
+ * MN_ETIMEDOUT); fail_stall returns MN_ECANCELED or MN_ETIMEDOUT.
+ */
 int mn__coll_fail_io(char *err, size_t errlen, const char *what, const char *who, int sending, int code);
 int mn__coll_fail_stall(mn_coll_t *c, char *err, size_t errlen, const char *what, const char *who, int sending);
 /* One nonblocking attempt: bytes moved (0: would block) or a negative code. */
@@ -156,10 +164,13 @@ typedef struct {
   const char *who;  /* the peer, for messages: "rank 3 (host:port)" */
 } xfer_t;
 
-/* poll(), after yielding the core for MONARCH_SPIN_US while nothing is ready. */
+/* poll(), after yielding the core for MONARCH_SPIN_US while nothing is ready: the ready count, or -errno. */
 int mn__coll_poll(mn_coll_t *c, struct pollfd *pf, nfds_t n, int timeout_ms);
 
-/* Runs every transfer to completion; 0, or -1 with err. */
+/*
+ * Runs every transfer to completion; 0, or a negative code with err:
+ * fail_io's or fail_stall's, MN_ENOMEM, or -errno from poll.
+ */
 int mn__coll_xfer_run(mn_coll_t *c, xfer_t *xs, int nx, const char *what, char *err, size_t errlen);
 
 /* ---- the ring (coll_ring.c) ------------------------------------------------------------------ */
@@ -198,7 +209,11 @@ struct ring_s {
   size_t count;       /* elements: whole tensor (all_reduce), one block (gather, scatter) */
 };
 
-/* Runs r's two streams to completion; 0, or -1 with err. */
+/*
+ * Runs r's two streams to completion; 0, or a negative code with err: as
+ * mn__coll_xfer_run, and MN_EPROTO (a control message out of step), MN_EPEER
+ * (a same-host copy read nothing), MN_EINVAL (a ring that cannot progress).
+ */
 int mn__coll_ring_run(mn_coll_t *c, ring_t *r, char *err, size_t errlen);
 
 /* ---- groups (collective.c) ------------------------------------------------------------------- */
@@ -206,17 +221,23 @@ int mn__coll_ring_run(mn_coll_t *c, ring_t *r, char *err, size_t errlen);
 group_t *mn__coll_group_find(mn_coll_t *c, uint64_t gid);
 /* Closes the group's links and region and frees it. */
 void mn__coll_group_destroy(mn_coll_t *c, group_t *g);
-/* 1 when process pid holds cookie at addr: it shares our host and lets us copy from its memory. */
+/* 1 when process pid holds cookie at addr: it shares our host and lets us copy from its memory; else 0. */
 int mn__coll_same_host(const mn_coll_t *c, uint64_t pid, uint64_t addr, uint64_t cookie);
-/* 0 for a CPU tensor; -1 with err naming `arg` otherwise. */
+/* 0 for a CPU tensor; MN_EINVAL with err naming `arg` otherwise. */
 int mn__coll_check_cpu(const mk_tensor_t *t, const char *what, const char *arg, char *err, size_t errlen);
 /* "rank 3 (host:port)" for member i, for messages. */
 void mn__coll_member_name(const group_t *g, int i, char *buf, size_t n);
-/* Waits for member `from`'s link of `kind` to group g; 0, or -1 with err naming it. */
+/* Waits for member `from`'s link of `kind` to group g; 0, or MN_ETIMEDOUT or MN_ECANCELED with err naming it. */
 int mn__coll_claim_member(mn_coll_t *c, group_t *g, int kind, int from, int *fd, char *err, size_t errlen);
-/* Lays g out by host (coll_layout.c): regions, layout, leaders' links. -1 only when a link fails. */
+/*
+ * Lays g out by host (coll_layout.c): regions, layout, leaders' links. A
+ * negative code with err only when a link fails or memory runs out.
+ */
 int mn__coll_setup_layout(mn_coll_t *c, group_t *g, char *err, size_t errlen);
-/* For a group that sends nothing on its links: 0 while they are quiet, else -1 naming who died or gave up. */
+/*
+ * For a group that sends nothing on its links: 0 while they are quiet, else
+ * MN_EPEER, MN_EPROTO or the link's -errno, with err naming who died or gave up.
+ */
 int mn__coll_group_peer_check(group_t *g, const char *what, char *err, size_t errlen);
 
 #endif

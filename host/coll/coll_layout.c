@@ -8,6 +8,7 @@
  * 0 plays its own part inline. Each step is: every member > 0 sends `olen`
  * bytes and receives `ilen` back; member 0 gathers all into `in` (member i
  * at in + i * olen), and `answer` fills `out` (member i at out + i * ilen).
+ * star_round returns 0, or the links' code with err.
  */
 typedef struct {
   mn_coll_t *c;
@@ -23,13 +24,15 @@ static int star_round(star_t *st, const unsigned char *mine, size_t olen, unsign
   const char *what = "group setup";
   if (g->me != 0) {
     xfer_t x = {g->star[0], 1, (char *)mine, olen, 0, st->names[0]};
-    if (mn__coll_xfer_run(st->c, &x, 1, what, err, errlen) != 0) return -1;
+    int rc = mn__coll_xfer_run(st->c, &x, 1, what, err, errlen);
+    if (rc != 0) return rc;
     x = (xfer_t){g->star[0], 0, (char *)out, ilen, 0, st->names[0]};
     return mn__coll_xfer_run(st->c, &x, 1, what, err, errlen);
   }
   memcpy(in, mine, olen);
   for (int i = 1; i < g->n; i++) st->xs[i - 1] = (xfer_t){g->star[i], 0, (char *)in + (size_t)i * olen, olen, 0, st->names[i]};
-  if (mn__coll_xfer_run(st->c, st->xs, g->n - 1, what, err, errlen) != 0) return -1;
+  int rc = mn__coll_xfer_run(st->c, st->xs, g->n - 1, what, err, errlen);
+  if (rc != 0) return rc;
   answer(arg, in, out);
   for (int i = 1; i < g->n; i++)
     st->xs[i - 1] = (xfer_t){g->star[i], 1, (char *)out + (size_t)i * ilen, ilen, 0, st->names[i]};
@@ -87,7 +90,8 @@ static void plan_answer(void *arg, const unsigned char *in, unsigned char *out) 
 /*
  * Takes a plan from member 0, checking every number against the group
  * before anything indexes with it; fills the group's place and its host's
- * members. 0, or -1: the plan is refused (the group stays flat).
+ * members. 0, or the plan is refused (the group stays flat): MN_EPROTO
+ * for numbers out of range, MN_ENOMEM.
  */
 static int take_plan(group_t *g, const unsigned char *plan, uint32_t *local, uint32_t *count) {
   uint32_t n = (uint32_t)g->n, host = get32(plan + 1), nhosts = get32(plan + 13);
@@ -96,19 +100,19 @@ static int take_plan(group_t *g, const unsigned char *plan, uint32_t *local, uin
   *count = get32(plan + 9);
   if (n > MN_SHM_MAX_MEMBERS || nhosts < 1 || nhosts > n || host >= nhosts || *count < 1 || *count > n ||
       *local >= *count || lnext >= n || lprev >= n)
-    return -1;
+    return MN_EPROTO;
   g->lmembers = malloc(sizeof(int) * *count);
-  if (g->lmembers == NULL) return -1;
+  if (g->lmembers == NULL) return MN_ENOMEM;
   g->nlocal = 0;
   for (uint32_t j = 0; j < n; j++) {
     uint32_t h = ((uint32_t)plan[PLAN_HEAD + 2 * j] << 8) | plan[PLAN_HEAD + 2 * j + 1];
-    if (h >= nhosts) return -1;
+    if (h >= nhosts) return MN_EPROTO;
     if (h == host) {
-      if ((uint32_t)g->nlocal == *count) return -1;
+      if ((uint32_t)g->nlocal == *count) return MN_EPROTO;
       g->lmembers[g->nlocal++] = (int)j;
     }
   }
-  if ((uint32_t)g->nlocal != *count || g->lmembers[*local] != g->me) return -1;
+  if ((uint32_t)g->nlocal != *count || g->lmembers[*local] != g->me) return MN_EPROTO;
   g->host = (int)host;
   g->nhosts = (int)nhosts;
   g->lnext = (int)lnext;
@@ -147,14 +151,14 @@ static void final_answer(void *arg, const unsigned char *in, unsigned char *out)
   memset(out, all, (size_t)n);
 }
 
-/* Leaders: the ring of one member per host, for the hosts' sums. */
+/* Leaders: the ring of one member per host, for the hosts' sums. 0, or the link's code with err. */
 static int setup_leaders(mn_coll_t *c, group_t *g, char *err, size_t errlen) {
   char why[512];
   g->lnext_fd = mn__coll_link_open(c, g->addrs[g->lnext], MN_COLL_LINK_LEADER, g->id, (uint32_t)g->me, 0, 0, NULL, why,
                                    sizeof(why));
   if (g->lnext_fd < 0) {
     snprintf(err, errlen, "setting up group %llu: link to the next host's leader: %s", (unsigned long long)g->id, why);
-    return -1;
+    return g->lnext_fd;
   }
   return mn__coll_claim_member(c, g, MN_COLL_LINK_LEADER, g->lprev, &g->lprev_fd, err, errlen);
 }
@@ -170,11 +174,11 @@ static int setup_leaders(mn_coll_t *c, group_t *g, char *err, size_t errlen) {
  * regions only if everyone could: all on one host, every collective runs in
  * shared memory (MN_COLL_ONE_HOST); over several hosts, all_reduce sums per
  * host in shared memory and across hosts over a ring of the hosts' first
- * members (MN_COLL_HOSTS). Otherwise it keeps the links (MN_COLL_FLAT). -1
- * only when a link fails.
+ * members (MN_COLL_HOSTS). Otherwise it keeps the links (MN_COLL_FLAT).
+ * Fails (a negative code with err) only when a link fails or memory runs out.
  */
 int mn__coll_setup_layout(mn_coll_t *c, group_t *g, char *err, size_t errlen) {
-  int n = g->n, rc = -1;
+  int n = g->n, rc = MN_ENOMEM;
   size_t pl = plan_len(n);
   star_t st = {c, g, calloc((size_t)n, sizeof(xfer_t)), calloc((size_t)n, sizeof(*st.names))};
   unsigned char *in = calloc((size_t)n, VOTE_LEN > OFFER_LEN ? VOTE_LEN : OFFER_LEN), *out = calloc((size_t)n, pl);
@@ -191,7 +195,7 @@ int mn__coll_setup_layout(mn_coll_t *c, group_t *g, char *err, size_t errlen) {
     if (g->me == 0 || i == 0) mn__coll_member_name(g, i, st.names[i], sizeof(st.names[0]));
   vote[0] = (unsigned char)(c->shm && c->cma && n <= MN_SHM_MAX_MEMBERS && !g->key_no_copy);
   memcpy(vote + 1, c->host_key, MN_COLL_HOST_KEY);
-  if (star_round(&st, vote, VOTE_LEN, in, out, pl, plan_answer, &n, err, errlen) != 0) goto done;
+  if ((rc = star_round(&st, vote, VOTE_LEN, in, out, pl, plan_answer, &n, err, errlen)) != 0) goto done;
   memcpy(plan, out, pl); /* member 0: its own plan is first */
   int use = plan[0] == 1 && take_plan(g, plan, &local, &count) == 0;
   /* The first member of a host with company makes its region. */
@@ -207,7 +211,7 @@ int mn__coll_setup_layout(mn_coll_t *c, group_t *g, char *err, size_t errlen) {
     mn__coll_put_be64(offer + 25, nonce);
   }
   offers_arg_t oa = {n, g->me == 0 ? out : NULL};
-  if (star_round(&st, offer, OFFER_LEN, in, oout, OFFER_LEN, offer_answer, &oa, err, errlen) != 0) goto done;
+  if ((rc = star_round(&st, offer, OFFER_LEN, in, oout, OFFER_LEN, offer_answer, &oa, err, errlen)) != 0) goto done;
   memcpy(got, oout, OFFER_LEN);
   if (!use || count < 2) ok = 1;
   else if (local == 0) ok = g->shm != NULL;
@@ -215,7 +219,7 @@ int mn__coll_setup_layout(mn_coll_t *c, group_t *g, char *err, size_t errlen) {
     ok = got[0] == 1 && mn_shm_attach(&g->shm, (int)count, (int)local, (long)mn__coll_get_be64(got + 1),
                                       (int)mn__coll_get_be64(got + 9), (size_t)mn__coll_get_be64(got + 17), g->id,
                                       mn__coll_get_be64(got + 25), why, sizeof(why)) == 0;
-  if (star_round(&st, &ok, 1, in, out, 1, final_answer, &n, err, errlen) != 0) goto done;
+  if ((rc = star_round(&st, &ok, 1, in, out, 1, final_answer, &n, err, errlen)) != 0) goto done;
   final = out[0];
   if (g->shm != NULL) mn_shm_drop_fd(g->shm); /* mapped by every member of its host, or used by none */
   if (!use || !final) {

@@ -89,30 +89,37 @@ static const char *io_error(int code) {
 
 /* ---- the data port: acceptor thread and parked links ---------------------------------- */
 
-/* Server side of the token handshake; 0 once the peer proved it holds the token. */
+/*
+ * Server side of the token handshake: 0 once the peer proved it holds the
+ * token, else the I/O, decoding or authentication code.
+ */
 static int serve_handshake(mn_coll_t *c, int fd, int64_t deadline) {
   uint8_t ns[MN_NONCE_LEN], nc[MN_NONCE_LEN];
   char body[MN_COLL_MAX_HS_FRAME], err[256];
   msgpack_zone zone;
   msgpack_object msg;
   mn_buf_t out;
-  int rc = -1;
+  int rc;
   mn_buf_init(&out);
-  if (!msgpack_zone_init(&zone, 1024)) return -1;
+  if (!msgpack_zone_init(&zone, 1024)) return MN_ENOMEM;
   mn_hs_hello(&out, "data", ns);
-  if (mn__coll_write_exact(fd, out.data, out.len, deadline) != 0) goto done;
+  if ((rc = mn__coll_write_exact(fd, out.data, out.len, deadline)) != 0) goto done;
   out.len = 0;
   int64_t n = read_frame_exact(fd, body, sizeof(body), deadline);
-  if (n < 0) goto done;
-  int code = mn_decode(body, (size_t)n, &zone, &msg, err, sizeof(err));
-  if (code == 0) code = mn_hs_check_auth(&c->auth, &msg, ns, nc, err, sizeof(err));
-  if (code != 0) {
-    mn_pack_error(&out, code, err);
+  if (n < 0) {
+    rc = (int)n;
+    goto done;
+  }
+  rc = mn_decode(body, (size_t)n, &zone, &msg, err, sizeof(err));
+  if (rc == 0) rc = mn_hs_check_auth(&c->auth, &msg, ns, nc, err, sizeof(err));
+  if (rc != 0) {
+    /* The refusal is best effort: the peer is dropped either way, with the decoding or auth code. */
+    mn_pack_error(&out, rc, err);
     if (mn__coll_write_exact(fd, out.data, out.len, deadline) != 0) goto done;
     goto done;
   }
   mn_hs_welcome(&out, &c->auth, ns, nc, "data");
-  rc = mn__coll_write_exact(fd, out.data, out.len, deadline) == 0 ? 0 : -1;
+  rc = mn__coll_write_exact(fd, out.data, out.len, deadline);
 done:
   mn_buf_free(&out);
   msgpack_zone_destroy(&zone);
@@ -121,7 +128,8 @@ done:
 
 /*
  * Reads [kind, key, from, nbytes, rank, dtype] or, for a copy, that and
- * [pid, data address, cookie address, cookie]; 0 or -1 for anything else.
+ * [pid, data address, cookie address, cookie]. 0; the read's code;
+ * MN_ENOMEM; or MN_EPROTO for anything else.
  */
 static int read_ident(int fd, parked_t *e, int64_t deadline) {
   char body[MN_COLL_MAX_IDENT], err[128];
@@ -129,14 +137,15 @@ static int read_ident(int fd, parked_t *e, int64_t deadline) {
   msgpack_object msg;
   uint64_t v[10] = {0};
   int64_t n = read_frame_exact(fd, body, sizeof(body), deadline);
-  if (n < 0 || !msgpack_zone_init(&zone, 512)) return -1;
+  if (n < 0) return (int)n;
+  if (!msgpack_zone_init(&zone, 512)) return MN_ENOMEM;
   int rc = mn_decode(body, (size_t)n, &zone, &msg, err, sizeof(err));
   uint32_t items = rc == 0 ? msg.via.array.size : 0;
-  if (items != 6 && items != 10) rc = -1;
+  if (items != 6 && items != 10) rc = MN_EPROTO;
   for (uint32_t i = 0; rc == 0 && i < items; i++) rc = mn_get_u64(&msg, i, &v[i]);
   msgpack_zone_destroy(&zone);
   if (rc != 0 || v[0] < MN_COLL_LINK_RING || v[0] > MN_COLL_LINK_LEADER || v[2] > UINT32_MAX || v[5] >= MK_DTYPE_COUNT)
-    return -1;
+    return MN_EPROTO;
   e->kind = (int)v[0];
   e->key = v[1];
   e->from = (uint32_t)v[2];
@@ -203,7 +212,7 @@ static void *acceptor_main(void *arg) {
 /*
  * Takes the parked link (kind, key, from); from < 0 takes any with that key.
  * Waits up to the instance timeout. Returns 0 and fills *out, MN_ETIMEDOUT,
- * or MN_ECLOSED when cancelled.
+ * or MN_ECANCELED.
  */
 int mn__coll_claim(mn_coll_t *c, int kind, uint64_t key, int64_t from, parked_t *out) {
   int64_t deadline = mn__coll_now_ms() + c->timeout_ms;
@@ -222,7 +231,7 @@ int mn__coll_claim(mn_coll_t *c, int kind, uint64_t key, int64_t from, parked_t 
     int64_t now = mn__coll_now_ms();
     if (now >= deadline) break;
     if (mn__coll_cancelled(c)) {
-      rc = MN_ECLOSED;
+      rc = MN_ECANCELED;
       break;
     }
     int64_t wait = deadline - now < MN_COLL_POLL_SLICE_MS ? deadline - now : MN_COLL_POLL_SLICE_MS;
@@ -375,42 +384,42 @@ static int connect_deadline(const char *host, int port, int64_t deadline) {
   return fd;
 }
 
-/* Client side of the handshake; 0, or -1 with err. */
+/* Client side of the handshake; 0, or the I/O, decoding or authentication code with err. */
 static int client_handshake(mn_coll_t *c, int fd, int64_t deadline, char *err, size_t errlen) {
   uint8_t ns[MN_NONCE_LEN], nc[MN_NONCE_LEN];
   char body[MN_COLL_MAX_HS_FRAME];
   msgpack_zone zone;
   msgpack_object msg;
   mn_buf_t out;
-  int rc = -1;
+  int rc;
   if (!msgpack_zone_init(&zone, 1024)) {
     snprintf(err, errlen, "out of memory");
-    return -1;
+    return MN_ENOMEM;
   }
   mn_buf_init(&out);
   int64_t n = read_frame_exact(fd, body, sizeof(body), deadline);
   if (n < 0) {
-    snprintf(err, errlen, "no HELLO: %s", io_error((int)n));
+    rc = (int)n;
+    snprintf(err, errlen, "no HELLO: %s", io_error(rc));
     goto done;
   }
-  if (mn_decode(body, (size_t)n, &zone, &msg, err, errlen) != 0 ||
-      mn_hs_answer(&out, &c->auth, &msg, ns, nc, err, errlen) != 0)
+  if ((rc = mn_decode(body, (size_t)n, &zone, &msg, err, errlen)) != 0 ||
+      (rc = mn_hs_answer(&out, &c->auth, &msg, ns, nc, err, errlen)) != 0)
     goto done;
-  int w = mn__coll_write_exact(fd, out.data, out.len, deadline);
-  if (w != 0) {
-    snprintf(err, errlen, "sending AUTH: %s", io_error(w));
+  rc = mn__coll_write_exact(fd, out.data, out.len, deadline);
+  if (rc != 0) {
+    snprintf(err, errlen, "sending AUTH: %s", io_error(rc));
     goto done;
   }
   msgpack_zone_clear(&zone);
   n = read_frame_exact(fd, body, sizeof(body), deadline);
   if (n < 0) {
-    snprintf(err, errlen, "no WELCOME: %s", io_error((int)n));
+    rc = (int)n;
+    snprintf(err, errlen, "no WELCOME: %s", io_error(rc));
     goto done;
   }
-  if (mn_decode(body, (size_t)n, &zone, &msg, err, errlen) != 0 ||
-      mn_hs_check_welcome(&c->auth, &msg, ns, nc, err, errlen) != 0)
-    goto done;
-  rc = 0;
+  rc = mn_decode(body, (size_t)n, &zone, &msg, err, errlen);
+  if (rc == 0) rc = mn_hs_check_welcome(&c->auth, &msg, ns, nc, err, errlen);
 done:
   mn_buf_free(&out);
   msgpack_zone_destroy(&zone);
@@ -419,7 +428,9 @@ done:
 
 /*
  * Opens an authenticated link to the data port at addr and identifies it.
- * Returns the (nonblocking) fd, or -1 with err saying what failed.
+ * Returns the (nonblocking) fd, or a negative code with err saying what
+ * failed: MN_EINVAL for a bad address, -errno from connecting, the
+ * handshake's code (MN_EAUTH, ...) or the I/O code of identifying the link.
  */
 int mn__coll_link_open(mn_coll_t *c, const char *addr, int kind, uint64_t key, uint32_t from, uint64_t nbytes,
                      int dtype, const void *data, char *err, size_t errlen) {
@@ -428,17 +439,18 @@ int mn__coll_link_open(mn_coll_t *c, const char *addr, int kind, uint64_t key, u
   int64_t deadline = mn__coll_now_ms() + c->timeout_ms;
   if (strlen(addr) > MN_COLL_MAX_ADDR || mn_parse_addr(addr, host, sizeof(host), &port) != 0) {
     snprintf(err, errlen, "'%s' is not a data address HOST:PORT", addr);
-    return -1;
+    return MN_EINVAL;
   }
   int fd = connect_deadline(host, port, deadline);
   if (fd < 0) {
     snprintf(err, errlen, "cannot connect to %s: %s", addr, io_error(fd));
-    return -1;
+    return fd;
   }
-  if (client_handshake(c, fd, deadline, why, sizeof(why)) != 0) {
+  int rc = client_handshake(c, fd, deadline, why, sizeof(why));
+  if (rc != 0) {
     snprintf(err, errlen, "handshake with %s failed: %s", addr, why);
     close(fd);
-    return -1;
+    return rc;
   }
   mn_buf_t b;
   msgpack_packer pk;
@@ -457,12 +469,12 @@ int mn__coll_link_open(mn_coll_t *c, const char *addr, int kind, uint64_t key, u
     msgpack_pack_uint64(&pk, c->cma ? c->cookie : 0);
   }
   mn_frame_end(&b, start);
-  int rc = mn__coll_write_exact(fd, b.data, b.len, deadline);
+  rc = mn__coll_write_exact(fd, b.data, b.len, deadline);
   mn_buf_free(&b);
   if (rc != 0) {
     snprintf(err, errlen, "identifying the link to %s: %s", addr, io_error(rc));
     close(fd);
-    return -1;
+    return rc;
   }
   return fd;
 }
@@ -470,22 +482,25 @@ int mn__coll_link_open(mn_coll_t *c, const char *addr, int kind, uint64_t key, u
 /* ---- transfers: independent sends and receives driven by one poll loop ---------------- */
 
 int mn__coll_fail_io(char *err, size_t errlen, const char *what, const char *who, int sending, int code) {
-  if (code == MN_ECLOSED)
+  if (code == MN_ECLOSED) {
     snprintf(err, errlen, "%s closed its link during %s (it failed or died)", who, what);
-  else
-    snprintf(err, errlen, "lost the link %s %s during %s: %s", sending ? "to" : "from", who, what, io_error(code));
-  return -1;
+    return MN_EPEER;
+  }
+  snprintf(err, errlen, "lost the link %s %s during %s: %s", sending ? "to" : "from", who, what, io_error(code));
+  return code;
 }
 
 int mn__coll_fail_stall(mn_coll_t *c, char *err, size_t errlen, const char *what, const char *who, int sending) {
-  if (mn__coll_cancelled(c))
+  if (mn__coll_cancelled(c)) {
     snprintf(err, errlen, "%s cancelled", what);
-  else if (sending)
+    return MN_ECANCELED;
+  }
+  if (sending)
     snprintf(err, errlen, "%s: %s took no data for %g s (MONARCH_COLL_TIMEOUT)", what, who, c->timeout_ms / 1000.0);
   else
     snprintf(err, errlen, "%s: no data from %s for %g s (MONARCH_COLL_TIMEOUT; is it running the same collective?)",
              what, who, c->timeout_ms / 1000.0);
-  return -1;
+  return MN_ETIMEDOUT;
 }
 
 /* One nonblocking attempt; returns bytes moved (0: would block) or a negative code. */
@@ -505,13 +520,14 @@ int mn__coll_poll(mn_coll_t *c, struct pollfd *pf, nfds_t n, int timeout_ms) {
   int ready = 0;
   int64_t until = c->spin_us > 0 ? mn__coll_now_us() + c->spin_us : 0;
   for (; ready == 0 && mn__coll_now_us() < until; sched_yield()) ready = poll(pf, n, 0);
-  return ready != 0 ? ready : poll(pf, n, timeout_ms);
+  if (ready == 0) ready = poll(pf, n, timeout_ms);
+  return ready < 0 ? -errno : ready;
 }
 
-/* Runs every transfer to completion; 0, or -1 with err. */
+/* Runs every transfer to completion; 0, or a negative code with err (coll_int.h). */
 int mn__coll_xfer_run(mn_coll_t *c, xfer_t *xs, int nx, const char *what, char *err, size_t errlen) {
   struct pollfd stack[8], *pf = nx <= 8 ? stack : malloc(sizeof(*pf) * (size_t)nx);
-  int *map = NULL, rc = -1;
+  int *map = NULL, rc = MN_ENOMEM;
   int64_t last = mn__coll_now_ms();
   if (pf == NULL || (map = malloc(sizeof(int) * (size_t)nx)) == NULL) {
     snprintf(err, errlen, "out of memory during %s", what);
@@ -524,7 +540,7 @@ int mn__coll_xfer_run(mn_coll_t *c, xfer_t *xs, int nx, const char *what, char *
       while (x->done < x->len) {
         ssize_t r = mn__coll_try_io(x->fd, x->send, x->buf + x->done, x->len - x->done);
         if (r < 0) {
-          mn__coll_fail_io(err, errlen, what, x->who, x->send, (int)r);
+          rc = mn__coll_fail_io(err, errlen, what, x->who, x->send, (int)r);
           goto done;
         }
         if (r == 0) break;
@@ -545,13 +561,14 @@ int mn__coll_xfer_run(mn_coll_t *c, xfer_t *xs, int nx, const char *what, char *
       map[np++] = i;
     }
     if (now - last >= c->timeout_ms || mn__coll_cancelled(c)) {
-      mn__coll_fail_stall(c, err, errlen, what, xs[map[0]].who, xs[map[0]].send);
+      rc = mn__coll_fail_stall(c, err, errlen, what, xs[map[0]].who, xs[map[0]].send);
       goto done;
     }
     int64_t wait = c->timeout_ms - (now - last);
-    if (mn__coll_poll(c, pf, (nfds_t)np, (int)(wait < MN_COLL_POLL_SLICE_MS ? wait : MN_COLL_POLL_SLICE_MS)) < 0 &&
-        errno != EINTR) {
-      snprintf(err, errlen, "poll failed during %s: %s", what, strerror(errno));
+    int pr = mn__coll_poll(c, pf, (nfds_t)np, (int)(wait < MN_COLL_POLL_SLICE_MS ? wait : MN_COLL_POLL_SLICE_MS));
+    if (pr < 0 && pr != -EINTR) {
+      snprintf(err, errlen, "poll failed during %s: %s", what, strerror(-pr));
+      rc = pr;
       goto done;
     }
   }

@@ -10,7 +10,7 @@ static const char *const op_names[] = {"sum", "max", "min", "avg"};
 int mn_coll_op_parse(const char *s, size_t n) {
   for (int i = 0; i < 4; i++)
     if (strlen(op_names[i]) == n && memcmp(s, op_names[i], n) == 0) return i;
-  return -1;
+  return MN_EINVAL;
 }
 
 const char *mn_coll_op_name(int op) { return op >= 0 && op < 4 ? op_names[op] : "?"; }
@@ -109,7 +109,7 @@ void mn_coll_hdr_pack(const mn_coll_hdr_t *h, unsigned char out[MN_COLL_HDR_LEN]
 }
 
 int mn_coll_hdr_unpack(const unsigned char in[MN_COLL_HDR_LEN], mn_coll_hdr_t *h) {
-  if (mn_be32((const char *)in) != MN_COLL_MAGIC) return -1;
+  if (mn_be32((const char *)in) != MN_COLL_MAGIC) return MN_EPROTO;
   h->kind = in[4];
   h->op = in[5];
   h->dtype = in[6];
@@ -148,5 +148,5 @@ int mn_coll_hdr_check(const mn_coll_hdr_t *mine, const mn_coll_hdr_t *theirs, ch
   else
     snprintf(err, errlen, "rank %u called %s but rank %u called %s (collective #%llu of the group)", theirs->rank,
              a, mine->rank, b, (unsigned long long)mine->seq);
-  return -1;
+  return MN_EPEER;
 }

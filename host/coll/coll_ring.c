@@ -107,17 +107,17 @@ static void advance_announced(ring_state_t *s) {
  * Reads the control messages waiting on fd: acks (on send_fd) or
  * announcements (on recv_fd), one message at a time and never past the last
  * one this collective can bring: the bytes after it belong to the next
- * collective. Returns 1 if any came, 0 if none, or -1 with err.
+ * collective. Sets *moved when any came. Returns 0, or a negative code with
+ * err: the link's, or MN_EPROTO for a message out of step.
  */
-static int ctl_read(ring_state_t *s, int fd, ctl_t *c, int acks, char *err, size_t errlen) {
+static int ctl_read(ring_state_t *s, int fd, ctl_t *c, int acks, int *moved, char *err, size_t errlen) {
   const ring_t *r = s->r;
   const char *who = acks ? r->next_who : r->prev_who;
-  int any = 0;
   while (acks ? s->jc < r->nsend : s->ann_step < r->nrecv) {
     ssize_t got = mn__coll_try_io(fd, 0, (char *)c->in + c->ilen, MN_COLL_CTL_LEN - c->ilen);
     if (got < 0) return mn__coll_fail_io(err, errlen, r->what, who, 0, (int)got);
     if (got == 0) break;
-    any = 1;
+    *moved = 1;
     c->ilen += (size_t)got;
     if (c->ilen < MN_COLL_CTL_LEN) continue;
     c->ilen = 0;
@@ -143,21 +143,25 @@ static int ctl_read(ring_state_t *s, int fd, ctl_t *c, int acks, char *err, size
       }
     }
     snprintf(err, errlen, "%s: %s sent a control message out of step (kind %u, step %u)", r->what, who, kind, step);
-    return -1;
+    return MN_EPROTO;
   }
-  return any;
+  return 0;
 }
 
-/* Copies n bytes of the previous member's memory at addr into dst (same host). */
+/*
+ * Copies n bytes of the previous member's memory at addr into dst (same
+ * host). 0, or with err: -errno from process_vm_readv, MN_EPEER when it read nothing.
+ */
 static int cma_read(const ring_t *r, char *dst, uint64_t addr, size_t n, char *err, size_t errlen) {
   while (n > 0) {
     struct iovec local = {dst, n}, remote = {(void *)(uintptr_t)addr, n};
     ssize_t got = process_vm_readv(r->prev_pid, &local, 1, &remote, 1, 0);
     if (got <= 0) {
-      if (got < 0 && errno == EINTR) continue;
+      int e = got < 0 ? errno : 0;
+      if (e == EINTR) continue;
       snprintf(err, errlen, "%s: copying from %s failed: %s (it failed or died)", r->what, r->prev_who,
-               got < 0 ? strerror(errno) : "nothing read");
-      return -1;
+               e != 0 ? strerror(e) : "nothing read");
+      return e != 0 ? -e : MN_EPEER;
     }
     dst += got;
     addr += (uint64_t)got;
@@ -174,7 +178,7 @@ static void reduce_in(ring_state_t *s, size_t n) {
   if (s->pr.divide) mn_coll_divide(s->pr.buf + s->rdone, count, r->dtype, r->n);
 }
 
-/* Sends (tcp) or announces (same host) what is ready. Sets *moved; *want_out when the socket is full. */
+/* Sends (tcp) or announces (same host) what is ready. Sets *moved; *want_out when the socket is full. 0 or a code. */
 static int ring_send(mn_coll_t *c, ring_state_t *s, int *moved, int *want_out, char *err, size_t errlen) {
   ring_t *r = s->r;
   while (s->js < r->nsend) {
@@ -206,7 +210,10 @@ static int ring_send(mn_coll_t *c, ring_state_t *s, int *moved, int *want_out, c
   return 0;
 }
 
-/* Receives (tcp) or copies (same host) what there is room for. Sets *moved; *want_in when waiting for data. */
+/*
+ * Receives (tcp) or copies (same host) what there is room for. Sets *moved;
+ * *want_in when waiting for data. 0 or a negative code with err.
+ */
 static int ring_recv(mn_coll_t *c, ring_state_t *s, int *moved, int *want_in, char *err, size_t errlen) {
   ring_t *r = s->r;
   while (s->jr < r->nrecv) {
@@ -233,10 +240,11 @@ static int ring_recv(mn_coll_t *c, ring_state_t *s, int *moved, int *want_in, ch
         break;
       }
       uint64_t from = s->ann_addr[s->jr] + s->rdone;
-      if (cma_read(r, s->pr.a != NULL ? s->tmp : s->pr.buf + s->rdone, from, n, err, errlen) != 0) return -1;
+      int rc = cma_read(r, s->pr.a != NULL ? s->tmp : s->pr.buf + s->rdone, from, n, err, errlen);
+      if (rc != 0) return rc;
       if (s->pr.a != NULL) reduce_in(s, n);
       s->rdone += n;
-      int rc = ctl_queue(c, r->recv_fd, &s->cr, MN_COLL_CTL_ACK, s->jr, s->rdone, 0);
+      rc = ctl_queue(c, r->recv_fd, &s->cr, MN_COLL_CTL_ACK, s->jr, s->rdone, 0);
       if (rc != 0) return mn__coll_fail_io(err, errlen, r->what, r->prev_who, 1, rc);
     } else if (s->pr.a == NULL) {
       ssize_t got = mn__coll_try_io(r->recv_fd, 0, s->pr.buf + s->rdone, room - s->rdone);
@@ -278,17 +286,17 @@ static int ring_recv(mn_coll_t *c, ring_state_t *s, int *moved, int *want_in, ch
  * host the sender only announces ready bytes and the receiver copies them
  * out of the sender's memory itself (one copy instead of two), acknowledging
  * what it copied so the sender knows when it may overwrite them.
- * Returns 0, or -1 with err.
+ * Returns 0, or a negative code with err (coll_int.h).
  */
 int mn__coll_ring_run(mn_coll_t *c, ring_t *r, char *err, size_t errlen) {
   ring_state_t s;
-  int rc = -1;
+  int rc = MN_ENOMEM;
   int64_t last = mn__coll_now_ms();
   memset(&s, 0, sizeof(s));
   s.r = r;
   if (r->nrecv > 0 && c->tmp == NULL && (c->tmp = malloc(MN_COLL_CHUNK)) == NULL) {
     snprintf(err, errlen, "out of memory during %s", r->what);
-    return -1;
+    return MN_ENOMEM;
   }
   s.tmp = c->tmp;
   if (r->recv_cma && r->nrecv > 0) {
@@ -304,21 +312,18 @@ int mn__coll_ring_run(mn_coll_t *c, ring_t *r, char *err, size_t errlen) {
   normalize_consumed(&s);
   if (r->recv_cma) advance_announced(&s);
   for (;;) {
-    int moved = 0, want_out = 0, want_in = 0, got;
-    if (r->send_cma && s.jc < r->nsend) {
-      if ((got = ctl_read(&s, r->send_fd, &s.cs, 1, err, errlen)) < 0) goto done;
-      moved |= got;
-    }
-    if (r->recv_cma && s.jr < r->nrecv) {
-      if ((got = ctl_read(&s, r->recv_fd, &s.cr, 0, err, errlen)) < 0) goto done;
-      moved |= got;
-    }
-    if (ring_send(c, &s, &moved, &want_out, err, errlen) != 0 || ring_recv(c, &s, &moved, &want_in, err, errlen) != 0)
+    int moved = 0, want_out = 0, want_in = 0;
+    if (r->send_cma && s.jc < r->nsend && (rc = ctl_read(&s, r->send_fd, &s.cs, 1, &moved, err, errlen)) != 0)
+      goto done;
+    if (r->recv_cma && s.jr < r->nrecv && (rc = ctl_read(&s, r->recv_fd, &s.cr, 0, &moved, err, errlen)) != 0)
+      goto done;
+    if ((rc = ring_send(c, &s, &moved, &want_out, err, errlen)) != 0 ||
+        (rc = ring_recv(c, &s, &moved, &want_in, err, errlen)) != 0)
       goto done;
     size_t before = s.cs.olen + s.cr.olen;
     int f1 = ctl_flush(r->send_fd, &s.cs), f2 = ctl_flush(r->recv_fd, &s.cr);
     if (f1 != 0 || f2 != 0) {
-      mn__coll_fail_io(err, errlen, r->what, f1 != 0 ? r->next_who : r->prev_who, 1, f1 != 0 ? f1 : f2);
+      rc = mn__coll_fail_io(err, errlen, r->what, f1 != 0 ? r->next_who : r->prev_who, 1, f1 != 0 ? f1 : f2);
       goto done;
     }
     if (s.cs.olen + s.cr.olen < before) moved = 1;
@@ -331,7 +336,7 @@ int mn__coll_ring_run(mn_coll_t *c, ring_t *r, char *err, size_t errlen) {
     }
     int waiting_prev = s.jr < r->nrecv;
     if (now - last >= c->timeout_ms || mn__coll_cancelled(c)) {
-      mn__coll_fail_stall(c, err, errlen, r->what, waiting_prev ? r->prev_who : r->next_who, !waiting_prev);
+      rc = mn__coll_fail_stall(c, err, errlen, r->what, waiting_prev ? r->prev_who : r->next_who, !waiting_prev);
       goto done;
     }
     struct pollfd pf[2] = {{.fd = r->send_fd}, {.fd = r->recv_fd}};
@@ -341,12 +346,14 @@ int mn__coll_ring_run(mn_coll_t *c, ring_t *r, char *err, size_t errlen) {
     if (s.cr.olen > 0) pf[1].events |= POLLOUT;
     if (pf[0].events == 0 && pf[1].events == 0) {
       snprintf(err, errlen, "%s: internal error: the ring stalled with nothing to wait for", r->what);
+      rc = MN_EINVAL; /* a ring whose steps cannot all run: a bad plan */
       goto done;
     }
     int64_t wait = c->timeout_ms - (now - last);
-    if (mn__coll_poll(c, pf, 2, (int)(wait < MN_COLL_POLL_SLICE_MS ? wait : MN_COLL_POLL_SLICE_MS)) < 0 &&
-        errno != EINTR) {
-      snprintf(err, errlen, "poll failed during %s: %s", r->what, strerror(errno));
+    int pr = mn__coll_poll(c, pf, 2, (int)(wait < MN_COLL_POLL_SLICE_MS ? wait : MN_COLL_POLL_SLICE_MS));
+    if (pr < 0 && pr != -EINTR) {
+      snprintf(err, errlen, "poll failed during %s: %s", r->what, strerror(-pr));
+      rc = pr;
       goto done;
     }
   }

@@ -106,25 +106,27 @@ int mn_shm_create(mn_shm_t **out, int n, size_t piece, uint64_t gid, uint64_t no
   *out = NULL;
   if (n < 2 || n > MN_SHM_MAX_MEMBERS || piece < MN_SHM_PIECE_MIN || piece % 64) {
     snprintf(err, errlen, "shared memory: bad geometry (%d members, piece %zu)", n, piece);
-    return -1;
+    return MN_EINVAL;
   }
   mn_shm_t *s = shm_new(n, 0, piece);
   if (s == NULL) {
     snprintf(err, errlen, "shared memory: out of memory");
-    return -1;
+    return MN_ENOMEM;
   }
   s->fd = memfd_create("monarch-coll", MFD_CLOEXEC);
   if (s->fd < 0 || ftruncate(s->fd, (off_t)s->size) != 0) {
-    snprintf(err, errlen, "shared memory: cannot create a %zu-byte region: %s", s->size, strerror(errno));
+    int e = errno;
+    snprintf(err, errlen, "shared memory: cannot create a %zu-byte region: %s", s->size, strerror(e));
     mn_shm_close(s);
-    return -1;
+    return -e;
   }
   s->base = mmap(NULL, s->size, PROT_READ | PROT_WRITE, MAP_SHARED, s->fd, 0);
   if (s->base == MAP_FAILED) {
+    int e = errno;
     s->base = NULL;
-    snprintf(err, errlen, "shared memory: cannot map %zu bytes: %s", s->size, strerror(errno));
+    snprintf(err, errlen, "shared memory: cannot map %zu bytes: %s", s->size, strerror(e));
     mn_shm_close(s);
-    return -1;
+    return -e;
   }
   shm_head_t *h = head(s);
   h->n = (uint32_t)n;
@@ -145,44 +147,47 @@ int mn_shm_attach(mn_shm_t **out, int n, int me, long pid, int fd, size_t piece,
       piece > MN_SHM_DATA_MAX || pid <= 0 || fd < 0) {
     snprintf(err, errlen, "shared memory: bad geometry from member 0 (%d members, piece %zu, pid %ld, fd %d)", n,
              piece, pid, fd);
-    return -1;
+    return MN_EINVAL;
   }
   mn_shm_t *s = shm_new(n, me, piece);
   if (s == NULL) {
     snprintf(err, errlen, "shared memory: out of memory");
-    return -1;
+    return MN_ENOMEM;
   }
   char path[64];
   snprintf(path, sizeof(path), "/proc/%ld/fd/%d", pid, fd);
   /* Only a regular file (a memfd is one): never open a device or FIFO a confused peer names. */
   struct stat st;
   const char *why = NULL;
-  int f = -1;
-  if (stat(path, &st) != 0) why = strerror(errno);
+  int f = -1, rc = 0;
+  if (stat(path, &st) != 0) rc = -errno;
   else if (!S_ISREG(st.st_mode)) why = "not a regular file";
-  else if ((f = open(path, O_RDWR | O_CLOEXEC | O_NONBLOCK)) < 0) why = strerror(errno);
+  else if ((f = open(path, O_RDWR | O_CLOEXEC | O_NONBLOCK)) < 0) rc = -errno;
   else if (fstat(f, &st) != 0 || !S_ISREG(st.st_mode)) why = "not a regular file"; /* what was opened, not named */
   else if ((size_t)st.st_size < s->size) why = "too small";
+  if (rc != 0) why = strerror(-rc);
+  else if (why != NULL) rc = MN_EINVAL; /* pid and fd name something that is not a region */
   if (why != NULL) {
     snprintf(err, errlen, "shared memory: cannot open %s: %s", path, why);
     if (f >= 0) close(f);
     mn_shm_close(s);
-    return -1;
+    return rc;
   }
   s->base = mmap(NULL, s->size, PROT_READ | PROT_WRITE, MAP_SHARED, f, 0);
+  rc = s->base == MAP_FAILED ? -errno : 0;
   close(f);
-  if (s->base == MAP_FAILED) {
+  if (rc != 0) {
     s->base = NULL;
-    snprintf(err, errlen, "shared memory: cannot map %s: %s", path, strerror(errno));
+    snprintf(err, errlen, "shared memory: cannot map %s: %s", path, strerror(-rc));
     mn_shm_close(s);
-    return -1;
+    return rc;
   }
   shm_head_t *h = head(s);
   if (h->magic != SHM_MAGIC || h->n != (uint32_t)n || h->piece != piece || h->size != s->size || h->gid != gid ||
       h->nonce != nonce) {
     snprintf(err, errlen, "shared memory: %s is not this group's region", path);
     mn_shm_close(s);
-    return -1;
+    return MN_EINVAL;
   }
   atomic_store(&slot(s, me)->pid, (int64_t)getpid());
   *out = s;
@@ -241,14 +246,14 @@ static inline void cpu_relax(void) {
 #endif
 }
 
-/* A member gave up on this collective or an earlier one (not on one this member still finishes). */
+/* MN_EPEER with err when a member gave up on this collective or an earlier one (not one this member still finishes). */
 static int failed_abort(const mn_shm_t *s, const mn_shm_op_t *op, char *err, size_t errlen) {
   shm_head_t *h = head(s);
   if (!atomic_load(&h->aborted) || s->tick < h->abort_tick) return 0;
   /* Bounded: the reason lives in memory every member can write. */
   snprintf(err, errlen, "%s: rank %u gave up on group %llu: %.*s", op->what, h->abort_rank,
            (unsigned long long)op->gid, MN_COLL_MAX_ABORT_MSG, h->reason[0] ? h->reason : "(no reason given)");
-  return -1;
+  return MN_EPEER;
 }
 
 /* The first member whose counter is below target, or n. */
@@ -258,7 +263,11 @@ static int laggard(const mn_shm_t *s, int from, uint64_t target) {
   return j;
 }
 
-/* Waits until every member's counter reaches target; 0, or -1 with err. */
+/*
+ * Waits until every member's counter reaches target; 0, or with err:
+ * MN_EPEER (a member gave up or died), MN_ECANCELED, MN_ETIMEDOUT, or the
+ * check callback's code.
+ */
 static int wait_all(mn_shm_t *s, const mn_shm_op_t *op, uint64_t target, char *err, size_t errlen) {
   int j = laggard(s, 0, target);
   if (j == s->n) return 0;
@@ -276,9 +285,9 @@ static int wait_all(mn_shm_t *s, const mn_shm_op_t *op, uint64_t target, char *e
     sched_yield();
     if ((j = laggard(s, j, target)) == s->n) return 0;
   }
-  int sleep_ms = SLEEP_MIN_MS;
+  int sleep_ms = SLEEP_MIN_MS, rc;
   for (;;) {
-    if (failed_abort(s, op, err, errlen) != 0) return -1;
+    if ((rc = failed_abort(s, op, err, errlen)) != 0) return rc;
     atomic_fetch_add(&h->sleepers, 1);
     uint32_t g = atomic_load(&h->gen);
     j = laggard(s, j, target);
@@ -288,18 +297,18 @@ static int wait_all(mn_shm_t *s, const mn_shm_op_t *op, uint64_t target, char *e
     }
     atomic_fetch_sub(&h->sleepers, 1);
     if ((j = laggard(s, j, target)) == s->n) return 0;
-    if (failed_abort(s, op, err, errlen) != 0) return -1;
+    if ((rc = failed_abort(s, op, err, errlen)) != 0) return rc;
     if (op->cancel != NULL && atomic_load(op->cancel)) {
       snprintf(err, errlen, "%s cancelled", op->what);
-      return -1;
+      return MN_ECANCELED;
     }
-    if (op->check != NULL && op->check(op->arg, err, errlen) != 0) return -1;
+    if (op->check != NULL && (rc = op->check(op->arg, err, errlen)) != 0) return rc < 0 ? rc : MN_EPEER;
     int64_t pid = atomic_load(&slot(s, j)->pid);
     if (pid > 0 && kill((pid_t)pid, 0) != 0 && errno == ESRCH) {
       char who[400];
       op->name(op->arg, j, who, sizeof(who));
       snprintf(err, errlen, "%s: %s died (its process %lld is gone)", op->what, who, (long long)pid);
-      return -1;
+      return MN_EPEER;
     }
     int64_t now = mn__coll_now_us();
     uint64_t p = atomic_load(&slot(s, j)->progress);
@@ -311,7 +320,7 @@ static int wait_all(mn_shm_t *s, const mn_shm_op_t *op, uint64_t target, char *e
       op->name(op->arg, j, who, sizeof(who));
       snprintf(err, errlen, "%s: no progress from %s for %g s (MONARCH_COLL_TIMEOUT; is it running the same collective?)",
                op->what, who, op->timeout_ms / 1000.0);
-      return -1;
+      return MN_ETIMEDOUT;
     }
     sleep_ms = sleep_ms * 2 > SLEEP_MAX_MS ? SLEEP_MAX_MS : sleep_ms * 2;
   }
@@ -319,7 +328,7 @@ static int wait_all(mn_shm_t *s, const mn_shm_op_t *op, uint64_t target, char *e
 
 /* ---- the collectives ------------------------------------------------------------------------ */
 
-/* Every member's header for this step must describe the same collective. */
+/* Every member's header for this step must describe the same collective: 0, MN_EPROTO or MN_EPEER with err. */
 static int check_headers(const mn_shm_t *s, const mn_shm_op_t *op, char *err, size_t errlen, int *mismatch) {
   int par = (int)(op->hdr->seq & 1);
   for (int j = 0; j < s->n; j++) {
@@ -329,11 +338,12 @@ static int check_headers(const mn_shm_t *s, const mn_shm_op_t *op, char *err, si
       char who[400];
       op->name(op->arg, j, who, sizeof(who));
       snprintf(err, errlen, "%s: %s left no step header in shared memory (the group is out of step)", op->what, who);
-      return -1;
+      return MN_EPROTO;
     }
-    if (mn_coll_hdr_check(op->hdr, &theirs, err, errlen) != 0) {
+    int rc = mn_coll_hdr_check(op->hdr, &theirs, err, errlen);
+    if (rc != 0) {
       if (mismatch != NULL) *mismatch = 1;
-      return -1;
+      return rc;
     }
   }
   return 0;
@@ -406,7 +416,8 @@ int mn_shm_run(mn_shm_t *s, const mn_shm_op_t *op, char *err, size_t errlen, int
   if (per == 0) per = 1;
   size_t pieces = total == 0 ? 1 : (total + per - 1) / per;
   uint64_t base = s->tick;
-  if (failed_abort(s, op, err, errlen) != 0) return -1;
+  int rc = failed_abort(s, op, err, errlen);
+  if (rc != 0) return rc;
   mn_coll_hdr_pack(h, slot(s, s->me)->hdr[h->seq & 1]);
   /* Buffers alternate by the group's piece count, across collectives too: a member that starts the next
    * collective early fills the buffer the others are not reading. */
@@ -414,8 +425,8 @@ int mn_shm_run(mn_shm_t *s, const mn_shm_op_t *op, char *err, size_t errlen, int
   copy_in(s, op, PIECE(0));
   post(s, base + 1);
   for (size_t k = 0; k < pieces; k++) {
-    if (wait_all(s, op, base + 2 * k + 1, err, errlen) != 0) return -1;
-    if (k == 0 && check_headers(s, op, err, errlen, mismatch) != 0) return -1;
+    if ((rc = wait_all(s, op, base + 2 * k + 1, err, errlen)) != 0) return rc;
+    if (k == 0 && (rc = check_headers(s, op, err, errlen, mismatch)) != 0) return rc;
     /* Safe to overwrite: every member finished copying out piece k-2 before posting piece k. */
     reduce(s, op, PIECE(k));
     post(s, base + 2 * k + 2);
@@ -425,7 +436,7 @@ int mn_shm_run(mn_shm_t *s, const mn_shm_op_t *op, char *err, size_t errlen, int
       post(s, base + 2 * k + 3);
     }
     if (copies_out(s, op)) {
-      if (wait_all(s, op, base + 2 * k + 2, err, errlen) != 0) return -1;
+      if ((rc = wait_all(s, op, base + 2 * k + 2, err, errlen)) != 0) return rc;
       copy_out(s, op, PIECE(k));
     }
   }

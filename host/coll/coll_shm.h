@@ -38,13 +38,20 @@ typedef struct mn_shm_s mn_shm_t;
 size_t mn_shm_piece_for(int n, size_t want);
 /*
  * The first member: creates a region for n members of group gid, marked
- * with a random nonce that the others must present. 0, or -1 with err.
+ * with a random nonce that the others must present. 0, or with err:
+ * MN_EINVAL (bad geometry), MN_ENOMEM, or -errno from memfd_create,
+ * ftruncate or mmap.
  */
 int mn_shm_create(mn_shm_t **out, int n, size_t piece, uint64_t gid, uint64_t nonce, char *err, size_t errlen);
-/* Member me > 0: maps the region that process pid holds open as fd, if it is group gid's with that nonce. */
+/*
+ * Member me > 0: maps the region that process pid holds open as fd, if it is
+ * group gid's with that nonce. 0, or with err: MN_EINVAL (bad geometry, or
+ * pid and fd name something that is not this group's region), MN_ENOMEM, or
+ * -errno from stat, open or mmap.
+ */
 int mn_shm_attach(mn_shm_t **out, int n, int me, long pid, int fd, size_t piece, uint64_t gid, uint64_t nonce,
                   char *err, size_t errlen);
-/* The creator's descriptor, to name in /proc/<pid>/fd; -1 once dropped. */
+/* The creator's descriptor, to name in /proc/<pid>/fd; -1 once dropped (or for other members). */
 int mn_shm_fd(const mn_shm_t *s);
 /* Closes the creator's descriptor once every member has mapped the region. */
 void mn_shm_drop_fd(mn_shm_t *s);
@@ -67,7 +74,7 @@ typedef struct {
   size_t esize;             /* bytes per element (1 for broadcast and all_gather) */
   int timeout_ms;           /* without any member making progress */
   atomic_int *cancel;       /* may be NULL */
-  /* Called between sleeps: nonzero (with err) when a peer is gone. */
+  /* Called between sleeps: a negative code (with err) when a peer is gone, else 0. */
   int (*check)(void *arg, char *err, size_t errlen);
   /* Names member j in messages. */
   void (*name)(void *arg, int j, char *buf, size_t n);
@@ -76,8 +83,10 @@ typedef struct {
 
 /*
  * Runs op's collective (the kind, op and dtype are in op->hdr). Returns 0,
- * or -1 with err; *mismatch is set when members called different things.
- * After a failure the region is out of step and the group must go.
+ * or with err: MN_EPEER (a member gave up, died or called something else;
+ * *mismatch is set for the last), MN_EPROTO (no header where one must be),
+ * MN_ETIMEDOUT, MN_ECANCELED, or check's code. After a failure the region is
+ * out of step and the group must go.
  */
 int mn_shm_run(mn_shm_t *s, const mn_shm_op_t *op, char *err, size_t errlen, int *mismatch);
 

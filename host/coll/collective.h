@@ -62,11 +62,11 @@ typedef enum { MN_COLL_LINK_RING = 1, MN_COLL_LINK_STAR = 2, MN_COLL_LINK_P2P = 
 
 /* ---- pure helpers (no sockets; unit-tested) ------------------------------- */
 
-/* "sum" | "max" | "min" | "avg" -> mn_coll_op_t, or -1. */
+/* "sum" | "max" | "min" | "avg" -> mn_coll_op_t (non-negative), or MN_EINVAL. */
 int mn_coll_op_parse(const char *s, size_t n);
 const char *mn_coll_op_name(int op);
 const char *mn_coll_kind_name(int kind);
-/* 1 when all_reduce / reduce_scatter support the dtype (f32, f64, i32, i64). */
+/* 1 when all_reduce / reduce_scatter support the dtype (f32, f64, i32, i64), else 0 (a predicate, never fails). */
 int mn_coll_dtype_ok(mk_dtype_t dt);
 /*
  * out[i] = a[i] op b[i] for count elements. out may be a (in place); b
@@ -90,11 +90,11 @@ typedef struct {
 } mn_coll_hdr_t;
 
 void mn_coll_hdr_pack(const mn_coll_hdr_t *h, unsigned char out[MN_COLL_HDR_LEN]);
-/* Returns 0, or -1 when the magic is wrong (the peer is not in step with us). */
+/* Returns 0, or MN_EPROTO when the magic is wrong (the peer is not in step with us). */
 int mn_coll_hdr_unpack(const unsigned char in[MN_COLL_HDR_LEN], mn_coll_hdr_t *h);
 /*
  * Compares the header a peer sent with ours for the same step. Returns 0
- * when they describe the same collective, else -1 with a message like
+ * when they describe the same collective, else MN_EPEER with a message like
  * "rank 2 called all_reduce(sum, f32) of 4096 bytes but rank 1 called
  * broadcast(root 0, f32) of 16 bytes".
  */
@@ -107,12 +107,14 @@ typedef struct mn_coll_s mn_coll_t;
 /*
  * Opens an instance: listens on bind_host (a free port) and starts the
  * acceptor thread. auth is copied. rank names this proc in messages.
- * Returns 0 and sets *out, or a negative errno-style code with err set.
+ * Returns 0 and sets *out, or a negative code with err set: MN_ENOMEM, or
+ * -errno from listening or starting the thread.
  */
 int mn_coll_open(mn_coll_t **out, const char *bind_host, const mn_auth_t *auth, int rank, char *err,
                  size_t errlen);
 /* Stops the acceptor, closes every link and group, frees the instance. */
 void mn_coll_close(mn_coll_t *c);
+/* The data port (bound at open, so always a port number) and the rank given to mn_coll_open. */
 int mn_coll_port(const mn_coll_t *c);
 int mn_coll_rank(const mn_coll_t *c);
 /* Seconds without progress before a wait fails (default MONARCH_COLL_TIMEOUT or 60). */
@@ -141,11 +143,19 @@ void mn_coll_set_cancel(mn_coll_t *c, atomic_int *cancel);
 
 /*
  * The operations below run on one thread per instance (the executor) and
- * block until done. Each returns 0, or -1 with a message in err; a failure
- * inside a group's collective tears the group down on this member (its links
- * close, so the other members fail fast too) and the group must be set up
- * again under a new id. *mismatch, when not NULL, is set to 1 when the
- * failure was two members calling different collectives.
+ * block until done. Each returns 0, or a negative code (err.h) with a
+ * message in err:
+ *   MN_ENOTFOUND  this proc has no such group
+ *   MN_EINVAL     bad arguments (a collective's: the group is aborted too)
+ *   MN_EPEER      a member died, gave up, refused or called something else
+ *   MN_ETIMEDOUT  a member sent or took nothing for the timeout
+ *   MN_ECANCELED  the cancel flag was set
+ *   MN_EPROTO     a member sent bytes out of step
+ *   MN_ENOMEM, MN_ELIMIT (mn_coll_group), or -errno from a failed system call
+ * A failure inside a group's collective tears the group down on this member
+ * (its links close, so the other members fail fast too) and the group must be
+ * set up again under a new id. *mismatch, when not NULL, is set to 1 when the
+ * failure (MN_EPEER) was two members calling different collectives.
  */
 
 /*
@@ -153,11 +163,14 @@ void mn_coll_set_cancel(mn_coll_t *c, atomic_int *cancel);
  * ring (and, unless me is 0, to member 0 for the star), then waits for the
  * previous member (and, on member 0, every other member). addrs are the
  * members' data addresses "host:port"; ranks (may be NULL) their global
- * ranks, for messages. A group already known under gid is replaced.
+ * ranks, for messages. A group already known under gid is replaced. Fails
+ * with MN_EINVAL (me, n or an address out of range), MN_ELIMIT (this proc
+ * holds MN_COLL_MAX_GROUPS), MN_ETIMEDOUT (a member never connected) or a
+ * link's code (-errno from connecting, MN_EAUTH, ...).
  */
 int mn_coll_group(mn_coll_t *c, uint64_t gid, int me, int n, const char *const *addrs, const int *ranks,
                   char *err, size_t errlen);
-/* How group gid is laid out: MN_COLL_FLAT, MN_COLL_ONE_HOST or MN_COLL_HOSTS; -1 when unknown. */
+/* How group gid is laid out: MN_COLL_FLAT, MN_COLL_ONE_HOST or MN_COLL_HOSTS (>= 0); MN_ENOTFOUND when unknown. */
 typedef enum {
   MN_COLL_FLAT = 0,     /* every collective over the links (ring, star) */
   MN_COLL_ONE_HOST = 1, /* every member on this host: every collective in shared memory */
@@ -171,6 +184,7 @@ int mn_coll_group_free(mn_coll_t *c, uint64_t gid);
  * Gives up on group gid between collectives: the next member is told why
  * (it fails its current or next collective with that reason) and the links
  * close. For a member that cannot take part, e.g. given bad arguments.
+ * Returns 0 whether or not the group existed.
  */
 int mn_coll_group_abort(mn_coll_t *c, uint64_t gid, const char *why);
 
@@ -191,7 +205,9 @@ int mn_coll_barrier(mn_coll_t *c, uint64_t gid, char *err, size_t errlen, int *m
  * and, once the receiver's recv for the same tag has checked the size and
  * dtype, streams t's memory; recv lands the bytes in place in t. (The
  * __coll_send built-in also takes the address "local": a copy within one
- * proc, done by the matching __coll_recv.)
+ * proc, done by the matching __coll_recv.) Both fail as above; MN_EPEER
+ * also when the two ends disagree on size or dtype (recv refuses, send hears
+ * why), MN_ETIMEDOUT when the other end never comes.
  */
 int mn_coll_send(mn_coll_t *c, const mk_tensor_t *t, const char *addr, uint64_t tag, char *err,
                  size_t errlen);
@@ -202,7 +218,7 @@ int mn_coll_recv(mn_coll_t *c, mk_tensor_t *t, uint64_t tag, char *err, size_t e
 /*
  * The process's one instance (a proc has one data port): opened once by
  * the proc at start, then reached through mn_coll_instance() (NULL before).
- * Returns 0, or a negative errno-style code with err set.
+ * Returns 0, or mn_coll_open's code with err set.
  */
 int mn_coll_instance_open(const char *bind_host, const mn_auth_t *auth, int rank, char *err, size_t errlen);
 mn_coll_t *mn_coll_instance(void);
@@ -210,9 +226,10 @@ mn_coll_t *mn_coll_instance(void);
 /*
  * Watching peers from other code on the executor thread (the NCCL waits in
  * gpu.c): gid names a group of the process's instance on which nothing is
- * ever sent. Returns 0 while every member's links are quiet, or -1 with err
- * naming the member that died or gave up (`what` names the caller's
- * operation); 0 when there is no such group.
+ * ever sent. Returns 0 while every member's links are quiet, or a negative
+ * code with err naming the member that died or gave up (`what` names the
+ * caller's operation): MN_EPEER, MN_EPROTO (it sent bytes), or the link's
+ * -errno. 0 when there is no such group.
  */
 int mn_coll_watch(uint64_t gid, const char *what, char *err, size_t errlen);
 /* Frees a watch group (closing its links, so its other members notice too). */

@@ -35,8 +35,8 @@ static void test_op_names(void **state) {
   assert_int_equal(MN_COLL_MAX, mn_coll_op_parse("max", 3));
   assert_int_equal(MN_COLL_MIN, mn_coll_op_parse("min", 3));
   assert_int_equal(MN_COLL_AVG, mn_coll_op_parse("avg", 3));
-  assert_int_equal(-1, mn_coll_op_parse("prod", 4));
-  assert_int_equal(-1, mn_coll_op_parse("su", 2));
+  assert_int_equal(MN_EINVAL, mn_coll_op_parse("prod", 4));
+  assert_int_equal(MN_EINVAL, mn_coll_op_parse("su", 2));
   assert_string_equal("avg", mn_coll_op_name(MN_COLL_AVG));
   assert_string_equal("reduce_scatter", mn_coll_kind_name(MN_COLL_REDUCE_SCATTER));
   assert_true(mn_coll_dtype_ok(MK_I64));
@@ -120,7 +120,7 @@ static void test_header_round_trip_and_magic(void **state) {
   assert_int_equal(h.root, g.root);
   assert_true(h.seq == g.seq && h.nbytes == g.nbytes);
   b[0] ^= 1;
-  assert_int_equal(-1, mn_coll_hdr_unpack(b, &g));
+  assert_int_equal(MN_EPROTO, mn_coll_hdr_unpack(b, &g));
 }
 
 static void test_header_check_names_both_calls(void **state) {
@@ -129,19 +129,19 @@ static void test_header_check_names_both_calls(void **state) {
   mn_coll_hdr_t mine = {MN_COLL_BROADCAST, 0, MK_F32, 1, 0, 5, 16};
   mn_coll_hdr_t theirs = {MN_COLL_ALL_REDUCE, MN_COLL_SUM, MK_F32, 2, 0, 5, 4096};
   assert_int_equal(0, mn_coll_hdr_check(&mine, &mine, err, sizeof(err)));
-  assert_int_equal(-1, mn_coll_hdr_check(&mine, &theirs, err, sizeof(err)));
+  assert_int_equal(MN_EPEER, mn_coll_hdr_check(&mine, &theirs, err, sizeof(err)));
   assert_non_null(strstr(err, "rank 2 called all_reduce(sum, f32) of 4096 bytes but rank 1 called "
                               "broadcast(root 0, f32) of 16 bytes"));
   mn_coll_hdr_t other_root = mine;
   other_root.root = 1;
-  assert_int_equal(-1, mn_coll_hdr_check(&mine, &other_root, err, sizeof(err)));
+  assert_int_equal(MN_EPEER, mn_coll_hdr_check(&mine, &other_root, err, sizeof(err)));
   mn_coll_hdr_t other_op = theirs;
   other_op.op = MN_COLL_MAX;
-  assert_int_equal(-1, mn_coll_hdr_check(&theirs, &other_op, err, sizeof(err)));
+  assert_int_equal(MN_EPEER, mn_coll_hdr_check(&theirs, &other_op, err, sizeof(err)));
   assert_non_null(strstr(err, "all_reduce(max, f32)"));
   mn_coll_hdr_t later = theirs;
   later.seq = 6;
-  assert_int_equal(-1, mn_coll_hdr_check(&theirs, &later, err, sizeof(err)));
+  assert_int_equal(MN_EPEER, mn_coll_hdr_check(&theirs, &later, err, sizeof(err)));
   assert_non_null(strstr(err, "#6"));
 }
 
@@ -153,27 +153,27 @@ static void test_shm_attach_refuses_what_is_not_a_region(void **state) {
   size_t piece = mn_shm_piece_for(2, 0);
   int dn = open("/dev/null", O_RDWR);
   assert_true(dn >= 0);
-  assert_int_equal(-1, mn_shm_attach(&s, 2, 1, (long)getpid(), dn, piece, 7, 9, err, sizeof(err)));
+  assert_int_equal(MN_EINVAL, mn_shm_attach(&s, 2, 1, (long)getpid(), dn, piece, 7, 9, err, sizeof(err)));
   assert_non_null(strstr(err, "not a regular file"));
   close(dn);
   FILE *tf = tmpfile();
   assert_non_null(tf);
   assert_int_equal(0, ftruncate(fileno(tf), 64 << 20));
-  assert_int_equal(-1, mn_shm_attach(&s, 2, 1, (long)getpid(), fileno(tf), piece, 7, 9, err, sizeof(err)));
+  assert_int_equal(MN_EINVAL, mn_shm_attach(&s, 2, 1, (long)getpid(), fileno(tf), piece, 7, 9, err, sizeof(err)));
   assert_non_null(strstr(err, "is not this group's region"));
-  assert_int_equal(-1, mn_shm_attach(&s, 2, 1, (long)getpid(), fileno(tf), 100, 7, 9, err, sizeof(err)));
+  assert_int_equal(MN_EINVAL, mn_shm_attach(&s, 2, 1, (long)getpid(), fileno(tf), 100, 7, 9, err, sizeof(err)));
   assert_non_null(strstr(err, "bad geometry"));
   fclose(tf);
   assert_null(s);
   /* The real thing maps, and its geometry must match. */
   mn_shm_t *r;
   assert_int_equal(0, mn_shm_create(&r, 2, piece, 7, 9, err, sizeof(err)));
-  assert_int_equal(-1, mn_shm_attach(&s, 3, 1, (long)getpid(), mn_shm_fd(r), piece, 7, 9, err, sizeof(err)));
+  assert_int_equal(MN_EINVAL, mn_shm_attach(&s, 3, 1, (long)getpid(), mn_shm_fd(r), piece, 7, 9, err, sizeof(err)));
   assert_non_null(strstr(err, "too small"));
   /* Another group's region, or the right one without its nonce, is not this group's. */
-  assert_int_equal(-1, mn_shm_attach(&s, 2, 1, (long)getpid(), mn_shm_fd(r), piece, 8, 9, err, sizeof(err)));
+  assert_int_equal(MN_EINVAL, mn_shm_attach(&s, 2, 1, (long)getpid(), mn_shm_fd(r), piece, 8, 9, err, sizeof(err)));
   assert_non_null(strstr(err, "is not this group's region"));
-  assert_int_equal(-1, mn_shm_attach(&s, 2, 1, (long)getpid(), mn_shm_fd(r), piece, 7, 10, err, sizeof(err)));
+  assert_int_equal(MN_EINVAL, mn_shm_attach(&s, 2, 1, (long)getpid(), mn_shm_fd(r), piece, 7, 10, err, sizeof(err)));
   assert_non_null(strstr(err, "is not this group's region"));
   assert_int_equal(0, mn_shm_attach(&s, 2, 1, (long)getpid(), mn_shm_fd(r), piece, 7, 9, err, sizeof(err)));
   mn_shm_close(s);
@@ -642,7 +642,7 @@ static void test_mismatched_collectives_are_reported(void **state) {
   for (int mode = CMA; mode <= SHM; mode++) {
     run_group(m, 2, body_mismatch, NULL, mode);
     for (int i = 0; i < 2; i++) {
-      assert_int_equal(-1, m[i].rc);
+      assert_int_equal(MN_EPEER, m[i].rc);
       assert_int_equal(1, m[i].mismatch);
       assert_true(m[i].seconds < 5);
     }
@@ -673,7 +673,7 @@ static void test_mismatch_across_hosts_fails_every_member_fast(void **state) {
   host_keys = NULL;
   for (int i = 0; i < 4; i++) {
     assert_int_equal(MN_COLL_HOSTS, m[i].layout);
-    if (m[i].rc != -1) fail_msg("member %d succeeded", i);
+    if (m[i].rc >= 0) fail_msg("member %d succeeded", i);
     assert_true(m[i].seconds < 5);
   }
   assert_int_equal(1, m[0].mismatch);
@@ -695,9 +695,11 @@ static void test_unsupported_dtype_fails_every_member_fast(void **state) {
   for (int mode = CMA; mode <= SHM; mode++) {
     run_group(m, 3, body_bad_dtype, NULL, mode);
     for (int i = 0; i < 3; i++) {
-      assert_int_equal(-1, m[i].rc);
+      assert_true(m[i].rc < 0);
       assert_true(m[i].seconds < 5);
     }
+    assert_int_equal(MN_EINVAL, m[1].rc); /* its own argument */
+    assert_int_equal(MN_EPEER, m[2].rc);  /* told why member 1 gave up */
     assert_non_null(strstr(m[1].err, "all_reduce does not support dtype u8 (f32, f64, i32, i64)"));
     assert_non_null(strstr(m[2].err, "rank 11 gave up on group"));
     assert_non_null(strstr(m[2].err, "dtype u8"));
@@ -723,7 +725,7 @@ static void test_a_peer_that_leaves_gives_an_error_not_a_hang(void **state) {
   for (int cma = TCP; cma <= SHM; cma++) {
     member_t m[MAXM];
     run_group(m, 2, body_peer_leaves, NULL, cma);
-    assert_int_equal(-1, m[0].rc);
+    assert_int_equal(MN_EPEER, m[0].rc);
     assert_non_null(strstr(m[0].err, "rank 11 (127.0.0.1:"));
     assert_non_null(strstr(m[0].err, "closed its link during all_reduce"));
     assert_true(m[0].seconds < 5);
@@ -747,7 +749,7 @@ static void test_a_peer_that_never_comes_times_out_by_name(void **state) {
   member_t m[MAXM];
   for (int mode = CMA; mode <= SHM; mode++) {
     run_group(m, 2, body_peer_absent, NULL, mode);
-    assert_int_equal(-1, m[0].rc);
+    assert_int_equal(MN_ETIMEDOUT, m[0].rc);
     assert_non_null(strstr(m[0].err, mode == SHM ? "no progress from rank 11" : "no data from rank 11"));
     assert_non_null(strstr(m[0].err, "MONARCH_COLL_TIMEOUT"));
     mn_coll_group_free(inst[1], m[1].gid);
@@ -765,11 +767,11 @@ static void test_group_setup_names_the_member_that_never_joins(void **state) {
   (void)state;
   member_t m[MAXM];
   run_group(m, 3, body_group_alone, NULL, 1);
-  assert_int_equal(-1, m[0].rc);
+  assert_int_equal(MN_ETIMEDOUT, m[0].rc);
   assert_non_null(strstr(m[0].err, "rank 12 (127.0.0.1:"));
   assert_non_null(strstr(m[0].err, "did not connect within"));
   char err[256];
-  assert_int_equal(-1, mn_coll_barrier(inst[0], m[0].gid, err, sizeof(err), NULL));
+  assert_int_equal(MN_ENOTFOUND, mn_coll_barrier(inst[0], m[0].gid, err, sizeof(err), NULL));
   assert_non_null(strstr(err, "has no group"));
 }
 
@@ -811,7 +813,7 @@ static void test_copy_size_mismatch_fails_both_sides(void **state) {
   member_t m[MAXM];
   run_group(m, 2, body_copy, &k, 1);
   for (int i = 0; i < 2; i++) {
-    assert_int_equal(-1, m[i].rc);
+    assert_int_equal(MN_EPEER, m[i].rc);
     assert_non_null(strstr(m[i].err, "rank 10 sends f32 data of 400 bytes but the destination tensor on rank 11 is "
                                      "f32 of 200 bytes"));
   }
@@ -824,7 +826,7 @@ static void test_recv_without_sender_times_out(void **state) {
   mk_tensor_t *t = tensor_new(MK_U8, 10);
   char err[512];
   mn_coll_set_timeout(inst[2], 0.2);
-  assert_int_equal(-1, mn_coll_recv(inst[2], t, 12345, err, sizeof(err)));
+  assert_int_equal(MN_ETIMEDOUT, mn_coll_recv(inst[2], t, 12345, err, sizeof(err)));
   mn_coll_set_timeout(inst[2], 20);
   assert_non_null(strstr(err, "no sender connected"));
   tensor_free(t);
@@ -849,7 +851,7 @@ static void test_garbage_and_wrong_tokens_do_not_hurt(void **state) {
   assert_int_equal(0, mn_coll_open(&stranger, "127.0.0.1", &other, 99, err, sizeof(err)));
   mn_coll_set_timeout(stranger, 2);
   mk_tensor_t *t = tensor_new(MK_U8, 10);
-  assert_int_equal(-1, mn_coll_send(stranger, t, addr[0], 5, err, sizeof(err)));
+  assert_int_equal(MN_EAUTH, mn_coll_send(stranger, t, addr[0], 5, err, sizeof(err)));
   assert_non_null(strstr(err, "handshake"));
   mn_coll_close(stranger);
   tensor_free(t);
