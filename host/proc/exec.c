@@ -1,5 +1,6 @@
 /* exec.c - the proc's CALL executor; see exec.h. */
 #include "exec.h"
+#include "sig.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -58,31 +59,8 @@ __attribute__((format(printf, 2, 3))) static int api_error(mk_ctx_t *c, const ch
   X(c)->failed = 1;
   return -1;
 }
-/* The first request of a call reuses a cached block; later ones in the same
- * call get blocks of their own, so every pointer stays valid until return. */
-static void *api_scratch(mk_ctx_t *c, size_t n) {
-  mn_exec_t *x = X(c);
-  void *p = NULL;
-  if (!x->scratch_used) {
-    if (n > x->scratch_cap) {
-      if (posix_memalign(&p, 64, n ? n : 64) != 0) return NULL;
-      free(x->scratch);
-      x->scratch = p;
-      x->scratch_cap = n;
-    }
-    x->scratch_used = 1;
-    return x->scratch;
-  }
-  if (x->nextra == MN_MAX_SCRATCH || posix_memalign(&p, 64, n ? n : 64) != 0) return NULL;
-  x->extra[x->nextra++] = p;
-  return p;
-}
-
-static void scratch_release(mn_exec_t *x) {
-  for (int i = 0; i < x->nextra; i++) free(x->extra[i]);
-  x->nextra = 0;
-  x->scratch_used = 0;
-}
+/* Blocks stay valid until the kernel returns (scratch.h). */
+static void *api_scratch(mk_ctx_t *c, size_t n) { return mn_scratch_get(&X(c)->scratch, n); }
 static int api_cancelled(mk_ctx_t *c) { return atomic_load(X(c)->cancel) != 0; }
 
 static const mk_api_t api = {api_nil, api_bool, api_int, api_number, api_string,
@@ -162,18 +140,6 @@ static const char *obj_type_name(const msgpack_object *o) {
   }
 }
 
-static const char *want_name(char c) {
-  switch (c) {
-  case 'n': return "number";
-  case 'i': return "integer";
-  case 's': return "string";
-  case 'b': return "bytes";
-  case 't': return "tensor";
-  case 'B': return "boolean";
-  default: return "any value";
-  }
-}
-
 /* Reads a tensor handle from an ext object; 0 or -1. */
 static int tensor_id(const msgpack_object *o, uint64_t *id) {
   if (o->type != MSGPACK_OBJECT_EXT || o->via.ext.type != MN_EXT_TENSOR || o->via.ext.size != 8) return -1;
@@ -185,8 +151,8 @@ static int tensor_id(const msgpack_object *o, uint64_t *id) {
 }
 
 /*
- * Converts argument i to what signature letter `want` asks for.
- * Returns 0, or -1 with a message in err naming the argument.
+ * Converts argument i from msgpack, then to what signature letter `want`
+ * asks for (sig.c). Returns 0, or -1 with a message in err naming the argument.
  */
 static int convert_arg(mn_exec_t *x, const msgpack_object *o, char want, int i, mk_arg_t *a,
                        char *err, size_t errlen) {
@@ -225,62 +191,18 @@ static int convert_arg(mn_exec_t *x, const msgpack_object *o, char want, int i, 
     snprintf(err, errlen, "argument %d: a %s cannot be passed to a kernel", i + 1, obj_type_name(o));
     return -1;
   }
-  int ok = 1;
-  switch (want) {
-  case 'n':
-    if (a->type == MK_ARG_INT) { a->type = MK_ARG_NUMBER; a->v.num = (double)a->v.i; }
-    ok = a->type == MK_ARG_NUMBER;
-    break;
-  case 'i':
-    /* Range check first: casting NaN or a huge double to int64 is undefined. */
-    if (a->type == MK_ARG_NUMBER && a->v.num >= -9.2e18 && a->v.num <= 9.2e18 &&
-        a->v.num == (double)(int64_t)a->v.num) {
-      a->type = MK_ARG_INT; a->v.i = (int64_t)a->v.num;
-    }
-    ok = a->type == MK_ARG_INT;
-    break;
-  case 's': ok = a->type == MK_ARG_STRING; break;
-  case 'b':
-    if (a->type == MK_ARG_STRING) a->type = MK_ARG_BYTES;
-    ok = a->type == MK_ARG_BYTES;
-    break;
-  case 't': ok = a->type == MK_ARG_TENSOR; break;
-  case 'B': ok = a->type == MK_ARG_BOOL; break;
-  default: break;
-  }
-  if (!ok) {
-    snprintf(err, errlen, "argument %d: expected %s, got %s", i + 1, want_name(want), obj_type_name(o));
-    return -1;
-  }
-  return 0;
+  return mn_sig_coerce(a, want, i + 1, obj_type_name(o), err, errlen);
 }
 
 /* Checks args against a signature and converts them; 0 or -1 with err. */
 static int bind_args(mn_exec_t *x, const mk_kernel_t *k, const msgpack_object *args, mk_arg_t *argv,
                      char *err, size_t errlen) {
-  const char *sig = k->signature;
-  int n = (int)args->via.array.size, max = 0, rest = 0, opt_from = -1;
-  char letters[MN_MAX_ARGS];
-  for (const char *p = sig; *p && max < MN_MAX_ARGS; p++) {
-    if (*p == '*') { rest = 1; break; }
-    if (*p == '?') { /* the letter before '?' and every later one are optional */
-      if (opt_from < 0 && max > 0) opt_from = max - 1;
-      continue;
-    }
-    letters[max++] = *p;
-  }
-  int min = opt_from >= 0 ? opt_from : max;
-  if (n < min || (!rest && n > max)) {
-    if (min == max)
-      snprintf(err, errlen, "expected %d argument%s, got %d (signature \"%s\")", max, max == 1 ? "" : "s", n, sig);
-    else
-      snprintf(err, errlen, "expected %d to %d arguments, got %d (signature \"%s\")", min, max, n, sig);
-    return -1;
-  }
-  for (int i = 0; i < n; i++) {
-    char want = i < max ? letters[i] : 'a';
-    if (convert_arg(x, &args->via.array.ptr[i], want, i, &argv[i], err, errlen) != 0) return -1;
-  }
+  mn_sig_t sig;
+  int n = (int)args->via.array.size;
+  mn_sig_parse(&sig, k->signature);
+  if (mn_sig_check_count(&sig, n, err, errlen) != 0) return -1;
+  for (int i = 0; i < n; i++)
+    if (convert_arg(x, &args->via.array.ptr[i], mn_sig_letter(&sig, i), i, &argv[i], err, errlen) != 0) return -1;
   return 0;
 }
 
@@ -487,8 +409,7 @@ void mn_exec_close(mn_exec_t *x) {
   mn_registry_close(&x->reg);
   mn_buf_free(&x->out);
   mn_buf_free(&x->rbuf);
-  scratch_release(x);
-  free(x->scratch);
+  mn_scratch_close(&x->scratch);
   msgpack_zone_destroy(&x->zone);
 }
 
@@ -569,7 +490,7 @@ int mn_exec_frame(mn_exec_t *x, const char *body, size_t len) {
   x->running = k->name;
   rc = k->fn(&ctx, (int)args->via.array.size, argv);
   x->running = NULL;
-  scratch_release(x);
+  mn_scratch_release(&x->scratch);
   if (rc != 0 || x->failed)
     reply_err(x, seq, "kernel", kname, kl, x->errmsg[0] ? x->errmsg : "kernel failed without a message");
   else

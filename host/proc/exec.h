@@ -7,13 +7,13 @@
 #define MN_EXEC_H
 
 #include "registry.h"
+#include "scratch.h"
 #include "wire.h"
 
 #include <stdatomic.h>
 
 #define MN_MAX_RESULTS 4096 /* most values one kernel may return */
 #define MN_MAX_ERRMSG 1024  /* longest error message a kernel may set */
-#define MN_MAX_SCRATCH 16   /* most scratch blocks one kernel call may hold */
 
 typedef struct {
   mn_registry_t reg;
@@ -27,11 +27,7 @@ typedef struct {
   uint32_t nresults;
   int failed;
   char errmsg[MN_MAX_ERRMSG];
-  void *scratch;          /* cached first scratch block */
-  size_t scratch_cap;
-  int scratch_used;
-  void *extra[MN_MAX_SCRATCH];
-  int nextra;
+  mn_scratch_t scratch;   /* behind the running kernel's mk_scratch */
   atomic_int *cancel;     /* set by the I/O thread when work should stop */
   uint64_t last_seq;      /* highest CALL sequence number executed */
   uint64_t dup_seq;       /* seq of the resent CALL when mn_exec_frame returns 1 */
