@@ -23,8 +23,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#define MN_ACTOR_PREFIX "__actor_"        /* what every actor built-in's name starts with */
 #define MN_ACTOR_DEPTH (MN_MAX_DEPTH - 2) /* nesting a result may have: the RESULT and its value array take two */
-#define MN_ACTOR_MAX_PATH 4096           /* longest path to actor_host.lua */
+#define MN_ACTOR_MAX_PATH 4096            /* longest path to actor_host.lua */
 
 /* A value a kernel returned through proc.call, kept in C until the kernel is
  * done: pushing onto the Lua stack from inside a kernel could raise a Lua
@@ -516,24 +517,16 @@ static int run_op(lua_State *L) {
   return 0;
 }
 
-static int actor_builtin(mn_exec_t *x, mk_ctx_t *ctx, const char *name, size_t nl, const msgpack_object *args,
-                         char *err, size_t errlen) {
-  static const char *const ops[] = {"define", "has", "spawn", "call", "resume", "stop", "stats", NULL};
-  static const size_t plen = sizeof("__actor_") - 1;
-  const char *op = NULL;
-  for (int i = 0; ops[i]; i++)
-    if (nl - plen == strlen(ops[i]) && memcmp(name + plen, ops[i], nl - plen) == 0) op = ops[i];
-  if (op == NULL) {
-    snprintf(err, errlen, "unknown built-in '%.*s' (actors know __actor_define, _has, _spawn, _call, _resume, _stop, _stats)",
-             (int)nl, name);
-    return -1;
-  }
+/* Every "__actor_" built-in: runs the Lua host's operation of the same name
+ * (the part after the prefix), making the actor state first if need be. */
+static int run_actor_op(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, const msgpack_object *args, char *err,
+                        size_t errlen) {
   actor_state_t *s = state_of(x);
   if (s == NULL && (s = make_state(x, err, errlen)) == NULL) {
     x->err_kind = "actor";
     return -1;
   }
-  job_t j = {s, op, args, NULL, err, errlen, 0};
+  job_t j = {s, b->name + sizeof(MN_ACTOR_PREFIX) - 1, args, NULL, err, errlen, 0};
   size_t rstart = x->rbuf.len;
   int rc = lua_cpcall(s->L, run_op, &j);
   if (rc == LUA_ERRMEM) {
@@ -550,4 +543,24 @@ static int actor_builtin(mn_exec_t *x, mk_ctx_t *ctx, const char *name, size_t n
   return -1;
 }
 
-int mn_actor_register(void) { return mn_exec_register("__actor_", actor_builtin); }
+/* Names after the first are listed without "__actor": "__actor_define, _has, ...". */
+static void actor_unknown(const mn_builtin_module_t *m, const char *name, size_t nl, char *err, size_t errlen) {
+  char names[256];
+  snprintf(err, errlen, "unknown built-in '%.*s' (actors know %s)", (int)nl, name,
+           mn_exec_builtin_names(m, sizeof(MN_ACTOR_PREFIX) - 2, names, sizeof(names)));
+}
+
+static const mn_builtin_t entries[] = {
+  {MN_ACTOR_PREFIX "define", run_actor_op, "(hash, source, chunkname)"},
+  {MN_ACTOR_PREFIX "has", run_actor_op, "(hash)"},
+  {MN_ACTOR_PREFIX "spawn", run_actor_op, "(name, hash, args, deps)"},
+  {MN_ACTOR_PREFIX "call", run_actor_op, "(name, endpoint, args...)"},
+  {MN_ACTOR_PREFIX "resume", run_actor_op, "(name, token, ok, value)"},
+  {MN_ACTOR_PREFIX "stop", run_actor_op, "(name)"},
+  {MN_ACTOR_PREFIX "stats", run_actor_op, "()"},
+};
+
+static const mn_builtin_module_t module = {MN_ACTOR_PREFIX, entries, (int)(sizeof(entries) / sizeof(entries[0])),
+                                           actor_unknown};
+
+int mn_actor_register(void) { return mn_exec_register(&module); }

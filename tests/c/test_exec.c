@@ -1280,6 +1280,88 @@ static void test_scratch(void **state) {
   mn_scratch_close(&s); /* closing an empty one is harmless */
 }
 
+/* ---- the built-in table ------------------------------------------------------------- */
+
+static int b_test_names(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, const msgpack_object *args, char *err,
+                        size_t errlen) {
+  return mk_return_string(ctx, b->name, strlen(b->name)) || mk_return_string(ctx, b->usage, strlen(b->usage)) ||
+                 mk_return_string(ctx, ctx->kernel, strlen(ctx->kernel))
+             ? -1
+             : 0;
+}
+
+static int b_test_refuse(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, const msgpack_object *args, char *err,
+                         size_t errlen) {
+  x->err_kind = "refused";
+  snprintf(err, errlen, "%s refuses %u arguments", b->name, args->via.array.size);
+  return -1;
+}
+
+static void test_unknown(const mn_builtin_module_t *m, const char *name, size_t nl, char *err, size_t errlen) {
+  char names[128];
+  snprintf(err, errlen, "no '%.*s' here (try %s)", (int)nl, name,
+           mn_exec_builtin_names(m, sizeof("__test") - 1, names, sizeof(names)));
+}
+
+static const mn_builtin_t test_entries[] = {
+  {"__test_names", b_test_names, "(nothing)"},
+  {"__test_refuse", b_test_refuse, "(anything)"},
+};
+static const mn_builtin_module_t test_module = {"__test_", test_entries, 2, test_unknown};
+
+/* The message of a failed reply, copied out. */
+static const char *reply_message(reply_t *r, char *buf, size_t len) {
+  const msgpack_object *m = mn_map_get(&r->obj.via.array.ptr[3], "message");
+  assert_non_null(m);
+  snprintf(buf, len, "%.*s", (int)m->via.str.size, m->via.str.ptr);
+  return buf;
+}
+
+static void test_builtin_table(void **state) {
+  fix_t *f = *state;
+  reply_t r;
+  char msg[MN_MAX_ERRMSG];
+  assert_int_equal(mn_exec_register(&test_module), 0);
+
+  /* A registered module's entry gets its own row and the called name. */
+  uint64_t seq = call0(f, "__test_names", &r);
+  const msgpack_object *v = expect_ok(&r, seq);
+  assert_int_equal(v->via.array.size, 3);
+  assert_int_equal(v->via.array.ptr[0].via.str.size, strlen("__test_names"));
+  assert_memory_equal(v->via.array.ptr[1].via.str.ptr, "(nothing)", strlen("(nothing)"));
+  assert_memory_equal(v->via.array.ptr[2].via.str.ptr, "__test_names", strlen("__test_names"));
+  reply_free(&r);
+  seq = call_str(f, "__test_refuse", "x", &r);
+  expect_fail(&r, seq, "refused", "__test_refuse", "__test_refuse refuses 1 arguments", NULL);
+  reply_free(&r);
+
+  /* A name with the module's prefix but no entry (a prefix of one, too) gets the module's message. */
+  seq = call0(f, "__test_name", &r);
+  expect_fail(&r, seq, "bad_args", "__test_name", NULL, NULL);
+  assert_string_equal(reply_message(&r, msg, sizeof(msg)), "no '__test_name' here (try __test_names, _refuse)");
+  reply_free(&r);
+  /* Without a module's prefix, the executor's own table answers, or says it has no such built-in. */
+  seq = call0(f, "__tes", &r);
+  expect_fail(&r, seq, "bad_args", "__tes", NULL, NULL);
+  assert_string_equal(reply_message(&r, msg, sizeof(msg)), "unknown built-in '__tes'");
+  reply_free(&r);
+  seq = call0(f, "__lost", &r);
+  expect_fail(&r, seq, "lost", "__lost", "payload was lost in a reconnect", NULL);
+  reply_free(&r);
+  seq = call0(f, "__info", &r);
+  assert_int_equal(expect_ok(&r, seq)->via.array.size, 6);
+  reply_free(&r);
+
+  /* The table of modules is bounded; the modules already there keep working. */
+  int n = 1;
+  while (mn_exec_register(&test_module) == 0) n++;
+  assert_true(n <= MN_MAX_BUILTIN_MODULES);
+  assert_int_equal(mn_exec_register(&test_module), -1);
+  seq = call0(f, "__test_names", &r);
+  expect_ok(&r, seq);
+  reply_free(&r);
+}
+
 int main(void) {
   /* The basic library links OpenBLAS; keep it from starting a thread pool. */
   setenv("OPENBLAS_NUM_THREADS", "1", 0);
@@ -1299,6 +1381,8 @@ int main(void) {
     cmocka_unit_test(test_sig_parse),
     cmocka_unit_test(test_sig_coerce),
     cmocka_unit_test(test_scratch),
+    /* Last: it fills the process's table of built-in modules. */
+    cmocka_unit_test_setup_teardown(test_builtin_table, setup, teardown),
   };
   return cmocka_run_group_tests_name("exec", tests, NULL, NULL);
 }
