@@ -11,6 +11,7 @@
  */
 #include "actor.h"
 #include "luapack.h"
+#include "sig.h"
 
 #include <lauxlib.h>
 #include <lua.h>
@@ -22,9 +23,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#define MN_ACTOR_PREFIX "__actor_"        /* what every actor built-in's name starts with */
 #define MN_ACTOR_DEPTH (MN_MAX_DEPTH - 2) /* nesting a result may have: the RESULT and its value array take two */
-#define MN_ACTOR_KSCRATCH 16             /* most scratch blocks one proc.call kernel may hold */
-#define MN_ACTOR_MAX_PATH 4096           /* longest path to actor_host.lua */
+#define MN_ACTOR_MAX_PATH 4096            /* longest path to actor_host.lua */
 
 /* A value a kernel returned through proc.call, kept in C until the kernel is
  * done: pushing onto the Lua stack from inside a kernel could raise a Lua
@@ -50,11 +51,7 @@ typedef struct {
   mn_buf_t kstr;
   int kfailed;
   char kerr[MN_MAX_ERRMSG];
-  void *scratch;         /* first scratch block, kept between calls */
-  size_t scratch_cap;
-  int scratch_used;
-  void *extra[MN_ACTOR_KSCRATCH];
-  int nextra;
+  mn_scratch_t scratch;  /* behind the kernel's mk_scratch; its first block is kept between calls */
 } actor_state_t;
 
 static actor_state_t states[MN_ACTOR_MAX_STATES];
@@ -168,41 +165,12 @@ static int kerror(mk_ctx_t *c, const char *fmt, ...) {
   K(c)->kfailed = 1;
   return -1;
 }
-/* Same contract as the executor's: the first block is cached, later ones in
- * the same call are fresh, all valid until the kernel returns. */
-static void *kscratch(mk_ctx_t *c, size_t n) {
-  actor_state_t *s = K(c);
-  void *p = NULL;
-  if (!s->scratch_used) {
-    if (n > s->scratch_cap) {
-      if (posix_memalign(&p, 64, n ? n : 64) != 0) return NULL;
-      free(s->scratch);
-      s->scratch = p;
-      s->scratch_cap = n;
-    }
-    s->scratch_used = 1;
-    return s->scratch;
-  }
-  if (s->nextra == MN_ACTOR_KSCRATCH || posix_memalign(&p, 64, n ? n : 64) != 0) return NULL;
-  s->extra[s->nextra++] = p;
-  return p;
-}
+/* The executor's contract (scratch.h): every block valid until the kernel returns. */
+static void *kscratch(mk_ctx_t *c, size_t n) { return mn_scratch_get(&K(c)->scratch, n); }
 static int kcancelled(mk_ctx_t *c) { return atomic_load(K(c)->x->cancel) != 0; }
 
 static const mk_api_t kapi = {kret_nil, kret_bool, kret_int, kret_number, kret_string,
                               kret_bytes, kerror, kscratch, kcancelled};
-
-static const char *want_name(char c) {
-  switch (c) {
-  case 'n': return "number";
-  case 'i': return "integer";
-  case 's': return "string";
-  case 'b': return "bytes";
-  case 't': return "tensor";
-  case 'B': return "boolean";
-  default: return "any value";
-  }
-}
 
 /*
  * Converts Lua argument at idx to what signature letter `want` asks for,
@@ -248,54 +216,18 @@ static int arg_from_lua(lua_State *L, actor_state_t *s, int idx, char want, int 
     snprintf(err, errlen, "argument %d: a %s cannot be passed to a kernel", argn, got);
     return -1;
   }
-  int ok = 1;
-  switch (want) {
-  case 'n':
-    if (a->type == MK_ARG_INT) { a->type = MK_ARG_NUMBER; a->v.num = (double)a->v.i; }
-    ok = a->type == MK_ARG_NUMBER;
-    break;
-  case 'i': ok = a->type == MK_ARG_INT; break;
-  case 's': ok = a->type == MK_ARG_STRING; break;
-  case 'b':
-    if (a->type == MK_ARG_STRING) a->type = MK_ARG_BYTES;
-    ok = a->type == MK_ARG_BYTES;
-    break;
-  case 't': ok = a->type == MK_ARG_TENSOR; break;
-  case 'B': ok = a->type == MK_ARG_BOOL; break;
-  default: break;
-  }
-  if (!ok) {
-    snprintf(err, errlen, "argument %d: expected %s, got %s", argn, want_name(want), got);
-    return -1;
-  }
-  return 0;
+  return mn_sig_coerce(a, want, argn, got, err, errlen);
 }
 
 /* Checks the Lua arguments first..first+n-1 against k's signature (the
  * rules of monarch_kernel.h) and converts them; 0 or -1 with err. */
 static int bind_lua_args(lua_State *L, actor_state_t *s, const mk_kernel_t *k, int first, int n, mk_arg_t *argv,
                     char *err, size_t errlen) {
-  const char *sig = k->signature ? k->signature : "";
-  int max = 0, rest = 0, opt_from = -1;
-  char letters[MN_MAX_ARGS];
-  for (const char *p = sig; *p && max < MN_MAX_ARGS; p++) {
-    if (*p == '*') { rest = 1; break; }
-    if (*p == '?') {
-      if (opt_from < 0 && max > 0) opt_from = max - 1;
-      continue;
-    }
-    letters[max++] = *p;
-  }
-  int min = opt_from >= 0 ? opt_from : max;
-  if (n < min || (!rest && n > max)) {
-    if (min == max)
-      snprintf(err, errlen, "expected %d argument%s, got %d (signature \"%s\")", max, max == 1 ? "" : "s", n, sig);
-    else
-      snprintf(err, errlen, "expected %d to %d arguments, got %d (signature \"%s\")", min, max, n, sig);
-    return -1;
-  }
+  mn_sig_t sig;
+  mn_sig_parse(&sig, k->signature);
+  if (mn_sig_check_count(&sig, n, err, errlen) != 0) return -1;
   for (int i = 0; i < n; i++)
-    if (arg_from_lua(L, s, first + i, i < max ? letters[i] : 'a', i + 1, &argv[i], err, errlen) != 0) return -1;
+    if (arg_from_lua(L, s, first + i, mn_sig_letter(&sig, i), i + 1, &argv[i], err, errlen) != 0) return -1;
   return 0;
 }
 
@@ -321,9 +253,7 @@ static int l_kcall(lua_State *L) {
   s->kfailed = 0;
   s->kerr[0] = '\0';
   int rc = k->fn(&ctx, n, argv);
-  for (int i = 0; i < s->nextra; i++) free(s->extra[i]);
-  s->nextra = 0;
-  s->scratch_used = 0;
+  mn_scratch_release(&s->scratch);
   if (rc != 0 || s->kfailed)
     return luaL_error(L, "proc.call('%s'): %s", name, s->kerr[0] ? s->kerr : "kernel failed without a message");
   luaL_checkstack(L, s->nkres, "too many kernel results");
@@ -496,7 +426,7 @@ void mn_actor_close(mn_exec_t *x) {
   lua_setallocf(L, s->base, s->base_ud);
   lua_close(L);
   mn_buf_free(&s->kstr);
-  free(s->scratch);
+  mn_scratch_close(&s->scratch);
   memset(s, 0, sizeof(*s));
 }
 
@@ -587,24 +517,16 @@ static int run_op(lua_State *L) {
   return 0;
 }
 
-static int actor_builtin(mn_exec_t *x, mk_ctx_t *ctx, const char *name, size_t nl, const msgpack_object *args,
-                         char *err, size_t errlen) {
-  static const char *const ops[] = {"define", "has", "spawn", "call", "resume", "stop", "stats", NULL};
-  static const size_t plen = sizeof("__actor_") - 1;
-  const char *op = NULL;
-  for (int i = 0; ops[i]; i++)
-    if (nl - plen == strlen(ops[i]) && memcmp(name + plen, ops[i], nl - plen) == 0) op = ops[i];
-  if (op == NULL) {
-    snprintf(err, errlen, "unknown built-in '%.*s' (actors know __actor_define, _has, _spawn, _call, _resume, _stop, _stats)",
-             (int)nl, name);
-    return -1;
-  }
+/* Every "__actor_" built-in: runs the Lua host's operation of the same name
+ * (the part after the prefix), making the actor state first if need be. */
+static int run_actor_op(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, const msgpack_object *args, char *err,
+                        size_t errlen) {
   actor_state_t *s = state_of(x);
   if (s == NULL && (s = make_state(x, err, errlen)) == NULL) {
     x->err_kind = "actor";
     return -1;
   }
-  job_t j = {s, op, args, NULL, err, errlen, 0};
+  job_t j = {s, b->name + sizeof(MN_ACTOR_PREFIX) - 1, args, NULL, err, errlen, 0};
   size_t rstart = x->rbuf.len;
   int rc = lua_cpcall(s->L, run_op, &j);
   if (rc == LUA_ERRMEM) {
@@ -621,4 +543,24 @@ static int actor_builtin(mn_exec_t *x, mk_ctx_t *ctx, const char *name, size_t n
   return -1;
 }
 
-int mn_actor_register(void) { return mn_exec_register("__actor_", actor_builtin); }
+/* Names after the first are listed without "__actor": "__actor_define, _has, ...". */
+static void actor_unknown(const mn_builtin_module_t *m, const char *name, size_t nl, char *err, size_t errlen) {
+  char names[256];
+  snprintf(err, errlen, "unknown built-in '%.*s' (actors know %s)", (int)nl, name,
+           mn_exec_builtin_names(m, sizeof(MN_ACTOR_PREFIX) - 2, names, sizeof(names)));
+}
+
+static const mn_builtin_t entries[] = {
+  {MN_ACTOR_PREFIX "define", run_actor_op, "(hash, source, chunkname)"},
+  {MN_ACTOR_PREFIX "has", run_actor_op, "(hash)"},
+  {MN_ACTOR_PREFIX "spawn", run_actor_op, "(name, hash, args, deps)"},
+  {MN_ACTOR_PREFIX "call", run_actor_op, "(name, endpoint, args...)"},
+  {MN_ACTOR_PREFIX "resume", run_actor_op, "(name, token, ok, value)"},
+  {MN_ACTOR_PREFIX "stop", run_actor_op, "(name)"},
+  {MN_ACTOR_PREFIX "stats", run_actor_op, "()"},
+};
+
+static const mn_builtin_module_t module = {MN_ACTOR_PREFIX, entries, (int)(sizeof(entries) / sizeof(entries[0])),
+                                           actor_unknown};
+
+int mn_actor_register(void) { return mn_exec_register(&module); }

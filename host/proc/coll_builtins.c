@@ -36,6 +36,13 @@ static int arg_op(const msgpack_object *args, uint32_t i, const char *what, int 
   return 0;
 }
 
+/* The process's collective instance, watching this executor's cancel flag while it waits. */
+static mn_coll_t *inst(mn_exec_t *x) {
+  mn_coll_t *c = mn_coll_instance();
+  mn_coll_set_cancel(c, x->cancel);
+  return c;
+}
+
 static int arg_count(const msgpack_object *args, uint32_t lo, uint32_t hi, const char *what, const char *sig,
                      char *err, size_t errlen) {
   uint32_t n = args->via.array.size;
@@ -44,11 +51,57 @@ static int arg_count(const msgpack_object *args, uint32_t lo, uint32_t hi, const
   return -1;
 }
 
+static int builtin_recv_local(mn_exec_t *x, mk_tensor_t *t, uint64_t tag, int *found, char *err, size_t errlen) {
+  *found = 0;
+  for (int i = 0; i < MN_COLL_MAX_LOCAL; i++) {
+    if (!local_sends[i].used || local_sends[i].tag != tag) continue;
+    *found = 1;
+    local_sends[i].used = 0;
+    mk_tensor_t *s = mn_tensor_get(&x->reg, local_sends[i].id);
+    if (s == NULL) {
+      snprintf(err, errlen, "copy: the source tensor %llu was freed before the copy ran",
+               (unsigned long long)local_sends[i].id);
+      return -1;
+    }
+    if (s->nbytes != t->nbytes || s->dtype != t->dtype) {
+      snprintf(err, errlen, "copy: the source is %s of %zu bytes but the destination on rank %d is %s of %zu bytes",
+               mn_dtype_name(s->dtype), s->nbytes, x->rank, mn_dtype_name(t->dtype), t->nbytes);
+      return -1;
+    }
+    if (s != t) memcpy(t->data, s->data, t->nbytes);
+    return 0;
+  }
+  return 0;
+}
+
+/* Checks the argument count and reads the group id that starts every group built-in; 0 or -1 with err. */
+static int group_args(const mn_builtin_t *b, const msgpack_object *args, uint32_t n, uint64_t *gid, char *err,
+                      size_t errlen) {
+  if (arg_count(args, n, n, b->name, b->usage, err, errlen) != 0) return -1;
+  return arg_u64(args, 0, "group id", b->name, gid, err, errlen);
+}
+
+/* The result of a collective that ran: members calling different collectives is a failure of its
+ * own kind. Callers read mismatch after the call that sets it, not in the same argument list. */
+static int ran(mn_exec_t *x, int rc, int mismatch) {
+  if (rc != 0 && mismatch) x->err_kind = "collective_mismatch";
+  return rc;
+}
+
+/* ---- the built-ins ------------------------------------------------------------- */
+
+/* __coll_port() -> this proc's data port */
+static int b_port(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, const msgpack_object *args, char *err,
+                  size_t errlen) {
+  return mk_return_int(ctx, mn_coll_port(inst(x))) == 0 ? 0 : -1;
+}
+
 /* __coll_group(gid, my_index, {"host:port", ...} [, {rank, ...}]) */
-static int builtin_group(const msgpack_object *args, char *err, size_t errlen) {
-  const char *what = "__coll_group";
+static int b_group(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, const msgpack_object *args, char *err,
+                   size_t errlen) {
+  const char *what = b->name;
   uint64_t gid, me;
-  if (arg_count(args, 3, 4, what, "(group_id, my_index, addresses [, ranks])", err, errlen) != 0 ||
+  if (arg_count(args, 3, 4, what, b->usage, err, errlen) != 0 ||
       arg_u64(args, 0, "group id", what, &gid, err, errlen) != 0 ||
       arg_u64(args, 1, "my index", what, &me, err, errlen) != 0)
     return -1;
@@ -93,7 +146,7 @@ static int builtin_group(const msgpack_object *args, char *err, size_t errlen) {
     }
     ranks[i] = (int)rk;
   }
-  rc = mn_coll_group(mn_coll_instance(), gid, (int)me, n, (const char *const *)addrs, ranks, err, errlen);
+  rc = mn_coll_group(inst(x), gid, (int)me, n, (const char *const *)addrs, ranks, err, errlen);
 done:
   for (int i = 0; addrs != NULL && i < n; i++) free(addrs[i]);
   free(addrs);
@@ -101,27 +154,27 @@ done:
   return rc;
 }
 
-static int builtin_recv_local(mn_exec_t *x, mk_tensor_t *t, uint64_t tag, int *found, char *err, size_t errlen) {
-  *found = 0;
-  for (int i = 0; i < MN_COLL_MAX_LOCAL; i++) {
-    if (!local_sends[i].used || local_sends[i].tag != tag) continue;
-    *found = 1;
-    local_sends[i].used = 0;
-    mk_tensor_t *s = mn_tensor_get(&x->reg, local_sends[i].id);
-    if (s == NULL) {
-      snprintf(err, errlen, "copy: the source tensor %llu was freed before the copy ran",
-               (unsigned long long)local_sends[i].id);
-      return -1;
-    }
-    if (s->nbytes != t->nbytes || s->dtype != t->dtype) {
-      snprintf(err, errlen, "copy: the source is %s of %zu bytes but the destination on rank %d is %s of %zu bytes",
-               mn_dtype_name(s->dtype), s->nbytes, x->rank, mn_dtype_name(t->dtype), t->nbytes);
-      return -1;
-    }
-    if (s != t) memcpy(t->data, s->data, t->nbytes);
-    return 0;
+/* __coll_free(group_id) */
+static int b_free(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, const msgpack_object *args, char *err,
+                  size_t errlen) {
+  uint64_t gid;
+  if (group_args(b, args, 1, &gid, err, errlen) != 0) return -1;
+  return mn_coll_group_free(inst(x), gid);
+}
+
+/* __coll_layout(group_id) -> "flat", "one host" or "hosts" */
+static int b_layout(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, const msgpack_object *args, char *err,
+                    size_t errlen) {
+  static const char *const names[] = {"flat", "one host", "hosts"};
+  uint64_t gid;
+  if (group_args(b, args, 1, &gid, err, errlen) != 0) return -1;
+  mn_coll_t *c = inst(x);
+  int l = mn_coll_group_layout(c, gid);
+  if (l < 0) {
+    snprintf(err, errlen, "__coll_layout: rank %d has no group %llu", mn_coll_rank(c), (unsigned long long)gid);
+    return -1;
   }
-  return 0;
+  return mk_return_string(ctx, names[l], strlen(names[l])) == 0 ? 0 : -1;
 }
 
 /* The other members are (or will be) in this collective: tell them why this one is not. */
@@ -130,116 +183,158 @@ static int abort_on_bad_args(mn_coll_t *c, uint64_t gid, const char *err) {
   return -1;
 }
 
-static int coll_builtin(mn_exec_t *x, mk_ctx_t *ctx, const char *name, size_t nl, const msgpack_object *args,
-                        char *err, size_t errlen) {
-  uint64_t gid, tag, root;
-  int op, mismatch = 0, rc;
-  mk_tensor_t *t, *t2 = NULL;
-  mn_coll_t *c = mn_coll_instance();
-  mn_coll_set_cancel(c, x->cancel);
-#define IS(lit) (nl == sizeof(lit) - 1 && memcmp(name, lit, nl) == 0)
-#define TENSOR(i) mn_exec_tensor_arg(x, args, i, err, errlen)
-  if (IS("__coll_port")) return mk_return_int(ctx, mn_coll_port(c)) == 0 ? 0 : -1;
-  if (IS("__coll_group")) return builtin_group(args, err, errlen);
-  if (IS("__coll_free")) {
-    if (arg_count(args, 1, 1, "__coll_free", "(group_id)", err, errlen) != 0 ||
-        arg_u64(args, 0, "group id", "__coll_free", &gid, err, errlen) != 0)
-      return -1;
-    return mn_coll_group_free(c, gid);
+/* __coll_all_reduce(group_id, tensor, op) */
+static int b_all_reduce(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, const msgpack_object *args, char *err,
+                        size_t errlen) {
+  uint64_t gid;
+  int op, mismatch = 0;
+  mk_tensor_t *t;
+  if (group_args(b, args, 3, &gid, err, errlen) != 0) return -1;
+  mn_coll_t *c = inst(x);
+  if ((t = mn_exec_tensor_arg(x, args, 1, err, errlen)) == NULL || arg_op(args, 2, b->name, &op, err, errlen) != 0)
+    return abort_on_bad_args(c, gid, err);
+  x->err_kind = "collective";
+  int rc = mn_coll_all_reduce(c, gid, t, op, err, errlen, &mismatch);
+  return ran(x, rc, mismatch);
+}
+
+/* __coll_reduce_scatter(group_id, src, dst, op) */
+static int b_reduce_scatter(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, const msgpack_object *args,
+                            char *err, size_t errlen) {
+  uint64_t gid;
+  int op, mismatch = 0;
+  mk_tensor_t *t, *t2;
+  if (group_args(b, args, 4, &gid, err, errlen) != 0) return -1;
+  mn_coll_t *c = inst(x);
+  if ((t = mn_exec_tensor_arg(x, args, 1, err, errlen)) == NULL ||
+      (t2 = mn_exec_tensor_arg(x, args, 2, err, errlen)) == NULL || arg_op(args, 3, b->name, &op, err, errlen) != 0)
+    return abort_on_bad_args(c, gid, err);
+  x->err_kind = "collective";
+  int rc = mn_coll_reduce_scatter(c, gid, t, t2, op, err, errlen, &mismatch);
+  return ran(x, rc, mismatch);
+}
+
+/* __coll_broadcast(group_id, tensor, root_index) */
+static int b_broadcast(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, const msgpack_object *args, char *err,
+                       size_t errlen) {
+  uint64_t gid, root;
+  int mismatch = 0;
+  mk_tensor_t *t;
+  if (group_args(b, args, 3, &gid, err, errlen) != 0) return -1;
+  mn_coll_t *c = inst(x);
+  if ((t = mn_exec_tensor_arg(x, args, 1, err, errlen)) == NULL ||
+      arg_u64(args, 2, "root index", b->name, &root, err, errlen) != 0)
+    return abort_on_bad_args(c, gid, err);
+  x->err_kind = "collective";
+  int rc = mn_coll_broadcast(c, gid, t, root > INT32_MAX ? -1 : (int)root, err, errlen, &mismatch);
+  return ran(x, rc, mismatch);
+}
+
+/* __coll_all_gather(group_id, src, dst) */
+static int b_all_gather(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, const msgpack_object *args, char *err,
+                        size_t errlen) {
+  uint64_t gid;
+  int mismatch = 0;
+  mk_tensor_t *t, *t2;
+  if (group_args(b, args, 3, &gid, err, errlen) != 0) return -1;
+  mn_coll_t *c = inst(x);
+  if ((t = mn_exec_tensor_arg(x, args, 1, err, errlen)) == NULL ||
+      (t2 = mn_exec_tensor_arg(x, args, 2, err, errlen)) == NULL)
+    return abort_on_bad_args(c, gid, err);
+  x->err_kind = "collective";
+  int rc = mn_coll_all_gather(c, gid, t, t2, err, errlen, &mismatch);
+  return ran(x, rc, mismatch);
+}
+
+/* __coll_barrier(group_id) */
+static int b_barrier(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, const msgpack_object *args, char *err,
+                     size_t errlen) {
+  uint64_t gid;
+  int mismatch = 0;
+  if (group_args(b, args, 1, &gid, err, errlen) != 0) return -1;
+  x->err_kind = "collective";
+  int rc = mn_coll_barrier(inst(x), gid, err, errlen, &mismatch);
+  return ran(x, rc, mismatch);
+}
+
+/* A "local" send only records the tensor: the recv on this proc copies it. */
+static int send_local(const mk_tensor_t *t, uint64_t tag, char *err, size_t errlen) {
+  for (int i = 0; i < MN_COLL_MAX_LOCAL; i++) {
+    if (!local_sends[i].used) {
+      local_sends[i].used = 1;
+      local_sends[i].tag = tag;
+      local_sends[i].id = t->id;
+      return 0;
+    }
   }
-  if (IS("__coll_layout")) {
-    static const char *const names[] = {"flat", "one host", "hosts"};
-    if (arg_count(args, 1, 1, "__coll_layout", "(group_id)", err, errlen) != 0 ||
-        arg_u64(args, 0, "group id", "__coll_layout", &gid, err, errlen) != 0)
-      return -1;
-    int l = mn_coll_group_layout(c, gid);
-    if (l < 0) {
-      snprintf(err, errlen, "__coll_layout: rank %d has no group %llu", mn_coll_rank(c), (unsigned long long)gid);
-      return -1;
-    }
-    return mk_return_string(ctx, names[l], strlen(names[l])) == 0 ? 0 : -1;
-  }
-  if (IS("__coll_all_reduce") || IS("__coll_reduce_scatter")) {
-    int scatter = IS("__coll_reduce_scatter");
-    const char *what = scatter ? "__coll_reduce_scatter" : "__coll_all_reduce";
-    uint32_t opi = scatter ? 3 : 2;
-    if (arg_count(args, opi + 1, opi + 1, what, scatter ? "(group_id, src, dst, op)" : "(group_id, tensor, op)",
-                  err, errlen) != 0 ||
-        arg_u64(args, 0, "group id", what, &gid, err, errlen) != 0)
-      return -1;
-    if ((t = TENSOR(1)) == NULL || (scatter && (t2 = TENSOR(2)) == NULL) || arg_op(args, opi, what, &op, err, errlen) != 0)
-      return abort_on_bad_args(c, gid, err);
-    x->err_kind = "collective";
-    rc = scatter ? mn_coll_reduce_scatter(c, gid, t, t2, op, err, errlen, &mismatch)
-                 : mn_coll_all_reduce(c, gid, t, op, err, errlen, &mismatch);
-  } else if (IS("__coll_broadcast")) {
-    if (arg_count(args, 3, 3, "__coll_broadcast", "(group_id, tensor, root_index)", err, errlen) != 0 ||
-        arg_u64(args, 0, "group id", "__coll_broadcast", &gid, err, errlen) != 0)
-      return -1;
-    if ((t = TENSOR(1)) == NULL || arg_u64(args, 2, "root index", "__coll_broadcast", &root, err, errlen) != 0)
-      return abort_on_bad_args(c, gid, err);
-    x->err_kind = "collective";
-    rc = mn_coll_broadcast(c, gid, t, root > INT32_MAX ? -1 : (int)root, err, errlen, &mismatch);
-  } else if (IS("__coll_all_gather")) {
-    if (arg_count(args, 3, 3, "__coll_all_gather", "(group_id, src, dst)", err, errlen) != 0 ||
-        arg_u64(args, 0, "group id", "__coll_all_gather", &gid, err, errlen) != 0)
-      return -1;
-    if ((t = TENSOR(1)) == NULL || (t2 = TENSOR(2)) == NULL) return abort_on_bad_args(c, gid, err);
-    x->err_kind = "collective";
-    rc = mn_coll_all_gather(c, gid, t, t2, err, errlen, &mismatch);
-  } else if (IS("__coll_barrier")) {
-    if (arg_count(args, 1, 1, "__coll_barrier", "(group_id)", err, errlen) != 0 ||
-        arg_u64(args, 0, "group id", "__coll_barrier", &gid, err, errlen) != 0)
-      return -1;
-    x->err_kind = "collective";
-    rc = mn_coll_barrier(c, gid, err, errlen, &mismatch);
-  } else if (IS("__coll_send")) {
-    const char *s;
-    size_t sl;
-    char addr[MN_COLL_MAX_ADDR + 1];
-    if (arg_count(args, 3, 3, "__coll_send", "(tensor, \"host:port\" or \"local\", tag)", err, errlen) != 0 ||
-        (t = TENSOR(0)) == NULL || arg_u64(args, 2, "tag", "__coll_send", &tag, err, errlen) != 0)
-      return -1;
-    if (mn_get_str(args, 1, &s, &sl) != 0 || sl == 0 || sl > MN_COLL_MAX_ADDR) {
-      snprintf(err, errlen, "__coll_send: argument 2 must be the receiver's data address \"host:port\" or \"local\"");
-      return -1;
-    }
-    memcpy(addr, s, sl);
-    addr[sl] = '\0';
-    x->err_kind = "collective";
-    if (strcmp(addr, "local") == 0) {
-      for (int i = 0; i < MN_COLL_MAX_LOCAL; i++) {
-        if (!local_sends[i].used) {
-          local_sends[i].used = 1;
-          local_sends[i].tag = tag;
-          local_sends[i].id = t->id;
-          return 0;
-        }
-      }
-      snprintf(err, errlen, "copy: %d local copies are already waiting for their recv (MN_COLL_MAX_LOCAL)",
-               MN_COLL_MAX_LOCAL);
-      return -1;
-    }
-    rc = mn_coll_send(c, t, addr, tag, err, errlen);
-  } else if (IS("__coll_recv")) {
-    int found;
-    if (arg_count(args, 2, 2, "__coll_recv", "(tensor, tag)", err, errlen) != 0 || (t = TENSOR(0)) == NULL ||
-        arg_u64(args, 1, "tag", "__coll_recv", &tag, err, errlen) != 0)
-      return -1;
-    x->err_kind = "collective";
-    rc = builtin_recv_local(x, t, tag, &found, err, errlen);
-    if (!found) rc = mn_coll_recv(c, t, tag, err, errlen);
-  } else {
-    snprintf(err, errlen, "unknown built-in '%.*s' (collectives: __coll_port, __coll_group, __coll_free, __coll_layout, "
-             "__coll_all_reduce, __coll_broadcast, __coll_all_gather, __coll_reduce_scatter, __coll_barrier, "
-             "__coll_send, __coll_recv)", (int)nl, name);
+  snprintf(err, errlen, "copy: %d local copies are already waiting for their recv (MN_COLL_MAX_LOCAL)",
+           MN_COLL_MAX_LOCAL);
+  return -1;
+}
+
+/* __coll_send(tensor, "host:port" or "local", tag) */
+static int b_send(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, const msgpack_object *args, char *err,
+                  size_t errlen) {
+  const char *s;
+  size_t sl;
+  uint64_t tag;
+  mk_tensor_t *t;
+  char addr[MN_COLL_MAX_ADDR + 1];
+  if (arg_count(args, 3, 3, b->name, b->usage, err, errlen) != 0 ||
+      (t = mn_exec_tensor_arg(x, args, 0, err, errlen)) == NULL ||
+      arg_u64(args, 2, "tag", b->name, &tag, err, errlen) != 0)
+    return -1;
+  if (mn_get_str(args, 1, &s, &sl) != 0 || sl == 0 || sl > MN_COLL_MAX_ADDR) {
+    snprintf(err, errlen, "__coll_send: argument 2 must be the receiver's data address \"host:port\" or \"local\"");
     return -1;
   }
-#undef IS
-#undef TENSOR
-  if (rc != 0 && mismatch) x->err_kind = "collective_mismatch";
-  return rc;
+  memcpy(addr, s, sl);
+  addr[sl] = '\0';
+  x->err_kind = "collective";
+  if (strcmp(addr, "local") == 0) return send_local(t, tag, err, errlen);
+  return mn_coll_send(inst(x), t, addr, tag, err, errlen);
 }
+
+/* __coll_recv(tensor, tag) */
+static int b_recv(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, const msgpack_object *args, char *err,
+                  size_t errlen) {
+  uint64_t tag;
+  int found;
+  mk_tensor_t *t;
+  if (arg_count(args, 2, 2, b->name, b->usage, err, errlen) != 0 ||
+      (t = mn_exec_tensor_arg(x, args, 0, err, errlen)) == NULL ||
+      arg_u64(args, 1, "tag", b->name, &tag, err, errlen) != 0)
+    return -1;
+  x->err_kind = "collective";
+  int rc = builtin_recv_local(x, t, tag, &found, err, errlen);
+  return found ? rc : mn_coll_recv(inst(x), t, tag, err, errlen);
+}
+
+/* ---- the table ----------------------------------------------------------------- */
+
+/* In the order the "unknown built-in" message lists them. */
+static const mn_builtin_t entries[] = {
+  {"__coll_port", b_port, "()"},
+  {"__coll_group", b_group, "(group_id, my_index, addresses [, ranks])"},
+  {"__coll_free", b_free, "(group_id)"},
+  {"__coll_layout", b_layout, "(group_id)"},
+  {"__coll_all_reduce", b_all_reduce, "(group_id, tensor, op)"},
+  {"__coll_broadcast", b_broadcast, "(group_id, tensor, root_index)"},
+  {"__coll_all_gather", b_all_gather, "(group_id, src, dst)"},
+  {"__coll_reduce_scatter", b_reduce_scatter, "(group_id, src, dst, op)"},
+  {"__coll_barrier", b_barrier, "(group_id)"},
+  {"__coll_send", b_send, "(tensor, \"host:port\" or \"local\", tag)"},
+  {"__coll_recv", b_recv, "(tensor, tag)"},
+};
+
+static void coll_unknown(const mn_builtin_module_t *m, const char *name, size_t nl, char *err, size_t errlen) {
+  char names[512];
+  snprintf(err, errlen, "unknown built-in '%.*s' (collectives: %s)", (int)nl, name,
+           mn_exec_builtin_names(m, 0, names, sizeof(names)));
+}
+
+static const mn_builtin_module_t module = {"__coll_", entries, (int)(sizeof(entries) / sizeof(entries[0])),
+                                           coll_unknown};
 
 int mn_coll_start(const char *bind_host, const mn_auth_t *auth, int rank) {
   char err[256];
@@ -248,7 +343,7 @@ int mn_coll_start(const char *bind_host, const mn_auth_t *auth, int rank) {
     fprintf(stderr, "monarch-worker --proc: data port: %s\n", err);
     return rc;
   }
-  if (mn_exec_register("__coll_", coll_builtin) != 0) {
+  if (mn_exec_register(&module) != 0) {
     fprintf(stderr, "monarch-worker --proc: cannot register the collective built-ins (MN_MAX_BUILTIN_MODULES)\n");
     return -1;
   }

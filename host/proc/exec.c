@@ -1,11 +1,12 @@
 /* exec.c - the proc's CALL executor; see exec.h. */
 #include "exec.h"
+#include "exec_int.h"
+#include "sig.h"
 
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #define MN_EXT_TENSOR 1 /* msgpack ext type of a tensor handle: 8-byte big-endian id */
 
@@ -58,32 +59,18 @@ __attribute__((format(printf, 2, 3))) static int api_error(mk_ctx_t *c, const ch
   X(c)->failed = 1;
   return -1;
 }
-/* The first request of a call reuses a cached block; later ones in the same
- * call get blocks of their own, so every pointer stays valid until return. */
-static void *api_scratch(mk_ctx_t *c, size_t n) {
-  mn_exec_t *x = X(c);
-  void *p = NULL;
-  if (!x->scratch_used) {
-    if (n > x->scratch_cap) {
-      if (posix_memalign(&p, 64, n ? n : 64) != 0) return NULL;
-      free(x->scratch);
-      x->scratch = p;
-      x->scratch_cap = n;
-    }
-    x->scratch_used = 1;
-    return x->scratch;
-  }
-  if (x->nextra == MN_MAX_SCRATCH || posix_memalign(&p, 64, n ? n : 64) != 0) return NULL;
-  x->extra[x->nextra++] = p;
-  return p;
-}
-
-static void scratch_release(mn_exec_t *x) {
-  for (int i = 0; i < x->nextra; i++) free(x->extra[i]);
-  x->nextra = 0;
-  x->scratch_used = 0;
-}
+/* Blocks stay valid until the kernel returns (scratch.h). */
+static void *api_scratch(mk_ctx_t *c, size_t n) { return mn_scratch_get(&X(c)->scratch, n); }
 static int api_cancelled(mk_ctx_t *c) { return atomic_load(X(c)->cancel) != 0; }
+
+int mn__exec_return_ref(mn_exec_t *x, const void *p, size_t n) {
+  if (count_result(x)) return -1;
+  /* Only the bin header is packed; reply_ok writes the bytes from p itself. */
+  msgpack_pack_bin(&x->rpk, n);
+  x->ref_ptr = (const char *)p;
+  x->ref_len = n;
+  return 0;
+}
 
 static const mk_api_t api = {api_nil, api_bool, api_int, api_number, api_string,
                              api_bytes, api_error, api_scratch, api_cancelled};
@@ -162,20 +149,7 @@ static const char *obj_type_name(const msgpack_object *o) {
   }
 }
 
-static const char *want_name(char c) {
-  switch (c) {
-  case 'n': return "number";
-  case 'i': return "integer";
-  case 's': return "string";
-  case 'b': return "bytes";
-  case 't': return "tensor";
-  case 'B': return "boolean";
-  default: return "any value";
-  }
-}
-
-/* Reads a tensor handle from an ext object; 0 or -1. */
-static int tensor_id(const msgpack_object *o, uint64_t *id) {
+int mn__exec_tensor_id(const msgpack_object *o, uint64_t *id) {
   if (o->type != MSGPACK_OBJECT_EXT || o->via.ext.type != MN_EXT_TENSOR || o->via.ext.size != 8) return -1;
   const unsigned char *p = (const unsigned char *)o->via.ext.ptr;
   uint64_t v = 0;
@@ -185,8 +159,8 @@ static int tensor_id(const msgpack_object *o, uint64_t *id) {
 }
 
 /*
- * Converts argument i to what signature letter `want` asks for.
- * Returns 0, or -1 with a message in err naming the argument.
+ * Converts argument i from msgpack, then to what signature letter `want`
+ * asks for (sig.c). Returns 0, or -1 with a message in err naming the argument.
  */
 static int convert_arg(mn_exec_t *x, const msgpack_object *o, char want, int i, mk_arg_t *a,
                        char *err, size_t errlen) {
@@ -209,7 +183,7 @@ static int convert_arg(mn_exec_t *x, const msgpack_object *o, char want, int i, 
     a->type = MK_ARG_BYTES; a->v.str.ptr = o->via.bin.ptr; a->v.str.len = o->via.bin.size;
     break;
   case MSGPACK_OBJECT_EXT:
-    if (tensor_id(o, &id) != 0) {
+    if (mn__exec_tensor_id(o, &id) != 0) {
       snprintf(err, errlen, "argument %d: unknown extension value", i + 1);
       return -1;
     }
@@ -225,247 +199,70 @@ static int convert_arg(mn_exec_t *x, const msgpack_object *o, char want, int i, 
     snprintf(err, errlen, "argument %d: a %s cannot be passed to a kernel", i + 1, obj_type_name(o));
     return -1;
   }
-  int ok = 1;
-  switch (want) {
-  case 'n':
-    if (a->type == MK_ARG_INT) { a->type = MK_ARG_NUMBER; a->v.num = (double)a->v.i; }
-    ok = a->type == MK_ARG_NUMBER;
-    break;
-  case 'i':
-    /* Range check first: casting NaN or a huge double to int64 is undefined. */
-    if (a->type == MK_ARG_NUMBER && a->v.num >= -9.2e18 && a->v.num <= 9.2e18 &&
-        a->v.num == (double)(int64_t)a->v.num) {
-      a->type = MK_ARG_INT; a->v.i = (int64_t)a->v.num;
-    }
-    ok = a->type == MK_ARG_INT;
-    break;
-  case 's': ok = a->type == MK_ARG_STRING; break;
-  case 'b':
-    if (a->type == MK_ARG_STRING) a->type = MK_ARG_BYTES;
-    ok = a->type == MK_ARG_BYTES;
-    break;
-  case 't': ok = a->type == MK_ARG_TENSOR; break;
-  case 'B': ok = a->type == MK_ARG_BOOL; break;
-  default: break;
-  }
-  if (!ok) {
-    snprintf(err, errlen, "argument %d: expected %s, got %s", i + 1, want_name(want), obj_type_name(o));
-    return -1;
-  }
-  return 0;
+  return mn_sig_coerce(a, want, i + 1, obj_type_name(o), err, errlen);
 }
 
 /* Checks args against a signature and converts them; 0 or -1 with err. */
 static int bind_args(mn_exec_t *x, const mk_kernel_t *k, const msgpack_object *args, mk_arg_t *argv,
                      char *err, size_t errlen) {
-  const char *sig = k->signature;
-  int n = (int)args->via.array.size, max = 0, rest = 0, opt_from = -1;
-  char letters[MN_MAX_ARGS];
-  for (const char *p = sig; *p && max < MN_MAX_ARGS; p++) {
-    if (*p == '*') { rest = 1; break; }
-    if (*p == '?') { /* the letter before '?' and every later one are optional */
-      if (opt_from < 0 && max > 0) opt_from = max - 1;
-      continue;
-    }
-    letters[max++] = *p;
-  }
-  int min = opt_from >= 0 ? opt_from : max;
-  if (n < min || (!rest && n > max)) {
-    if (min == max)
-      snprintf(err, errlen, "expected %d argument%s, got %d (signature \"%s\")", max, max == 1 ? "" : "s", n, sig);
-    else
-      snprintf(err, errlen, "expected %d to %d arguments, got %d (signature \"%s\")", min, max, n, sig);
-    return -1;
-  }
-  for (int i = 0; i < n; i++) {
-    char want = i < max ? letters[i] : 'a';
-    if (convert_arg(x, &args->via.array.ptr[i], want, i, &argv[i], err, errlen) != 0) return -1;
-  }
+  mn_sig_t sig;
+  int n = (int)args->via.array.size;
+  mn_sig_parse(&sig, k->signature);
+  if (mn_sig_check_count(&sig, n, err, errlen) != 0) return -1;
+  for (int i = 0; i < n; i++)
+    if (convert_arg(x, &args->via.array.ptr[i], mn_sig_letter(&sig, i), i, &argv[i], err, errlen) != 0) return -1;
   return 0;
 }
 
-/* ---- built-ins ----------------------------------------------------------- */
-
-static int get_arg_u64(const msgpack_object *args, uint32_t i, uint64_t *v) {
-  if (i >= args->via.array.size) return -1;
-  const msgpack_object *o = &args->via.array.ptr[i];
-  if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER) { *v = o->via.u64; return 0; }
-  return tensor_id(o, v);
-}
+/* ---- built-ins: one table per module, looked up by name ------------------------ */
 
 static struct {
-  const char *prefix;
-  mn_builtin_fn fn;
+  const mn_builtin_module_t *m;
+  size_t plen; /* strlen(m->prefix), so a lookup does not measure it again */
 } modules[MN_MAX_BUILTIN_MODULES];
 static int nmodules;
 
-int mn_exec_register(const char *prefix, mn_builtin_fn fn) {
+int mn_exec_register(const mn_builtin_module_t *m) {
   if (nmodules == MN_MAX_BUILTIN_MODULES) return -1;
-  modules[nmodules].prefix = prefix;
-  modules[nmodules].fn = fn;
+  modules[nmodules].m = m;
+  modules[nmodules].plen = strlen(m->prefix);
   nmodules++;
   return 0;
 }
 
-mk_tensor_t *mn_exec_tensor_arg(mn_exec_t *x, const msgpack_object *args, uint32_t i, char *err,
-                                size_t errlen) {
-  uint64_t id;
-  if (get_arg_u64(args, i, &id) != 0) {
-    snprintf(err, errlen, "argument %u must be a tensor", i + 1);
-    return NULL;
+const char *mn_exec_builtin_names(const mn_builtin_module_t *m, size_t strip, char *buf, size_t len) {
+  size_t at = 0;
+  buf[0] = '\0';
+  for (int i = 0; i < m->count && at < len; i++) {
+    const char *n = m->entries[i].name;
+    if (i > 0) n += strlen(n) > strip ? strip : strlen(n);
+    int w = snprintf(buf + at, len - at, "%s%s", i > 0 ? ", " : "", n);
+    if (w < 0) break;
+    at += (size_t)w;
   }
-  mk_tensor_t *t = mn_tensor_get(&x->reg, id);
-  if (t == NULL) snprintf(err, errlen, "argument %u: tensor %llu does not exist on this proc", i + 1, (unsigned long long)id);
-  return t;
+  return buf;
+}
+
+/* The module a "__" name belongs to: the registered one whose prefix it
+ * has, else the executor's own (exec_builtins.c). */
+static const mn_builtin_module_t *module_of(const char *name, size_t nl) {
+  for (int i = 0; i < nmodules; i++)
+    if (nl >= modules[i].plen && memcmp(name, modules[i].m->prefix, modules[i].plen) == 0) return modules[i].m;
+  return &mn__exec_builtins;
 }
 
 /* Runs a "__" built-in; returns 0 or -1 with err. Results go to rbuf. */
 static int run_builtin(mn_exec_t *x, mk_ctx_t *ctx, const char *name, size_t nl,
                        const msgpack_object *args, char *err, size_t errlen) {
-  const char *s;
-  size_t sl;
-  uint64_t id;
-#define IS(lit) (nl == sizeof(lit) - 1 && memcmp(name, lit, nl) == 0)
-  if (IS("__load")) {
-    char lname[MN_MAX_NAME + 1];
-    if (mn_get_str(args, 0, &s, &sl) != 0 || sl == 0 || sl > MN_MAX_NAME) {
-      snprintf(err, errlen, "__load takes a library name of 1..%d bytes", MN_MAX_NAME);
-      return -1;
-    }
-    memcpy(lname, s, sl);
-    lname[sl] = '\0';
-    const mk_library_t *lib = mn_registry_load(&x->reg, lname, err, errlen);
-    if (lib == NULL) return -1;
-    api_string(ctx, lib->name ? lib->name : lname, strlen(lib->name ? lib->name : lname));
-    api_int(ctx, lib->count);
-    return 0;
+  const mn_builtin_module_t *m = module_of(name, nl);
+  for (int i = 0; i < m->count; i++) {
+    const mn_builtin_t *b = &m->entries[i];
+    if (strlen(b->name) == nl && memcmp(b->name, name, nl) == 0) return b->fn(x, ctx, b, args, err, errlen);
   }
-  if (IS("__tensor_new")) {
-    int64_t shape[MK_MAX_DIMS];
-    const msgpack_object *sh = args->via.array.size > 2 ? &args->via.array.ptr[2] : NULL;
-    if (get_arg_u64(args, 0, &id) != 0 || mn_get_str(args, 1, &s, &sl) != 0 || sh == NULL ||
-        sh->type != MSGPACK_OBJECT_ARRAY) {
-      snprintf(err, errlen, "__tensor_new takes (id, dtype, shape)");
-      return -1;
-    }
-    int dt = mn_dtype_parse(s, sl);
-    if (dt < 0) {
-      snprintf(err, errlen, "unknown dtype '%.*s' (f32, f64, f16, bf16, i32, i64, u8)", (int)sl, s);
-      return -1;
-    }
-    if (sh->via.array.size > MK_MAX_DIMS) {
-      snprintf(err, errlen, "tensor has %u dimensions; MK_MAX_DIMS is %d", sh->via.array.size, MK_MAX_DIMS);
-      return -1;
-    }
-    for (uint32_t i = 0; i < sh->via.array.size; i++) {
-      if (mn_get_i64(sh, i, &shape[i]) != 0) {
-        snprintf(err, errlen, "tensor shape entry %u is not an integer", i + 1);
-        return -1;
-      }
-    }
-    return mn_tensor_new(&x->reg, id, (mk_dtype_t)dt, (int)sh->via.array.size, shape, err, errlen) ? 0 : -1;
-  }
-  if (IS("__tensor_free")) {
-    if (get_arg_u64(args, 0, &id) != 0) {
-      snprintf(err, errlen, "__tensor_free takes a tensor id");
-      return -1;
-    }
-    api_bool(ctx, mn_tensor_free(&x->reg, id) == 0);
-    return 0;
-  }
-  if (IS("__tensor_fetch") || IS("__tensor_put")) {
-    if (get_arg_u64(args, 0, &id) != 0) {
-      snprintf(err, errlen, "%.*s takes a tensor (or tensor id) first", (int)nl, name);
-      return -1;
-    }
-    mk_tensor_t *t = mn_tensor_get(&x->reg, id);
-    if (t == NULL) {
-      snprintf(err, errlen, "tensor %llu does not exist on this proc", (unsigned long long)id);
-      return -1;
-    }
-    /* Optional byte range: (tensor, offset, len) to fetch, (tensor, offset, bytes) to put. */
-    int64_t off = 0, len = (int64_t)t->nbytes;
-    uint32_t data_at = 1;
-    if (args->via.array.size >= 3) {
-      if (mn_get_i64(args, 1, &off) != 0 || off < 0 || (size_t)off > t->nbytes) {
-        snprintf(err, errlen, "%.*s: offset must be an integer within 0..%zu", (int)nl, name, t->nbytes);
-        return -1;
-      }
-      data_at = 2;
-      if (IS("__tensor_fetch") && (mn_get_i64(args, 2, &len) != 0 || len < 0 || len > (int64_t)t->nbytes - off)) {
-        snprintf(err, errlen, "__tensor_fetch: range %lld+%lld is outside the tensor's %zu bytes", (long long)off,
-                 (long long)len, t->nbytes);
-        return -1;
-      }
-    }
-    if (t->device >= 0) {
-      snprintf(err, errlen, "tensor %llu is on cuda:%d: use __gpu_fetch / __gpu_put", (unsigned long long)id,
-               t->device);
-      return -1;
-    }
-    if (IS("__tensor_fetch")) {
-      if ((uint64_t)len > MN_MAX_FRAME - 64) {
-        snprintf(err, errlen, "fetch of %lld bytes is larger than one frame (MN_MAX_FRAME): fetch in ranges",
-                 (long long)len);
-        return -1;
-      }
-      /* Only the bin header is packed; the bytes go out from the tensor itself. */
-      if (count_result(x)) return -1;
-      msgpack_pack_bin(&x->rpk, (size_t)len);
-      x->ref_ptr = (const char *)t->data + off;
-      x->ref_len = (size_t)len;
-      return 0;
-    }
-    if (mn_get_bin(args, data_at, &s, &sl) != 0 && mn_get_str(args, data_at, &s, &sl) != 0) {
-      snprintf(err, errlen, "__tensor_put takes (tensor, bytes) or (tensor, offset, bytes)");
-      return -1;
-    }
-    if (data_at == 1 && sl != t->nbytes) {
-      snprintf(err, errlen, "put of %zu bytes into a tensor of %zu bytes", sl, t->nbytes);
-      return -1;
-    }
-    if ((size_t)off + sl > t->nbytes) {
-      snprintf(err, errlen, "put of %zu bytes at offset %lld runs past the tensor's %zu bytes", sl, (long long)off,
-               t->nbytes);
-      return -1;
-    }
-    memcpy((char *)t->data + off, s, sl);
-    return 0;
-  }
-  if (IS("__lost")) {
-    /* Stands in for a bulk CALL whose payload a reconnect could not resend. */
-    x->err_kind = "lost";
-    snprintf(err, errlen, "the call's payload was lost in a reconnect before the proc ran it; send it again");
-    return -1;
-  }
-  if (IS("__kernels")) {
-    int total = 0;
-    for (int l = 0; l < x->reg.nlibs; l++) total += x->reg.libs[l]->count;
-    for (int l = 0; l < x->reg.nlibs; l++)
-      for (int k = 0; k < x->reg.libs[l]->count && x->nresults < MN_MAX_RESULTS; k++)
-        api_string(ctx, x->reg.libs[l]->kernels[k].name, strlen(x->reg.libs[l]->kernels[k].name));
-    (void)total;
-    return 0;
-  }
-  if (IS("__info")) {
-    char h[256];
-    if (gethostname(h, sizeof(h)) != 0) strcpy(h, "?");
-    h[sizeof(h) - 1] = '\0';
-    api_int(ctx, x->rank);
-    api_int(ctx, x->world);
-    api_int(ctx, getpid());
-    api_string(ctx, h, strlen(h));
-    api_int(ctx, (int64_t)x->reg.ntensors);
-    api_int(ctx, (int64_t)x->reg.tensor_bytes);
-    return 0;
-  }
-#undef IS
-  for (int m = 0; m < nmodules; m++) {
-    size_t pl = strlen(modules[m].prefix);
-    if (nl >= pl && memcmp(name, modules[m].prefix, pl) == 0)
-      return modules[m].fn(x, ctx, name, nl, args, err, errlen);
-  }
-  snprintf(err, errlen, "unknown built-in '%.*s'", (int)nl, name);
+  if (m->unknown != NULL)
+    m->unknown(m, name, nl, err, errlen);
+  else
+    snprintf(err, errlen, "unknown built-in '%.*s'", (int)nl, name);
   return -1;
 }
 
@@ -487,8 +284,7 @@ void mn_exec_close(mn_exec_t *x) {
   mn_registry_close(&x->reg);
   mn_buf_free(&x->out);
   mn_buf_free(&x->rbuf);
-  scratch_release(x);
-  free(x->scratch);
+  mn_scratch_close(&x->scratch);
   msgpack_zone_destroy(&x->zone);
 }
 
@@ -569,7 +365,7 @@ int mn_exec_frame(mn_exec_t *x, const char *body, size_t len) {
   x->running = k->name;
   rc = k->fn(&ctx, (int)args->via.array.size, argv);
   x->running = NULL;
-  scratch_release(x);
+  mn_scratch_release(&x->scratch);
   if (rc != 0 || x->failed)
     reply_err(x, seq, "kernel", kname, kl, x->errmsg[0] ? x->errmsg : "kernel failed without a message");
   else

@@ -7,13 +7,13 @@
 #define MN_EXEC_H
 
 #include "registry.h"
+#include "scratch.h"
 #include "wire.h"
 
 #include <stdatomic.h>
 
 #define MN_MAX_RESULTS 4096 /* most values one kernel may return */
 #define MN_MAX_ERRMSG 1024  /* longest error message a kernel may set */
-#define MN_MAX_SCRATCH 16   /* most scratch blocks one kernel call may hold */
 
 typedef struct {
   mn_registry_t reg;
@@ -27,11 +27,7 @@ typedef struct {
   uint32_t nresults;
   int failed;
   char errmsg[MN_MAX_ERRMSG];
-  void *scratch;          /* cached first scratch block */
-  size_t scratch_cap;
-  int scratch_used;
-  void *extra[MN_MAX_SCRATCH];
-  int nextra;
+  mn_scratch_t scratch;   /* behind the running kernel's mk_scratch */
   atomic_int *cancel;     /* set by the I/O thread when work should stop */
   uint64_t last_seq;      /* highest CALL sequence number executed */
   uint64_t dup_seq;       /* seq of the resent CALL when mn_exec_frame returns 1 */
@@ -43,15 +39,46 @@ typedef struct {
 } mn_exec_t;
 
 /*
- * Built-in extension point. A module (collectives, GPU, actors) registers
- * handlers for built-ins whose names start with `prefix` (e.g. "__coll_").
- * A handler reads raw msgpack args, writes results through ctx->api (the
- * mk_return_* helpers) and returns 0, or -1 with a message in err.
+ * Built-ins: calls whose names start with "__", answered by the proc itself.
+ * Each module (the executor's own, collectives, GPU, actors) is a table of
+ * entries; a handler reads raw msgpack args, writes results through ctx->api
+ * (the mk_return_* helpers) and returns 0, or -1 with a message in err. It
+ * may set x->err_kind (default "bad_args"). ctx->kernel is the NUL-terminated
+ * name that was called.
  */
-typedef int (*mn_builtin_fn)(mn_exec_t *x, mk_ctx_t *ctx, const char *name, size_t nl,
-                             const msgpack_object *args, char *err, size_t errlen);
-#define MN_MAX_BUILTIN_MODULES 16 /* most registered built-in prefixes */
-int mn_exec_register(const char *prefix, mn_builtin_fn fn);
+typedef struct mn_builtin_s mn_builtin_t;
+typedef int (*mn_builtin_fn)(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, const msgpack_object *args,
+                             char *err, size_t errlen);
+struct mn_builtin_s {
+  const char *name;  /* the whole name, "__coll_barrier" */
+  mn_builtin_fn fn;
+  const char *usage; /* its arguments, "(group_id)", as messages and docs show them */
+};
+
+typedef struct mn_builtin_module_s mn_builtin_module_t;
+struct mn_builtin_module_s {
+  const char *prefix;           /* every name of the module starts with it ("__coll_") */
+  const mn_builtin_t *entries;
+  int count;
+  /* Writes the error for a name with this prefix that no entry has; NULL: "unknown built-in '...'". */
+  void (*unknown)(const mn_builtin_module_t *m, const char *name, size_t nl, char *err, size_t errlen);
+};
+#define MN_MAX_BUILTIN_MODULES 16 /* most registered built-in modules */
+
+/*
+ * Registers a module of built-ins; m (and its entries) must outlive every
+ * executor. Call before executors start: the table is not locked. Returns 0,
+ * or -1 if MN_MAX_BUILTIN_MODULES are registered already.
+ */
+int mn_exec_register(const mn_builtin_module_t *m);
+
+/*
+ * Writes m's names into buf, separated by ", ", for an "unknown built-in"
+ * message: every name after the first loses its first `strip` bytes (so the
+ * actors' list reads "__actor_define, _has, ..."). Returns buf.
+ */
+const char *mn_exec_builtin_names(const mn_builtin_module_t *m, size_t strip, char *buf, size_t len);
+
 /* Resolves a tensor argument (ext handle or integer id); NULL with err if absent. */
 mk_tensor_t *mn_exec_tensor_arg(mn_exec_t *x, const msgpack_object *args, uint32_t i, char *err,
                                 size_t errlen);

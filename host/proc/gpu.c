@@ -428,7 +428,9 @@ static int coll_wait(mn_exec_t *x, mk_ctx_t *ctx, comm_t *c, const char *who, ch
 
 /* ---- built-ins --------------------------------------------------------------- */
 
-static int b_info(mn_exec_t *x, mk_ctx_t *ctx, char *err, size_t errlen) {
+/* __gpu_info() */
+static int b_info(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, const msgpack_object *args, char *err,
+                  size_t errlen) {
   int dev = proc_device(x), major = 0, minor = 0, rtv = 0, drv = 0, rc;
   size_t fb = 0, tb = 0;
   char *props, cc[32];
@@ -459,7 +461,9 @@ static int b_info(mn_exec_t *x, mk_ctx_t *ctx, char *err, size_t errlen) {
   return bad ? -1 : 0;
 }
 
-static int b_tensor_new(mn_exec_t *x, const msgpack_object *args, char *err, size_t errlen) {
+/* __gpu_tensor_new(id, dtype, shape, device?) */
+static int b_tensor_new(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, const msgpack_object *args, char *err,
+                        size_t errlen) {
   uint64_t id;
   const char *s;
   size_t sl;
@@ -467,7 +471,7 @@ static int b_tensor_new(mn_exec_t *x, const msgpack_object *args, char *err, siz
   const msgpack_object *sh = arg(args, 2), *d = arg(args, 3);
   if (mn_get_u64(args, 0, &id) != 0 || mn_get_str(args, 1, &s, &sl) != 0 || sh == NULL ||
       sh->type != MSGPACK_OBJECT_ARRAY || (d != NULL && d->type != MSGPACK_OBJECT_NIL && mn_get_i64(args, 3, &dev) != 0)) {
-    snprintf(err, errlen, "__gpu_tensor_new takes (id, dtype, shape, device?)");
+    snprintf(err, errlen, "%s takes %s", b->name, b->usage);
     return -1;
   }
   int dt = mn_dtype_parse(s, sl);
@@ -500,35 +504,48 @@ static int b_tensor_new(mn_exec_t *x, const msgpack_object *args, char *err, siz
 #endif
 }
 
-/* __gpu_fetch(t) and __gpu_put(t, bytes). */
-static int b_copy(mn_exec_t *x, mk_ctx_t *ctx, int put, const msgpack_object *args, char *err, size_t errlen) {
-  const char *who = put ? "__gpu_put" : "__gpu_fetch";
+/* The GPU tensor that __gpu_fetch and __gpu_put copy, on a ready device; NULL with err. */
+static mk_tensor_t *copy_tensor(mn_exec_t *x, const mn_builtin_t *b, const msgpack_object *args, char *err,
+                                size_t errlen) {
+  if (cuda_ready(x, err, errlen) != 0) return NULL;
+  mk_tensor_t *t = gpu_tensor_arg(x, args, 0, b->name, err, errlen);
+  if (t == NULL || use_device(x, t->device, err, errlen) != 0) return NULL;
+  return t;
+}
+
+/* __gpu_fetch(t) -> bytes (device to host) */
+static int b_fetch(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, const msgpack_object *args, char *err,
+                   size_t errlen) {
+  mk_tensor_t *t = copy_tensor(x, b, args, err, errlen);
+  if (t == NULL) return -1;
+  if (t->nbytes > MN_MAX_FRAME - 64) {
+    snprintf(err, errlen, "__gpu_fetch: tensor of %zu bytes is larger than one frame (MN_MAX_FRAME)", t->nbytes);
+    return -1;
+  }
+  void *host = malloc(t->nbytes ? t->nbytes : 1);
+  if (host == NULL) {
+    snprintf(err, errlen, "__gpu_fetch: out of host memory for %zu bytes", t->nbytes);
+    return -1;
+  }
+  int rc = G.rt.Memcpy(host, t->data, t->nbytes, CUDA_D2H);
+  if (rc != CUDA_SUCCESS) {
+    free(host);
+    return cuda_fail(x, rc, "__gpu_fetch: cudaMemcpy device to host", err, errlen);
+  }
+  int bad = mk_return_bytes(ctx, host, t->nbytes);
+  free(host);
+  return bad ? -1 : 0;
+}
+
+/* __gpu_put(t, bytes): host to device, exactly t's size */
+static int b_put(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, const msgpack_object *args, char *err,
+                 size_t errlen) {
   const char *s;
   size_t sl;
-  if (cuda_ready(x, err, errlen) != 0) return -1;
-  mk_tensor_t *t = gpu_tensor_arg(x, args, 0, who, err, errlen);
-  if (t == NULL || use_device(x, t->device, err, errlen) != 0) return -1;
-  if (!put) {
-    if (t->nbytes > MN_MAX_FRAME - 64) {
-      snprintf(err, errlen, "__gpu_fetch: tensor of %zu bytes is larger than one frame (MN_MAX_FRAME)", t->nbytes);
-      return -1;
-    }
-    void *host = malloc(t->nbytes ? t->nbytes : 1);
-    if (host == NULL) {
-      snprintf(err, errlen, "__gpu_fetch: out of host memory for %zu bytes", t->nbytes);
-      return -1;
-    }
-    int rc = G.rt.Memcpy(host, t->data, t->nbytes, CUDA_D2H);
-    if (rc != CUDA_SUCCESS) {
-      free(host);
-      return cuda_fail(x, rc, "__gpu_fetch: cudaMemcpy device to host", err, errlen);
-    }
-    int bad = mk_return_bytes(ctx, host, t->nbytes);
-    free(host);
-    return bad ? -1 : 0;
-  }
+  mk_tensor_t *t = copy_tensor(x, b, args, err, errlen);
+  if (t == NULL) return -1;
   if (mn_get_bin(args, 1, &s, &sl) != 0 && mn_get_str(args, 1, &s, &sl) != 0) {
-    snprintf(err, errlen, "__gpu_put takes (tensor, bytes)");
+    snprintf(err, errlen, "%s takes %s", b->name, b->usage);
     return -1;
   }
   if (sl != t->nbytes) {
@@ -539,7 +556,9 @@ static int b_copy(mn_exec_t *x, mk_ctx_t *ctx, int put, const msgpack_object *ar
   return rc == CUDA_SUCCESS ? 0 : cuda_fail(x, rc, "__gpu_put: cudaMemcpy host to device", err, errlen);
 }
 
-static int b_free(mn_exec_t *x, mk_ctx_t *ctx, const msgpack_object *args, char *err, size_t errlen) {
+/* __gpu_free(t) -> true, or false if there was none */
+static int b_free(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, const msgpack_object *args, char *err,
+                  size_t errlen) {
   char e[256];
   const msgpack_object *a = arg(args, 0);
   if (a == NULL || (a->type != MSGPACK_OBJECT_POSITIVE_INTEGER && a->type != MSGPACK_OBJECT_EXT)) {
@@ -554,13 +573,17 @@ static int b_free(mn_exec_t *x, mk_ctx_t *ctx, const msgpack_object *args, char 
   return mk_return_bool(ctx, t != NULL && mn_tensor_free(&x->reg, t->id) == 0);
 }
 
-static int b_sync(mn_exec_t *x, char *err, size_t errlen) {
+/* __gpu_sync() */
+static int b_sync(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, const msgpack_object *args, char *err,
+                  size_t errlen) {
   if (use_device(x, proc_device(x), err, errlen) != 0) return -1;
   int rc = G.rt.DeviceSynchronize();
   return rc == CUDA_SUCCESS ? 0 : cuda_fail(x, rc, "cudaDeviceSynchronize", err, errlen);
 }
 
-static int b_nccl_id(mn_exec_t *x, mk_ctx_t *ctx, char *err, size_t errlen) {
+/* __gpu_nccl_id() -> 128 bytes */
+static int b_nccl_id(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, const msgpack_object *args, char *err,
+                     size_t errlen) {
   mn_nccl_id_t id;
   if (nccl_ready(x, err, errlen) != 0) return -1;
   int rc = G.nccl.GetUniqueId(&id);
@@ -574,7 +597,9 @@ static int fail_watch(uint64_t watch) {
   return -1;
 }
 
-static int b_nccl_init(mn_exec_t *x, const msgpack_object *args, char *err, size_t errlen) {
+/* __gpu_nccl_init(comm, id, nranks, rank [, watch group]) */
+static int b_nccl_init(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, const msgpack_object *args, char *err,
+                       size_t errlen) {
   uint64_t cid, watch = 0;
   int64_t nranks, rank;
   const char *s;
@@ -583,7 +608,7 @@ static int b_nccl_init(mn_exec_t *x, const msgpack_object *args, char *err, size
   if (mn_get_u64(args, 0, &cid) != 0 || (mn_get_bin(args, 1, &s, &sl) != 0 && mn_get_str(args, 1, &s, &sl) != 0) ||
       mn_get_i64(args, 2, &nranks) != 0 || mn_get_i64(args, 3, &rank) != 0 ||
       (args->via.array.size > 4 && mn_get_u64(args, 4, &watch) != 0)) {
-    snprintf(err, errlen, "__gpu_nccl_init takes (comm, id bytes, nranks, rank [, watch group])");
+    snprintf(err, errlen, "%s takes %s", b->name, b->usage);
     return -1;
   }
   if (sl != sizeof(id.internal)) {
@@ -616,7 +641,9 @@ static int b_nccl_init(mn_exec_t *x, const msgpack_object *args, char *err, size
   return 0;
 }
 
-static int b_nccl_free(mn_exec_t *x, mk_ctx_t *ctx, const msgpack_object *args, char *err, size_t errlen) {
+/* __gpu_nccl_free(comm) -> true, or false if there was none */
+static int b_nccl_free(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, const msgpack_object *args, char *err,
+                       size_t errlen) {
   uint64_t cid;
   if (mn_get_u64(args, 0, &cid) != 0) {
     snprintf(err, errlen, "__gpu_nccl_free takes a communicator id");
@@ -646,10 +673,12 @@ static int coll_tensor(const comm_t *c, const mk_tensor_t *t, const char *who, c
 
 /* __gpu_all_reduce(comm, t, op), __gpu_broadcast(comm, t, root),
  * __gpu_all_gather(comm, send, recv), __gpu_reduce_scatter(comm, send, recv, op). */
-static int b_collective(mn_exec_t *x, mk_ctx_t *ctx, const char *who, const msgpack_object *args, char *err,
-                        size_t errlen) {
-  int is_ar = strcmp(who, "__gpu_all_reduce") == 0, is_bc = strcmp(who, "__gpu_broadcast") == 0;
-  int is_ag = strcmp(who, "__gpu_all_gather") == 0, is_rs = !is_ar && !is_bc && !is_ag;
+typedef enum { GPU_ALL_REDUCE, GPU_BROADCAST, GPU_ALL_GATHER, GPU_REDUCE_SCATTER } gpu_coll_t;
+
+static int b_collective(mn_exec_t *x, mk_ctx_t *ctx, gpu_coll_t kind, const char *who, const msgpack_object *args,
+                        char *err, size_t errlen) {
+  int is_ar = kind == GPU_ALL_REDUCE, is_bc = kind == GPU_BROADCAST;
+  int is_ag = kind == GPU_ALL_GATHER, is_rs = kind == GPU_REDUCE_SCATTER;
   int op = 0, root = 0, rc;
   int64_t r64;
   comm_t *c = comm_arg(x, args, who, err, errlen);
@@ -686,35 +715,54 @@ static int b_collective(mn_exec_t *x, mk_ctx_t *ctx, const char *who, const msgp
   return coll_wait(x, ctx, c, who, err, errlen);
 }
 
-static int gpu_builtin(mn_exec_t *x, mk_ctx_t *ctx, const char *name, size_t nl, const msgpack_object *args,
-                       char *err, size_t errlen) {
-  char who[64];
-  if (nl >= sizeof(who)) nl = sizeof(who) - 1;
-  memcpy(who, name, nl);
-  who[nl] = '\0';
-#define IS(lit) (strcmp(who, lit) == 0)
-  if (IS("__gpu_info")) return b_info(x, ctx, err, errlen);
-  if (IS("__gpu_tensor_new")) return b_tensor_new(x, args, err, errlen);
-  if (IS("__gpu_fetch")) return b_copy(x, ctx, 0, args, err, errlen);
-  if (IS("__gpu_put")) return b_copy(x, ctx, 1, args, err, errlen);
-  if (IS("__gpu_free")) return b_free(x, ctx, args, err, errlen);
-  if (IS("__gpu_sync")) return b_sync(x, err, errlen);
-  if (IS("__gpu_nccl_id")) return b_nccl_id(x, ctx, err, errlen);
-  if (IS("__gpu_nccl_init")) return b_nccl_init(x, args, err, errlen);
-  if (IS("__gpu_nccl_free")) return b_nccl_free(x, ctx, args, err, errlen);
-  if (IS("__gpu_all_reduce") || IS("__gpu_broadcast") || IS("__gpu_all_gather") || IS("__gpu_reduce_scatter"))
-    return b_collective(x, ctx, who, args, err, errlen);
-#undef IS
-  snprintf(err, errlen, "unknown GPU built-in '%s'", who);
-  return -1;
+static int b_all_reduce(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, const msgpack_object *args, char *err,
+                        size_t errlen) {
+  return b_collective(x, ctx, GPU_ALL_REDUCE, b->name, args, err, errlen);
 }
+static int b_broadcast(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, const msgpack_object *args, char *err,
+                       size_t errlen) {
+  return b_collective(x, ctx, GPU_BROADCAST, b->name, args, err, errlen);
+}
+static int b_all_gather(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, const msgpack_object *args, char *err,
+                        size_t errlen) {
+  return b_collective(x, ctx, GPU_ALL_GATHER, b->name, args, err, errlen);
+}
+static int b_reduce_scatter(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, const msgpack_object *args, char *err,
+                            size_t errlen) {
+  return b_collective(x, ctx, GPU_REDUCE_SCATTER, b->name, args, err, errlen);
+}
+
+/* gpu.h documents each one. */
+static const mn_builtin_t entries[] = {
+  {"__gpu_info", b_info, "()"},
+  {"__gpu_tensor_new", b_tensor_new, "(id, dtype, shape, device?)"},
+  {"__gpu_fetch", b_fetch, "(tensor)"},
+  {"__gpu_put", b_put, "(tensor, bytes)"},
+  {"__gpu_free", b_free, "(tensor)"},
+  {"__gpu_sync", b_sync, "()"},
+  {"__gpu_nccl_id", b_nccl_id, "()"},
+  {"__gpu_nccl_init", b_nccl_init, "(comm, id bytes, nranks, rank [, watch group])"},
+  {"__gpu_nccl_free", b_nccl_free, "(comm)"},
+  {"__gpu_all_reduce", b_all_reduce, "(comm, tensor, op)"},
+  {"__gpu_broadcast", b_broadcast, "(comm, tensor, root)"},
+  {"__gpu_all_gather", b_all_gather, "(comm, send, recv)"},
+  {"__gpu_reduce_scatter", b_reduce_scatter, "(comm, send, recv, op)"},
+};
+
+#define MN_GPU_MAX_SHOWN 63 /* most bytes of an unknown name the message repeats */
+static void gpu_unknown(const mn_builtin_module_t *m, const char *name, size_t nl, char *err, size_t errlen) {
+  snprintf(err, errlen, "unknown GPU built-in '%.*s'", (int)(nl < MN_GPU_MAX_SHOWN ? nl : MN_GPU_MAX_SHOWN), name);
+}
+
+static const mn_builtin_module_t module = {"__gpu_", entries, (int)(sizeof(entries) / sizeof(entries[0])),
+                                           gpu_unknown};
 
 /* ---- registration ----------------------------------------------------------- */
 
 int mn_gpu_register(void) {
   static int registered;
   if (registered) return 0;
-  if (mn_exec_register("__gpu_", gpu_builtin) != 0) return -1;
+  if (mn_exec_register(&module) != 0) return -1;
 #ifdef MN_DEVICE_HOOKS
   mn_registry_set_device_ops(&device_ops);
 #endif

@@ -333,16 +333,23 @@ static void start_handshake(proc_t *p, int fd) {
 static atomic_int persistent;
 
 /* __persist(on): marks this proc as part of a persistent mesh (or not). Runs on the executor thread. */
-static int persist_builtin(mn_exec_t *x, mk_ctx_t *ctx, const char *name, size_t nl, const msgpack_object *args,
+static int persist_builtin(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, const msgpack_object *args,
                            char *err, size_t errlen) {
-  if (nl != sizeof("__persist") - 1 || args->via.array.size != 1 ||
-      args->via.array.ptr[0].type != MSGPACK_OBJECT_BOOLEAN) {
+  if (args->via.array.size != 1 || args->via.array.ptr[0].type != MSGPACK_OBJECT_BOOLEAN) {
     snprintf(err, errlen, "__persist takes one boolean");
     return -1;
   }
   atomic_store(&persistent, args->via.array.ptr[0].via.boolean ? 1 : 0);
   return 0;
 }
+
+/* Any other name that starts with "__persist" gets the usage, as it always has. */
+static void persist_unknown(const mn_builtin_module_t *m, const char *name, size_t nl, char *err, size_t errlen) {
+  snprintf(err, errlen, "__persist takes one boolean");
+}
+
+static const mn_builtin_t persist_entry = {"__persist", persist_builtin, "(on)"};
+static const mn_builtin_module_t persist_module = {"__persist", &persist_entry, 1, persist_unknown};
 
 /* ---- the I/O thread ------------------------------------------------------------ */
 
@@ -648,7 +655,7 @@ int mn_proc_main(const mn_proc_opts_t *o) {
   p->exec.device = o->device >= 0 ? 0 : -1; /* pinned: its GPU is the only one it sees, device 0 */
   if (mn_coll_start(o->bind_host, &auth, o->rank) != 0) return 2;
   if (mn_actor_register() != 0) return 2;
-  if (mn_exec_register("__persist", persist_builtin) != 0) return 2;
+  if (mn_exec_register(&persist_module) != 0) return 2;
   pthread_t th;
   if (pthread_create(&th, NULL, executor, p) != 0) return 2;
 

@@ -23,12 +23,6 @@ void mn_replay_clear(mn_replay_t *r) {
   r->evicted = 0;
 }
 
-void mn_replay_close(mn_replay_t *r) {
-  mn_replay_clear(r);
-  free(r->ring);
-  memset(r, 0, sizeof(*r));
-}
-
 int mn_replay_add(mn_replay_t *r, uint64_t seq, const char *frame, size_t len) {
   if (r->count == r->cap) {
     size_t cap = r->cap ? r->cap * 2 : 1024;

@@ -28,7 +28,6 @@ typedef struct {
 } mn_replay_t;
 
 void mn_replay_init(mn_replay_t *r, size_t max_bytes);
-void mn_replay_close(mn_replay_t *r);
 /* Copies a frame in; seqs must arrive in increasing order. 0 or -1 (no memory). */
 int mn_replay_add(mn_replay_t *r, uint64_t seq, const char *frame, size_t len);
 /* Drops entries with seq <= acked. */

@@ -238,6 +238,9 @@ static void test_errors_keep_the_state_alive(void **state) {
   begin(f, &c, "__actor_nothing", 0);
   run(f, &c);
   expect_fail(f, "bad_args", "unknown built-in '__actor_nothing'");
+  /* The list comes from the table of actor built-ins (actor.c) and reads as it always has. */
+  expect_fail(f, "bad_args",
+              "unknown built-in '__actor_nothing' (actors know __actor_define, _has, _spawn, _call, _resume, _stop, _stats)");
 }
 
 static void test_memory_limit(void **state) {
@@ -276,6 +279,8 @@ static const char KUSER[] =
     "  return proc.call('sum', t), proc.call('sum', mine), proc.call('echo', 'a', 2, true, nil, 2.5)\n"
     "end\n"
     "function K.bad(_, t) return proc.call('fill', t) end\n"
+    "function K.wrong_type(_, t) return proc.call('fill', t, 'x') end\n"
+    "function K.too_many(_, t) return proc.call('iota', t, 1, 2) end\n"
     "return K\n";
 
 static void test_kernels_from_lua(void **state) {
@@ -320,6 +325,19 @@ static void test_kernels_from_lua(void **state) {
   pack_tensor(pk, 7);
   run(f, &c);
   expect_fail(f, "actor", "proc.call('fill'): expected 2 arguments, got 1");
+  /* The executor's signature rules and texts (sig.c), from Lua. */
+  pk = begin(f, &c, "__actor_call", 3);
+  pack_str(pk, "k");
+  pack_str(pk, "wrong_type");
+  pack_tensor(pk, 7);
+  run(f, &c);
+  expect_fail(f, "actor", "proc.call('fill'): argument 2: expected number, got string");
+  pk = begin(f, &c, "__actor_call", 3);
+  pack_str(pk, "k");
+  pack_str(pk, "too_many");
+  pack_tensor(pk, 7);
+  run(f, &c);
+  expect_fail(f, "actor", "proc.call('iota'): expected 1 to 2 arguments, got 3 (signature \"tn?\")");
   pk = begin(f, &c, "__actor_call", 3);
   pack_str(pk, "k");
   pack_str(pk, "go");
