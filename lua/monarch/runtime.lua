@@ -109,8 +109,17 @@ local RETRYABLE = { proc_failed = true, unresponsive = true, lost = true, connec
 
 local send_slot -- defined below
 
+-- A slot of a call that already failed as a whole (its timeout) settles
+-- late: its answer, or its proc's death, is dropped. The record stays in
+-- `calls` until every slot has settled (so a proc's death still names the
+-- kernel it was running), then goes.
+local function settle_late(rec)
+  rec.remaining = rec.remaining - 1
+  if rec.remaining == 0 then calls[rec.id] = nil end
+end
+
 local function slot_done(rec, slot, ok, v)
-  if rec.done then return end
+  if rec.done then return settle_late(rec) end
   if not ok and RETRYABLE[v.kind] and rec.mode ~= "broadcast" then
     local tries = rec.tries[slot] or 0
     -- choose() re-routes to another live proc; retries= tries again after backoff.
@@ -158,7 +167,7 @@ local COMING_BACK = { restarting = true, initializing = true }
 
 --- Sends slot `slot` of rec to its proc (or queues it until the proc is back).
 send_slot = function(rec, slot)
-  if rec.done then return end
+  if rec.done then return settle_late(rec) end -- a retry or a queued slot of a call that timed out
   local p = rec.procs[slot]
   if SENDABLE[p.state] or ((rec.bypass or p.in_hooks) and p.state == "initializing") then
     core.call_as(rec.id, p.conn, slot, rec.kernel, unpack(rec.args, 1, rec.nargs))
