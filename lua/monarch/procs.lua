@@ -60,6 +60,7 @@ function M.finalize_death(p)
   if p.state == "dead" or p.state == "stopped" or p.state == "restarting" then return end
   dying[p] = nil
   p.cause = p.stopping and "stopped by the script" or describe_exit(p)
+  p.death_heard = nil
   local will_restart = p.restart and not p.stopping and not M.shutting_down and p.agent.state == "ready"
   p.state = p.stopping and "stopped" or (will_restart and "restarting" or "dead")
   local pending = core.take_pending(p.conn)
@@ -94,7 +95,9 @@ function M.finalize_death(p)
     restart_proc(p)
   elseif not handled and #pending == 0 and not M.shutting_down then
     -- Nobody was waiting on it and nobody asked to hear: stop the script rather than fail silently later.
-    runtime.unhandled(ev)
+    -- Unless a call to it fails before the pump ends: its last answer may have come in this same pump,
+    -- waking a task that has not yet called it again (and will be told it is dead when it does).
+    runtime.unhandled(ev, p)
   end
   -- A call queued for a restart that will not happen fails now.
   if p.state == "dead" then runtime.flush_queue(p) end

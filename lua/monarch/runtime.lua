@@ -69,8 +69,16 @@ local function run_timers(now)
   end
 end
 
---- Queues a failure that nobody waits for; the next pump raises it.
-function R.unhandled(err) unhandled[#unhandled + 1] = err end
+local unheard = setmetatable({}, { __mode = "k" }) -- err -> the proc whose death it reports
+
+--- Queues a failure that nobody waits for; the next pump raises it. With
+-- proc p (the failure is p's death), it is dropped instead if a call to p
+-- fails first because p is dead: the script has heard of it then. A task
+-- that p's last answer woke, in the same pump as p's death, does that.
+function R.unhandled(err, p)
+  unhandled[#unhandled + 1] = err
+  if p then unheard[err] = p end
+end
 
 -- ---- calls -----------------------------------------------------------------
 
@@ -154,6 +162,7 @@ local function slot_done(rec, slot, ok, v)
 end
 
 local function dead_error(rec, p)
+  p.death_heard = true -- the caller hears of it: see R.unhandled
   return errors.new {
     kind = "proc_failed", kernel = rec.kernel, rank = p.rank, host = p.host, pid = p.pid, cause = p.cause,
     stopped = p.state == "stopped" or nil,
@@ -438,9 +447,11 @@ function R.pump(timeout)
   run_timers(now)
   check_deadlines(now)
   run_ready()
-  if #unhandled > 0 then
+  while #unhandled > 0 do
     local e = table.remove(unhandled, 1)
-    error(e, 0)
+    local p = unheard[e]
+    unheard[e] = nil
+    if not (p and p.death_heard) then error(e, 0) end
   end
 end
 
