@@ -32,31 +32,18 @@ M.meshes = {}
 
 local ProcMesh = mesh_mod.ProcMesh
 local waiting = {} -- agent conn -> { req -> reply record }
-local routed = {}  -- conns whose REPLY frames reach us
 local next_req = 0
 
--- REPLY frames arrive on agent connections, whose handlers procs.lua makes:
--- every handler registered from now on hands us its REPLY frames first.
--- (procs.lua ignores message types it does not know, so nothing is lost
--- for it.) This module must load before the first agent connects, which
--- init.lua and the REPL see to.
-local handle = runtime.handle
-function runtime.handle(conn, h)
-  local on_message = h.on_message
-  if on_message then
-    routed[conn] = true
-    h.on_message = function(m)
-      if m[1] ~= MSG.REPLY then return on_message(m) end
-      local q = waiting[conn]
-      local r = q and q[m[2]]
-      if r then
-        q[m[2]] = nil
-        r.ok, r.value, r.done = m[3] == true, m[4], true
-      end
-    end
+-- The host agents answer PERSIST, ATTACH, DETACH, LIST and STATUS with a
+-- REPLY {REPLY, req, ok, value}; it completes the request ask() is waiting on.
+runtime.on_message(MSG.REPLY, function(m, conn)
+  local q = waiting[conn]
+  local r = q and q[m[2]]
+  if r then
+    q[m[2]] = nil
+    r.ok, r.value, r.done = m[3] == true, m[4], true
   end
-  return handle(conn, h)
-end
+end)
 
 local function agent_name(a)
   return (a.hostname or a.addr or "?") .. ":" .. tostring(a.port)
@@ -70,9 +57,6 @@ local function ask(agents, make, what)
     if a.state ~= "ready" then
       error(errors.new { kind = "connect", host = agent_name(a), message = "host agent is not connected (" ..
         tostring(a.reason or a.state) .. ")" }, 0)
-    end
-    if not routed[a.conn] then
-      error("monarch.persist was loaded after the host agents connected: require it before monarch.hosts()", 0)
     end
     next_req = next_req + 1
     local r = { agent = a, req = next_req }

@@ -122,6 +122,64 @@ runtime.tick(function(now)
   end
 end)
 
+-- ---- messages ----------------------------------------------------------------------
+
+local proc_at = {}  -- conn id -> the proc it was opened for
+local agent_at = {} -- conn id -> the host agent it was opened for
+
+-- The proc whose current connection is conn. Messages on a connection the
+-- proc has since replaced (a restart) are stale: nil.
+local function current_proc(conn)
+  local p = proc_at[conn]
+  if p and p.conn == conn then return p end
+end
+
+runtime.on_message(MSG.PONG, function(m, conn)
+  local p = current_proc(conn)
+  if p and p.pings and p.pings[m[2]] then
+    local cb = p.pings[m[2]]
+    p.pings[m[2]] = nil
+    cb()
+  end
+end)
+
+-- Before closing, a proc or an agent says why (a refused handshake, say).
+runtime.on_message(MSG.ERROR, function(m, conn)
+  local p = current_proc(conn)
+  if p then
+    p.refused = "proc refused the connection: " .. tostring(m[3])
+  elseif agent_at[conn] then
+    agent_at[conn].reason = tostring(m[3])
+  end
+end)
+
+local function on_spawn_reply(m, conn)
+  local a = agent_at[conn]
+  local req = a and a.requests[m[2]]
+  if req then
+    req.results[m[3] + 1] = m[1] == MSG.SPAWNED and { pid = m[4], port = m[5] } or { error = m[4] }
+    req.count = req.count + 1
+    if req.on_done and req.count == req.n then req.on_done(req) end
+  end
+end
+runtime.on_message(MSG.SPAWNED, on_spawn_reply)
+runtime.on_message(MSG.SPAWN_FAILED, on_spawn_reply)
+
+runtime.on_message(MSG.PROC_EXIT, function(m, conn)
+  local a = agent_at[conn]
+  local p = a and a.procs[m[2]]
+  if p then
+    a.procs[m[2]] = nil
+    p.exit = { status = m[3], signal = m[4] }
+    if p.state == "dying" then M.finalize_death(p) else mark_dying(p, "exited") end
+  end
+end)
+
+runtime.on_message(MSG.LOG, function(m, conn)
+  local a = agent_at[conn]
+  if a then log.proc_output(a.hostname or a.addr, m[2], m[3], m[4]) end
+end)
+
 -- ---- proc connections ------------------------------------------------------------
 
 -- Events of a connection the proc has since replaced (a restart) are stale.
@@ -135,16 +193,6 @@ local function proc_handler(p, conn)
       elseif p.state == "restarting" then
         p.state = "initializing"
         p.on_back()
-      end
-    end,
-    on_message = function(m)
-      if not current() then return end
-      if m[1] == MSG.PONG and p.pings and p.pings[m[2]] then
-        local cb = p.pings[m[2]]
-        p.pings[m[2]] = nil
-        cb()
-      elseif m[1] == MSG.ERROR then
-        p.refused = "proc refused the connection: " .. tostring(m[3])
       end
     end,
     on_closed = function(reason)
@@ -182,6 +230,7 @@ end
 function M.connect(p)
   local conn = core.connect(p.addr, p.port, "proc")
   p.conn = conn
+  proc_at[conn] = p
   runtime.handle(conn, proc_handler(p, conn))
 end
 
@@ -212,28 +261,6 @@ local function agent_handler(a)
       a.reason = reason
     end,
     on_reconnected = function() a.state = "ready" end,
-    on_message = function(m)
-      local t = m[1]
-      if t == MSG.SPAWNED or t == MSG.SPAWN_FAILED then
-        local req = a.requests[m[2]]
-        if req then
-          req.results[m[3] + 1] = t == MSG.SPAWNED and { pid = m[4], port = m[5] } or { error = m[4] }
-          req.count = req.count + 1
-          if req.on_done and req.count == req.n then req.on_done(req) end
-        end
-      elseif t == MSG.PROC_EXIT then
-        local p = a.procs[m[2]]
-        if p then
-          a.procs[m[2]] = nil
-          p.exit = { status = m[3], signal = m[4] }
-          if p.state == "dying" then M.finalize_death(p) else mark_dying(p, "exited") end
-        end
-      elseif t == MSG.LOG then
-        log.proc_output(a.hostname or a.addr, m[2], m[3], m[4])
-      elseif t == MSG.ERROR then
-        a.reason = tostring(m[3])
-      end
-    end,
   }
 end
 
@@ -242,6 +269,7 @@ function M.connect_agent(a)
   a.requests, a.procs = a.requests or {}, a.procs or {}
   a.state = "connecting"
   a.conn = core.connect(a.addr, a.port, "agent")
+  agent_at[a.conn] = a
   runtime.handle(a.conn, agent_handler(a))
 end
 
