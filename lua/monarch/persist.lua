@@ -30,7 +30,7 @@ local MAX_NAME = 256  -- the agents' MN_MAX_NAME
 --- Meshes this controller holds as persistent, by name.
 M.meshes = {}
 
-local ProcMesh = mesh_mod.ProcMesh
+local methods = {} -- the ProcMesh methods this module makes (mesh.METHODS lists them)
 local waiting = {} -- agent conn -> { req -> reply record }
 local next_req = 0
 
@@ -138,7 +138,7 @@ end
 -- the procs hold is recorded, by id; named ones are also kept from the
 -- garbage collector here). Needs long-lived host agents (--hosts), not the
 -- one monarch-run starts for itself. Returns the mesh.
-function ProcMesh:persist(name, tensors)
+function methods:persist(name, tensors)
   check_name(name, 2)
   if tensors ~= nil and type(tensors) ~= "table" then
     error("persist: the second argument maps names to tensors ({w = w})", 2)
@@ -181,7 +181,7 @@ end
 -- monarch.attach(name); in this controller the mesh is stopped (its calls
 -- fail). Exiting the REPL or the script does the same to every persistent
 -- mesh still held.
-function ProcMesh:detach()
+function methods:detach()
   local name = self._persistent
   if not name then
     error("detach: this mesh is not persistent (mesh:persist(name) first; mesh:stop() ends it)", 2)
@@ -368,4 +368,5 @@ end
 -- ({agent, ok, value} each); used by monarch.status too.
 M.ask = ask
 
+mesh_mod.provide("monarch.persist", methods)
 return M
