@@ -165,7 +165,7 @@ end
 local ProcMesh = {}
 ProcMesh.__index = ProcMesh
 
--- Every ProcMesh method, and the module that makes it: the whole list. The
+--- Every ProcMesh method, and the module that makes it: the whole list. The
 -- methods of monarch.mesh are defined below in this file; another module
 -- hands its own in with mesh.provide, which refuses a name not listed here
 -- for that module. Until that module is loaded, each of its names is a stub
