@@ -25,6 +25,7 @@ local unpack = unpack or table.unpack
 
 local M = {}
 local ProcMesh = mesh.ProcMesh
+local methods = {} -- the ProcMesh methods this module makes (mesh.METHODS lists them)
 
 local MAX_NAME = 200 -- longest actor name (the proc enforces the same)
 local MAX_WALK = 16  -- deepest nesting of arguments searched for meshes (msgpack allows 14)
@@ -377,7 +378,7 @@ end
 -- calling its new(args, ctx) there. opts.deps: module names shipped with it
 -- that the actor may require. Waits until every constructor has run; raises
 -- the first failure with the proc's traceback. Returns an ActorMesh.
-function ProcMesh:spawn(name, module, args, opts)
+function methods:spawn(name, module, args, opts)
   if type(name) ~= "string" or name == "" or #name > MAX_NAME then
     error("spawn: the actor name must be a string of 1.." .. MAX_NAME .. " bytes", 2)
   end
@@ -589,4 +590,5 @@ end
 function M.is(v) return getmetatable(v) == ActorMesh end
 
 M.ActorMesh = ActorMesh
+mesh.provide("monarch.actor", methods)
 return M

@@ -17,7 +17,7 @@ local runtime = require "monarch.runtime"
 local tensor = require "monarch.tensor"
 
 local M = {}
-local ProcMesh = mesh.ProcMesh
+local methods = {} -- the ProcMesh methods this module makes (mesh.METHODS lists them)
 
 local REDUCE_OPS = { sum = true, max = true, min = true, avg = true }
 local REDUCE_DTYPES = { f32 = true, f64 = true, i32 = true, i64 = true }
@@ -252,7 +252,7 @@ end
 -- every proc's t. op: "sum" (default), "max", "min" or "avg" (integers
 -- truncate). dtype f32, f64, i32 or i64. opts: {dim = name, timeout = s}.
 -- Returns a Future of nil. The result is bitwise identical on every member.
-function ProcMesh:all_reduce(t, op, opts)
+function methods:all_reduce(t, op, opts)
   if require("monarch.gpu").is(t) then return self:gpu_all_reduce(t, op, opts) end -- NCCL for GPU tensors
   op = op or "sum"
   check_tensor(t, "all_reduce", "the tensor", 2)
@@ -266,7 +266,7 @@ end
 -- ({procs = 2}; with opts.dim only that dimension's coordinate is read) or
 -- the root's 0-based position in the group (for a 1-D mesh, its coordinate).
 -- Returns a Future of nil. (ProcMesh:broadcast is the kernel fan-out.)
-function ProcMesh:broadcast_tensor(t, root, opts)
+function methods:broadcast_tensor(t, root, opts)
   if require("monarch.gpu").is(t) then return self:gpu_broadcast(t, root, opts) end -- NCCL for GPU tensors
   check_tensor(t, "broadcast_tensor", "the tensor", 2)
   opts = check_opts(opts, "broadcast_tensor", 2)
@@ -277,7 +277,7 @@ end
 --- Gathers every member's src into every member's dst, in group order:
 -- dst holds n * numel(src) elements of src's dtype (n members per group).
 -- Returns a Future of nil.
-function ProcMesh:all_gather(src, dst, opts)
+function methods:all_gather(src, dst, opts)
   if require("monarch.gpu").is(src) then return self:gpu_all_gather(src, dst, opts) end -- NCCL for GPU tensors
   check_tensor(src, "all_gather", "src", 2)
   check_tensor(dst, "all_gather", "dst", 2)
@@ -292,7 +292,7 @@ end
 
 --- Reduces src (n * numel(dst) elements) over the members and leaves block
 -- i of the result in member i's dst. src is not modified. Returns a Future of nil.
-function ProcMesh:reduce_scatter(src, dst, op, opts)
+function methods:reduce_scatter(src, dst, op, opts)
   if require("monarch.gpu").is(src) then return self:gpu_reduce_scatter(src, dst, op, opts) end -- NCCL for GPU tensors
   op = op or "sum"
   check_tensor(src, "reduce_scatter", "src", 2)
@@ -310,7 +310,7 @@ function ProcMesh:reduce_scatter(src, dst, op, opts)
 end
 
 --- Returns a Future that is done once every member reached the barrier.
-function ProcMesh:barrier(opts)
+function methods:barrier(opts)
   opts = check_opts(opts, "barrier", 2)
   return run(self, "barrier", opts, function(gid) return { gid }, 1 end, 2)
 end
@@ -330,7 +330,7 @@ end
 -- tensors must have the same dtype and number of elements. The destination
 -- runs a receive and the source a send, each in its proc's call order.
 -- Returns a Future of nil, done when the data has landed.
-function ProcMesh:copy(src, src_at, dst, dst_at, opts)
+function methods:copy(src, src_at, dst, dst_at, opts)
   check_tensor(src, "copy", "src", 2)
   check_tensor(dst, "copy", "dst", 2)
   opts = check_opts(opts, "copy", 2)
@@ -386,4 +386,5 @@ end
 --- Forgets every cached group (the next collective sets new ones up).
 function M.forget_groups() groups = {} end
 
+mesh.provide("monarch.collective", methods)
 return M

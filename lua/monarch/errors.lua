@@ -30,5 +30,39 @@ function M.is(v)
   return getmetatable(v) == MonarchError
 end
 
+--- Every kind a failure can have, and when it happens: {kind, when} in the
+-- order docs/lua-api.md lists them (tests/lua/errors_spec.lua checks that
+-- the two lists agree and that every kind the sources raise is here). The
+-- first group comes from the procs (in a RESULT), the rest from the controller.
+M.KINDS = {
+  -- from the proc
+  { "kernel", "the kernel reported an error, or returned more than 4096 values (also a failure that came without a kind)" },
+  { "bad_args", "the arguments do not fit the kernel's signature, a table was passed, or a built-in failed" },
+  { "unknown_kernel", "no loaded library has that kernel" },
+  { "lost", "the call's result, or its bulk payload, was lost in a reconnect (the proc's replay cache overflowed); `retries` sends it again" },
+  { "actor", "an actor module was not found or does not compile, or an actor's constructor or endpoint raised" },
+  { "collective", "a collective or copy failed while running (a peer died, a link broke, the group could not form)" },
+  { "collective_mismatch", "the members of a group called different collectives, or the same one with different sizes, dtypes or ops" },
+  { "gpu", "a CUDA or NCCL call failed on the proc (allocation, copy, communicator)" },
+  { "no_gpu", "the proc has no CUDA runtime or no device" },
+  -- from the controller
+  { "proc_failed", "the proc died, or was already dead, before it answered" },
+  { "unresponsive", "the proc stopped answering heartbeats while its host agent still answers (the agent then kills it)" },
+  { "timeout", "a call `options` timeout, or a `get(timeout)` or spawn/connect wait ran out" },
+  { "load", "`ProcMesh:load` failed" },
+  { "spawn", "`spawn_procs` could not start or reach every proc" },
+  { "connect", "a host agent could not be reached, or is not connected" },
+  { "restart", "a proc could not be restarted: its kernels, tensors or `on_restart` hooks failed (raised at the next wait)" },
+  { "script", "an `on_failure` handler raised" },
+  { "persist", "`persist` or `detach` failed, or a host agent refused it" },
+  { "attach", "`monarch.attach` found no such mesh, or could not reach its procs" },
+  { "interrupted", "Ctrl-C in the REPL stopped a wait (the calls already sent go on)" },
+  { "error", "inside an actor only: a mesh call it made raised a plain (non-Monarch) error on the controller" },
+}
+
+--- kind -> when it happens, for every kind of M.KINDS.
+M.KIND = {}
+for _, k in ipairs(M.KINDS) do M.KIND[k[1]] = k[2] end
+
 M.MonarchError = MonarchError
 return M

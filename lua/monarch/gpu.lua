@@ -17,7 +17,7 @@ local runtime = require "monarch.runtime"
 local tensor = require "monarch.tensor"
 
 local M = {}
-local ProcMesh = mesh.ProcMesh
+local methods = {} -- the ProcMesh methods this module makes (mesh.METHODS lists them)
 
 -- GPU tensor ids live far above the CPU tensors' (tensor.lua counts from 1),
 -- so both kinds share each proc's registry without colliding.
@@ -67,7 +67,7 @@ end
 --- A zeroed tensor of dtype and shape in the GPU memory of every proc of this
 -- mesh (each proc's own device). Kernels of a GPU library (cuda_basic) take
 -- it like any tensor; fetch and put copy through the host.
-function ProcMesh:gpu_tensor(dtype, shape)
+function methods:gpu_tensor(dtype, shape)
   if not tensor.dtypes[dtype] then
     error("unknown dtype '" .. tostring(dtype) .. "' (f32, f64, f16, bf16, i32, i64, u8)", 2)
   end
@@ -151,7 +151,7 @@ local INFO_FIELDS = { "count", "name", "total_bytes", "free_bytes", "capability"
 -- total_bytes, free_bytes, capability ("9.0"), runtime_version,
 -- driver_version, device}. Fails with kind "no_gpu" and the reason (no CUDA
 -- runtime, no device) where there is none.
-function ProcMesh:gpu_info()
+function methods:gpu_info()
   return self:_submit("__gpu_info", {}, 0, {
     what = "gpu_info",
     convert = function(v)
@@ -171,7 +171,7 @@ function M.info(procs)
 end
 
 --- Waits until every proc's device has finished its work. Future of a ValueMesh.
-function ProcMesh:gpu_sync()
+function methods:gpu_sync()
   return self:_submit("__gpu_sync", {}, 0, { what = "gpu_sync" })
 end
 
@@ -319,7 +319,7 @@ end
 -- (or, with opts.dim, over each line of procs along that dimension). op:
 -- "sum" (default), "max", "min" or "avg"; every dtype (f16 and bf16 too).
 -- opts: {dim = name, timeout = seconds}. Returns a Future of nil.
-function ProcMesh:gpu_all_reduce(t, op, opts)
+function methods:gpu_all_reduce(t, op, opts)
   op = op or "sum"
   check_tensor(t, "gpu_all_reduce", "the tensor", 2)
   check_op(op, "gpu_all_reduce", 2)
@@ -331,7 +331,7 @@ end
 --- Copies the root's GPU tensor t into every other member's t. root: the
 -- root's 0-based position in its group, or a coordinate table (with opts.dim
 -- only that dimension's coordinate is read). Returns a Future of nil.
-function ProcMesh:gpu_broadcast(t, root, opts)
+function methods:gpu_broadcast(t, root, opts)
   check_tensor(t, "gpu_broadcast", "the tensor", 2)
   opts = check_opts(opts, "gpu_broadcast", 2)
   local r = require("monarch.collective").root_position(self, root, opts.dim, "gpu_broadcast")
@@ -341,7 +341,7 @@ end
 
 --- Gathers every member's src into every member's dst, in group order: dst
 -- holds n * numel(src) elements of src's dtype. Returns a Future of nil.
-function ProcMesh:gpu_all_gather(src, dst, opts)
+function methods:gpu_all_gather(src, dst, opts)
   check_tensor(src, "gpu_all_gather", "src", 2)
   check_tensor(dst, "gpu_all_gather", "dst", 2)
   opts = check_opts(opts, "gpu_all_gather", 2)
@@ -351,7 +351,7 @@ end
 
 --- Reduces src (n * numel(dst) elements) over the members and leaves block i
 -- of the result in member i's dst. op as for gpu_all_reduce. Returns a Future of nil.
-function ProcMesh:gpu_reduce_scatter(src, dst, op, opts)
+function methods:gpu_reduce_scatter(src, dst, op, opts)
   op = op or "sum"
   check_tensor(src, "gpu_reduce_scatter", "src", 2)
   check_tensor(dst, "gpu_reduce_scatter", "dst", 2)
@@ -362,4 +362,5 @@ function ProcMesh:gpu_reduce_scatter(src, dst, op, opts)
 end
 
 M.GpuTensor = GpuTensor
+mesh.provide("monarch.gpu", methods)
 return M

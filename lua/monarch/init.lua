@@ -10,10 +10,12 @@ local runtime = require "monarch.runtime"
 local mesh = require "monarch.mesh"
 local value_mesh = require "monarch.value_mesh"
 local tensor = require "monarch.tensor"
-require "monarch.actor" -- adds ProcMesh:spawn (Lua actors on the procs)
-require "monarch.collective" -- adds ProcMesh:all_reduce, broadcast_tensor, all_gather, reduce_scatter, barrier, copy
-require "monarch.gpu" -- adds ProcMesh:gpu_tensor, gpu_info, gpu_all_reduce and the other NCCL collectives
-local persist = require "monarch.persist" -- ProcMesh:persist/detach; must load before agents connect
+-- The modules that make ProcMesh methods besides monarch.mesh (mesh.METHODS lists which):
+-- loaded now so that every method is there from the start.
+require "monarch.actor"
+require "monarch.collective"
+require "monarch.gpu"
+local persist = require "monarch.persist"
 
 local M = { _VERSION = "0.1.0" }
 

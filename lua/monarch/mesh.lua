@@ -165,6 +165,61 @@ end
 local ProcMesh = {}
 ProcMesh.__index = ProcMesh
 
+--- Every ProcMesh method, and the module that makes it: the whole list. The
+-- methods of monarch.mesh are defined below in this file; another module
+-- hands its own in with mesh.provide, which refuses a name not listed here
+-- for that module. Until that module is loaded, each of its names is a stub
+-- that loads it, so no method depends on what the script required first.
+M.METHODS = {
+  -- monarch.mesh: shape, views and policies
+  size = "monarch.mesh", sizes = "monarch.mesh", rank = "monarch.mesh", procs = "monarch.mesh",
+  slice = "monarch.mesh", options = "monarch.mesh", on_restart = "monarch.mesh", on_failure = "monarch.mesh",
+  ready = "monarch.mesh", stop = "monarch.mesh", ping = "monarch.mesh",
+  -- monarch.mesh: kernel calls (_submit is the one they share, also used by the modules below)
+  load = "monarch.mesh", call = "monarch.mesh", call_one = "monarch.mesh", broadcast = "monarch.mesh",
+  choose = "monarch.mesh", stream = "monarch.mesh", tensor = "monarch.mesh", _submit = "monarch.mesh",
+  -- Lua actors on the procs
+  spawn = "monarch.actor",
+  -- CPU collectives and proc-to-proc copies over direct proc links
+  all_reduce = "monarch.collective", broadcast_tensor = "monarch.collective", all_gather = "monarch.collective",
+  reduce_scatter = "monarch.collective", barrier = "monarch.collective", copy = "monarch.collective",
+  -- GPU tensors and NCCL collectives
+  gpu_tensor = "monarch.gpu", gpu_info = "monarch.gpu", gpu_sync = "monarch.gpu",
+  gpu_all_reduce = "monarch.gpu", gpu_broadcast = "monarch.gpu", gpu_all_gather = "monarch.gpu",
+  gpu_reduce_scatter = "monarch.gpu",
+  -- persistent meshes (the REPL's)
+  persist = "monarch.persist", detach = "monarch.persist",
+}
+
+local stubs = {} -- method name -> the stub standing in for it
+
+--- Adds `methods` (name -> function) to ProcMesh on behalf of `module`,
+-- which M.METHODS must name as their maker.
+function M.provide(module, methods)
+  for name, fn in pairs(methods) do
+    if M.METHODS[name] ~= module or module == "monarch.mesh" then
+      error(string.format("%s cannot add ProcMesh:%s (mesh.lua lists it for %s)", module, name,
+        tostring(M.METHODS[name])), 2)
+    end
+    ProcMesh[name] = fn
+  end
+end
+
+for name, module in pairs(M.METHODS) do
+  if module ~= "monarch.mesh" then
+    local function stub(...)
+      require(module)
+      if ProcMesh[name] == stub then error(module .. " did not provide ProcMesh:" .. name, 2) end
+      return ProcMesh[name](...)
+    end
+    stubs[name] = stub
+    ProcMesh[name] = stub
+  end
+end
+
+--- True if ProcMesh:name is still a stub (its module not loaded yet).
+function M.is_stub(name) return stubs[name] ~= nil and ProcMesh[name] == stubs[name] end
+
 function M.proc_mesh(procs, shape, opts, libs)
   return setmetatable({ _procs = procs, shape = shape, _opts = opts or {}, _libs = libs or {}, _rr = 0 }, ProcMesh)
 end
@@ -429,7 +484,7 @@ function ProcMesh:ping()
       left = left - 1
       if left == 0 then fut:resolve(value_mesh.new(shape, values, n)) end
     end
-    core.send(p.conn, { 5, next_ping })
+    core.send(p.conn, { core.MSG.PING, next_ping })
   end
   return fut
 end
@@ -449,6 +504,10 @@ ProcMesh.__tostring = function(m)
   local alive = 0
   for _, p in ipairs(m._procs) do if p.state == "ready" then alive = alive + 1 end end
   return string.format("ProcMesh%s (%d procs, %d alive)", tostring(m.shape), #m._procs, alive)
+end
+
+for name, module in pairs(M.METHODS) do
+  if module == "monarch.mesh" then assert(ProcMesh[name], "ProcMesh:" .. name .. " is listed but not defined") end
 end
 
 M.HostMesh, M.ProcMesh = HostMesh, ProcMesh

@@ -30,33 +30,20 @@ local MAX_NAME = 256  -- the agents' MN_MAX_NAME
 --- Meshes this controller holds as persistent, by name.
 M.meshes = {}
 
-local ProcMesh = mesh_mod.ProcMesh
+local methods = {} -- the ProcMesh methods this module makes (mesh.METHODS lists them)
 local waiting = {} -- agent conn -> { req -> reply record }
-local routed = {}  -- conns whose REPLY frames reach us
 local next_req = 0
 
--- REPLY frames arrive on agent connections, whose handlers procs.lua makes:
--- every handler registered from now on hands us its REPLY frames first.
--- (procs.lua ignores message types it does not know, so nothing is lost
--- for it.) This module must load before the first agent connects, which
--- init.lua and the REPL see to.
-local handle = runtime.handle
-function runtime.handle(conn, h)
-  local on_message = h.on_message
-  if on_message then
-    routed[conn] = true
-    h.on_message = function(m)
-      if m[1] ~= MSG.REPLY then return on_message(m) end
-      local q = waiting[conn]
-      local r = q and q[m[2]]
-      if r then
-        q[m[2]] = nil
-        r.ok, r.value, r.done = m[3] == true, m[4], true
-      end
-    end
+-- The host agents answer PERSIST, ATTACH, DETACH, LIST and STATUS with a
+-- REPLY {REPLY, req, ok, value}; it completes the request ask() is waiting on.
+runtime.on_message(MSG.REPLY, function(m, conn)
+  local q = waiting[conn]
+  local r = q and q[m[2]]
+  if r then
+    q[m[2]] = nil
+    r.ok, r.value, r.done = m[3] == true, m[4], true
   end
-  return handle(conn, h)
-end
+end)
 
 local function agent_name(a)
   return (a.hostname or a.addr or "?") .. ":" .. tostring(a.port)
@@ -70,9 +57,6 @@ local function ask(agents, make, what)
     if a.state ~= "ready" then
       error(errors.new { kind = "connect", host = agent_name(a), message = "host agent is not connected (" ..
         tostring(a.reason or a.state) .. ")" }, 0)
-    end
-    if not routed[a.conn] then
-      error("monarch.persist was loaded after the host agents connected: require it before monarch.hosts()", 0)
     end
     next_req = next_req + 1
     local r = { agent = a, req = next_req }
@@ -154,7 +138,7 @@ end
 -- the procs hold is recorded, by id; named ones are also kept from the
 -- garbage collector here). Needs long-lived host agents (--hosts), not the
 -- one monarch-run starts for itself. Returns the mesh.
-function ProcMesh:persist(name, tensors)
+function methods:persist(name, tensors)
   check_name(name, 2)
   if tensors ~= nil and type(tensors) ~= "table" then
     error("persist: the second argument maps names to tensors ({w = w})", 2)
@@ -197,7 +181,7 @@ end
 -- monarch.attach(name); in this controller the mesh is stopped (its calls
 -- fail). Exiting the REPL or the script does the same to every persistent
 -- mesh still held.
-function ProcMesh:detach()
+function methods:detach()
   local name = self._persistent
   if not name then
     error("detach: this mesh is not persistent (mesh:persist(name) first; mesh:stop() ends it)", 2)
@@ -384,4 +368,5 @@ end
 -- ({agent, ok, value} each); used by monarch.status too.
 M.ask = ask
 
+mesh_mod.provide("monarch.persist", methods)
 return M

@@ -60,6 +60,7 @@ function M.finalize_death(p)
   if p.state == "dead" or p.state == "stopped" or p.state == "restarting" then return end
   dying[p] = nil
   p.cause = p.stopping and "stopped by the script" or describe_exit(p)
+  p.death_heard = nil
   local will_restart = p.restart and not p.stopping and not M.shutting_down and p.agent.state == "ready"
   p.state = p.stopping and "stopped" or (will_restart and "restarting" or "dead")
   local pending = core.take_pending(p.conn)
@@ -94,7 +95,9 @@ function M.finalize_death(p)
     restart_proc(p)
   elseif not handled and #pending == 0 and not M.shutting_down then
     -- Nobody was waiting on it and nobody asked to hear: stop the script rather than fail silently later.
-    runtime.unhandled(ev)
+    -- Unless a call to it fails before the pump ends: its last answer may have come in this same pump,
+    -- waking a task that has not yet called it again (and will be told it is dead when it does).
+    runtime.unhandled(ev, p)
   end
   -- A call queued for a restart that will not happen fails now.
   if p.state == "dead" then runtime.flush_queue(p) end
@@ -119,6 +122,64 @@ runtime.tick(function(now)
   end
 end)
 
+-- ---- messages ----------------------------------------------------------------------
+
+local proc_at = {}  -- conn id -> the proc it was opened for
+local agent_at = {} -- conn id -> the host agent it was opened for
+
+-- The proc whose current connection is conn. Messages on a connection the
+-- proc has since replaced (a restart) are stale: nil.
+local function current_proc(conn)
+  local p = proc_at[conn]
+  if p and p.conn == conn then return p end
+end
+
+runtime.on_message(MSG.PONG, function(m, conn)
+  local p = current_proc(conn)
+  if p and p.pings and p.pings[m[2]] then
+    local cb = p.pings[m[2]]
+    p.pings[m[2]] = nil
+    cb()
+  end
+end)
+
+-- Before closing, a proc or an agent says why (a refused handshake, say).
+runtime.on_message(MSG.ERROR, function(m, conn)
+  local p = current_proc(conn)
+  if p then
+    p.refused = "proc refused the connection: " .. tostring(m[3])
+  elseif agent_at[conn] then
+    agent_at[conn].reason = tostring(m[3])
+  end
+end)
+
+local function on_spawn_reply(m, conn)
+  local a = agent_at[conn]
+  local req = a and a.requests[m[2]]
+  if req then
+    req.results[m[3] + 1] = m[1] == MSG.SPAWNED and { pid = m[4], port = m[5] } or { error = m[4] }
+    req.count = req.count + 1
+    if req.on_done and req.count == req.n then req.on_done(req) end
+  end
+end
+runtime.on_message(MSG.SPAWNED, on_spawn_reply)
+runtime.on_message(MSG.SPAWN_FAILED, on_spawn_reply)
+
+runtime.on_message(MSG.PROC_EXIT, function(m, conn)
+  local a = agent_at[conn]
+  local p = a and a.procs[m[2]]
+  if p then
+    a.procs[m[2]] = nil
+    p.exit = { status = m[3], signal = m[4] }
+    if p.state == "dying" then M.finalize_death(p) else mark_dying(p, "exited") end
+  end
+end)
+
+runtime.on_message(MSG.LOG, function(m, conn)
+  local a = agent_at[conn]
+  if a then log.proc_output(a.hostname or a.addr, m[2], m[3], m[4]) end
+end)
+
 -- ---- proc connections ------------------------------------------------------------
 
 -- Events of a connection the proc has since replaced (a restart) are stale.
@@ -132,16 +193,6 @@ local function proc_handler(p, conn)
       elseif p.state == "restarting" then
         p.state = "initializing"
         p.on_back()
-      end
-    end,
-    on_message = function(m)
-      if not current() then return end
-      if m[1] == MSG.PONG and p.pings and p.pings[m[2]] then
-        local cb = p.pings[m[2]]
-        p.pings[m[2]] = nil
-        cb()
-      elseif m[1] == MSG.ERROR then
-        p.refused = "proc refused the connection: " .. tostring(m[3])
       end
     end,
     on_closed = function(reason)
@@ -179,6 +230,7 @@ end
 function M.connect(p)
   local conn = core.connect(p.addr, p.port, "proc")
   p.conn = conn
+  proc_at[conn] = p
   runtime.handle(conn, proc_handler(p, conn))
 end
 
@@ -209,28 +261,6 @@ local function agent_handler(a)
       a.reason = reason
     end,
     on_reconnected = function() a.state = "ready" end,
-    on_message = function(m)
-      local t = m[1]
-      if t == MSG.SPAWNED or t == MSG.SPAWN_FAILED then
-        local req = a.requests[m[2]]
-        if req then
-          req.results[m[3] + 1] = t == MSG.SPAWNED and { pid = m[4], port = m[5] } or { error = m[4] }
-          req.count = req.count + 1
-          if req.on_done and req.count == req.n then req.on_done(req) end
-        end
-      elseif t == MSG.PROC_EXIT then
-        local p = a.procs[m[2]]
-        if p then
-          a.procs[m[2]] = nil
-          p.exit = { status = m[3], signal = m[4] }
-          if p.state == "dying" then M.finalize_death(p) else mark_dying(p, "exited") end
-        end
-      elseif t == MSG.LOG then
-        log.proc_output(a.hostname or a.addr, m[2], m[3], m[4])
-      elseif t == MSG.ERROR then
-        a.reason = tostring(m[3])
-      end
-    end,
   }
 end
 
@@ -239,6 +269,7 @@ function M.connect_agent(a)
   a.requests, a.procs = a.requests or {}, a.procs or {}
   a.state = "connecting"
   a.conn = core.connect(a.addr, a.port, "agent")
+  agent_at[a.conn] = a
   runtime.handle(a.conn, agent_handler(a))
 end
 

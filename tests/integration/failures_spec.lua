@@ -159,4 +159,29 @@ describe("failure handling", function()
     assert.are.equal("proc_failed", err.kind)
     assert.matches("killed by SIGKILL", tostring(err))
   end)
+
+  it("tells a task of a proc that died just after answering it, and does not stop the script", function()
+    local procs = monarch.hosts():spawn_procs{ procs = 1 }
+    procs:load "basic"
+    local pid = procs:procs()[1].pid
+    local answered = false
+    local task = monarch.spawn(function()
+      procs:call_one("noop"):await()
+      answered = true
+      local ok, err = pcall(function() return procs:call_one("noop"):await() end)
+      return { ok = ok, err = err }
+    end)
+    runtime.pump(0) -- the task makes its first call
+    runtime.pump(0) -- and the loop writes it out
+    -- The controller does not poll while the proc answers and is killed: the
+    -- answer and the agent's exit report come in one poll, the task's second
+    -- call only after the proc is known dead.
+    sh("sleep 0.3; kill -9 " .. pid .. "; sleep 0.3")
+    local second = task:get(5)
+    assert.is_true(answered)
+    assert.is_false(second.ok)
+    assert.are.equal("proc_failed", second.err.kind)
+    assert.matches("killed by SIGKILL", tostring(second.err))
+    for _ = 1, 5 do runtime.pump(0.02) end -- nothing left to raise
+  end)
 end)

@@ -35,8 +35,12 @@ local function write(p, s)
 end
 
 local scratch = {}
+-- Named after a file os.tmpname made for this run alone: suites of other
+-- checkouts may run at the same second with the same TMP.
+local unique = os.tmpname()
+scratch[1] = unique
 local function tmpdir()
-  local d = string.format("%s/train_spec.%d.%d", TMP, os.time(), #scratch + 1)
+  local d = string.format("%s/train_spec.%s.%d", TMP, unique:match("[^/]+$"), #scratch + 1)
   local ok = os.execute("rm -rf '" .. d .. "' && mkdir -p '" .. d .. "'")
   assert(ok == 0 or ok == true, "cannot create " .. d)
   scratch[#scratch + 1] = d

@@ -64,3 +64,55 @@ describe("errors.is", function()
     assert.is_false(errors.is(nil))
   end)
 end)
+
+describe("monarch.errors.KINDS", function()
+  local function read(path)
+    local f = assert(io.open(path, "rb"))
+    local s = f:read("*a")
+    f:close()
+    return s
+  end
+
+  local function lines_of(cmd)
+    local out, f = {}, assert(io.popen(cmd))
+    for l in f:lines() do out[#out + 1] = l end
+    f:close()
+    return out
+  end
+
+  it("is the table of kinds in docs/lua-api.md, in the same order and words", function()
+    local doc = read("docs/lua-api.md")
+    local from = assert(doc:find("| Kind | Raised when |", 1, true), "no table of kinds in docs/lua-api.md")
+    local rows = {}
+    for line in doc:sub(from):gmatch("([^\n]*)\n") do
+      if line == "" and #rows > 0 then break end
+      local kind, when = line:match("^| `([%w_]+)` | (.*) |$")
+      if kind then rows[#rows + 1] = { kind, when } end
+    end
+    assert.are.same(errors.KINDS, rows)
+  end)
+
+  it("has every kind the Lua library and the procs raise", function()
+    local found = {}
+    -- kind = "x" in the library (not in comments), and the kinds the C side puts in a RESULT.
+    for _, path in ipairs(lines_of("ls lua/monarch/*.lua lua/monarch/proc/*.lua")) do
+      for line in read(path):gmatch("[^\n]+") do
+        if not line:match("^%s*%-%-") then
+          for k in line:gmatch('kind = "([%w_]+)"') do found[k] = path end
+          for k in line:gmatch('kind = [%w_.]+ and "([%w_]+)" or "([%w_]+)"') do found[k] = path end
+        end
+      end
+    end
+    for _, path in ipairs(lines_of("ls host/*/*.c")) do
+      local src = read(path)
+      for k in src:gmatch('err_kind = "([%w_]+)"') do found[k] = path end
+      for k in src:gmatch('reply_err%([^,]+, [^,]+, "([%w_]+)"') do found[k] = path end
+      for k in src:gmatch('mn_pack_cstr%(&pk, "kind"%);%s*mn_pack_cstr%(&pk, "([%w_]+)"%)') do found[k] = path end
+    end
+    found.procs, found.actors = nil, nil -- mesh handles given to actors, not failures
+    assert.is_not_nil(found.collective_mismatch) -- the scan reaches the C side
+    for k, path in pairs(found) do
+      assert.is_not_nil(errors.KIND[k], "kind '" .. k .. "' (" .. path .. ") is not in monarch.errors.KINDS")
+    end
+  end)
+end)

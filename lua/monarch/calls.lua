@@ -1,0 +1,300 @@
+--- Calls in flight: each kernel call the script makes is a record with one
+-- slot per proc, sent through monarch.core and settled slot by slot as
+-- results (or failures) arrive. Here live the policies of a call: retries
+-- with backoff, re-routing (choose), queueing while a proc restarts,
+-- deadlines (timeout) and backpressure (the window). The pump
+-- (monarch.runtime) hands results in and runs the deadlines.
+local core = require "monarch.core"
+local errors = require "monarch.errors"
+local future = require "monarch.future"
+local tasks = require "monarch.tasks"
+
+local M = {}
+local unpack = unpack or table.unpack
+
+local calls = {}          -- call id -> record
+local next_call = 0
+local timed = {}          -- records with a deadline
+
+local loop -- the pump above us (monarch.runtime): its window, pump and unhandled
+
+--- Called once by monarch.runtime, which sits above the calls: submit waits
+-- on its loop when a window is full, and broadcasts report failures to it.
+function M.set_loop(l) loop = l end
+
+--- The records of calls in flight, by call id. The pump reads it directly.
+M.records = calls
+
+local function finish(rec)
+  if rec.done then return end
+  rec.done = true
+  if rec.mode == "broadcast" then
+    -- Procs the script stopped itself are not a failure worth stopping it for.
+    for _, f in ipairs(rec.failures or {}) do
+      if not f.stopped then
+        loop.unhandled(f)
+        break
+      end
+    end
+    return
+  end
+  if rec.failures then
+    -- Report the lowest rank first, whatever order the failures arrived in.
+    table.sort(rec.failures, function(a, b)
+      if a.kind == "timeout" ~= (b.kind == "timeout") then return a.kind == "timeout" end
+      return (a.rank or math.huge) < (b.rank or math.huge)
+    end)
+    local first = rec.failures[1]
+    first.others = #rec.failures - 1
+    first.failures = rec.failures
+    rec.future:fail(first)
+  elseif rec.mode == "one" then
+    rec.future:resolve(rec.values[1])
+  else
+    rec.future:resolve(rec.make_result(rec.values, rec.n))
+  end
+end
+
+-- Failures worth another try: the proc or its link failed, not the call itself.
+local RETRYABLE = { proc_failed = true, unresponsive = true, lost = true }
+
+local send_slot -- defined below
+
+-- A slot of a call that already failed as a whole (its timeout) settles
+-- late: its answer, or its proc's death, is dropped. The record stays in
+-- `calls` until every slot has settled (so a proc's death still names the
+-- kernel it was running), then goes.
+local function settle_late(rec)
+  rec.remaining = rec.remaining - 1
+  if rec.remaining == 0 then calls[rec.id] = nil end
+end
+
+--- Settles slot `slot` of rec: ok and its value, or not ok and a
+-- MonarchError. A failure of the proc may send the slot again (choose,
+-- retries); the last slot to settle finishes the call.
+local function slot_done(rec, slot, ok, v)
+  if rec.done then return settle_late(rec) end
+  if not ok and RETRYABLE[v.kind] and rec.mode ~= "broadcast" then
+    local tries = rec.tries[slot] or 0
+    -- choose() re-routes to another live proc; retries= tries again after backoff.
+    if rec.choose_from and tries < #rec.choose_from then
+      for _, q in ipairs(rec.choose_from) do
+        if q ~= rec.procs[slot] and (q.state == "ready" or q.state == "reconnecting") then
+          rec.tries[slot] = tries + 1
+          rec.procs[slot] = q
+          send_slot(rec, slot)
+          return
+        end
+      end
+    end
+    if rec.retries and tries < rec.retries then
+      rec.tries[slot] = tries + 1
+      tasks.at(tasks.now() + rec.backoff * 2 ^ tries, function() send_slot(rec, slot) end)
+      return
+    end
+  end
+  if ok then
+    rec.values[slot] = v
+  else
+    rec.failures = rec.failures or {}
+    rec.failures[#rec.failures + 1] = v
+  end
+  if rec.on_slot then rec.on_slot(slot, ok, v) end
+  rec.remaining = rec.remaining - 1
+  if rec.remaining == 0 then
+    calls[rec.id] = nil
+    finish(rec)
+  end
+end
+M.slot_done = slot_done
+
+--- Settles slot `slot` of rec with the failure a proc sent back (c: its
+-- {kind, message, kernel}, or nil).
+function M.slot_failed(rec, slot, c)
+  local p = rec.procs[slot]
+  slot_done(rec, slot, false, errors.new {
+    kind = c and c.kind or "kernel", message = c and c.message or "unknown error",
+    kernel = c and c.kernel or rec.kernel, rank = p and p.rank, host = p and p.host, pid = p and p.pid,
+  })
+end
+
+local function dead_error(rec, p)
+  p.death_heard = true -- the caller hears of it: see runtime.unhandled
+  return errors.new {
+    kind = "proc_failed", kernel = rec.kernel, rank = p.rank, host = p.host, pid = p.pid, cause = p.cause,
+    stopped = p.state == "stopped" or nil,
+    message = "proc is " .. p.state .. (p.cause and (" (" .. p.cause .. ")") or ""),
+  }
+end
+
+-- States in which a proc takes calls now, will take them once back, or never.
+local SENDABLE = { ready = true, reconnecting = true }
+local COMING_BACK = { restarting = true, initializing = true }
+
+--- Sends slot `slot` of rec to its proc (or queues it until the proc is back).
+send_slot = function(rec, slot)
+  if rec.done then return settle_late(rec) end -- a retry or a queued slot of a call that timed out
+  local p = rec.procs[slot]
+  if SENDABLE[p.state] or ((rec.bypass or p.in_hooks) and p.state == "initializing") then
+    core.call_as(rec.id, p.conn, slot, rec.kernel, unpack(rec.args, 1, rec.nargs))
+  elseif COMING_BACK[p.state] or (p.state == "dying" and p.restart) then
+    p.queue = p.queue or {}
+    p.queue[#p.queue + 1] = { rec, slot }
+  else
+    slot_done(rec, slot, false, dead_error(rec, p))
+  end
+end
+
+--- Runs the loop until every proc in procs has at most half a window in flight.
+function M.wait_window(procs)
+  local low = loop.window / 2
+  local function deep()
+    for _, p in ipairs(procs) do
+      if p.conn and core.inflight(p.conn) > low then return true end
+    end
+    return false
+  end
+  while deep() do loop.pump(0.01) end
+end
+
+--- Sends the calls a restarted proc missed, in the order they were made.
+function M.flush_queue(p)
+  local q = p.queue
+  p.queue = nil
+  for _, e in ipairs(q or {}) do send_slot(e[1], e[2]) end
+end
+
+--- Fails slot `slot` of call `id` with err (a MonarchError).
+function M.fail_slot(id, slot, err)
+  local rec = calls[id]
+  if rec then slot_done(rec, slot, false, err) end
+end
+
+--- The record of a call in flight, or nil.
+function M.call_record(id) return calls[id] end
+
+--[[ Submits kernel(args) to procs (a list of proc objects).
+  opts: mode ("mesh" | "one" | "broadcast"), timeout (seconds), make_result
+  (values, n) -> value, on_slot(slot, ok, v), what (a name for messages),
+  retries (count) and backoff (seconds, doubling) for failures of the proc
+  rather than the call, choose_from (procs to re-route to), bypass (send
+  to a proc that is initializing: the restore calls themselves).
+  Returns the record; rec.future is the Future (nil for broadcast). ]]
+function M.submit(procs, kernel, args, nargs, opts)
+  next_call = next_call + 1
+  local id = next_call
+  local rec = {
+    id = id, kernel = kernel, n = #procs, remaining = #procs, values = {}, procs = {}, tries = {},
+    mode = opts.mode or "mesh", make_result = opts.make_result, on_slot = opts.on_slot,
+    args = args, nargs = nargs, retries = opts.retries, backoff = opts.backoff or 0.1,
+    choose_from = opts.choose_from, bypass = opts.bypass,
+  }
+  for i, p in ipairs(procs) do rec.procs[i] = p end
+  if rec.mode ~= "broadcast" then rec.future = future.new(opts.what or ("call '" .. kernel .. "'")) end
+  calls[id] = rec
+  local all_sendable = true
+  for _, p in ipairs(procs) do
+    if not SENDABLE[p.state] and not ((rec.bypass or p.in_hooks) and p.state == "initializing") then
+      all_sendable = false
+      break
+    end
+  end
+  if all_sendable and #procs > 0 then
+    -- The common case: one encoding, copied to every connection.
+    local targets = {}
+    for i, p in ipairs(procs) do targets[i] = p.conn end
+    local depth = core.call(id, targets, kernel, unpack(args, 1, nargs))
+    if depth > loop.window then M.wait_window(procs) end
+  else
+    for i = 1, #procs do send_slot(rec, i) end
+  end
+  if #procs == 0 then
+    calls[id] = nil
+    finish(rec)
+  end
+  if opts.timeout and not rec.done then
+    rec.deadline = tasks.now() + opts.timeout
+    rec.timeout = opts.timeout
+    timed[#timed + 1] = rec
+  end
+  return rec
+end
+
+--- Submits a call whose bytes C queues itself: send(id) queues it to every
+-- proc (slot i = procs[i]) and returns the deepest queue. For bulk transfers.
+function M.submit_custom(procs, kernel, send, opts)
+  opts = opts or {}
+  next_call = next_call + 1
+  local id = next_call
+  local rec = {
+    id = id, kernel = kernel, n = #procs, remaining = #procs, values = {}, procs = {}, tries = {},
+    mode = "mesh", make_result = function(v) return v end, args = {}, nargs = 0,
+  }
+  for i, p in ipairs(procs) do rec.procs[i] = p end
+  rec.future = future.new(opts.what or ("call '" .. kernel .. "'"))
+  calls[id] = rec
+  if #procs == 0 then
+    calls[id] = nil
+    finish(rec)
+    return rec
+  end
+  local depth = send(id)
+  if depth > loop.window then M.wait_window(procs) end
+  return rec
+end
+
+-- ---- deadlines -------------------------------------------------------------
+
+--- Fails every call whose timeout has passed by `now` (the pump, once per turn).
+function M.check_deadlines(now)
+  local keep = {}
+  for _, rec in ipairs(timed) do
+    if not rec.done then
+      if now >= rec.deadline then
+        -- Fail the whole call; late results are dropped when they come.
+        local slot
+        for i = 1, rec.n do
+          if rec.values[i] == nil then slot = i break end
+        end
+        local p = rec.procs[slot or 1]
+        rec.failures = rec.failures or {}
+        table.insert(rec.failures, 1, errors.new {
+          kind = "timeout", kernel = rec.kernel, rank = p and p.rank, host = p and p.host, pid = p and p.pid,
+          message = string.format("no result within %gs (call timeout)", rec.timeout), cause = "timeout",
+        })
+        finish(rec)
+      else
+        keep[#keep + 1] = rec
+      end
+    end
+  end
+  timed = keep
+end
+
+--- The earliest deadline of a call in flight, or nil.
+function M.next_deadline()
+  local d
+  for _, rec in ipairs(timed) do
+    if not rec.done and (not d or rec.deadline < d) then d = rec.deadline end
+  end
+  return d
+end
+
+-- ---- counts ----------------------------------------------------------------
+
+--- True while a call sent has not been answered (timed-out calls excepted).
+function M.outstanding()
+  for _, rec in pairs(calls) do
+    if not rec.done then return true end
+  end
+  return false
+end
+
+--- Number of records in the table of calls (timed-out ones whose late answers are still due included).
+function M.count()
+  local n = 0
+  for _ in pairs(calls) do n = n + 1 end
+  return n
+end
+
+return M
