@@ -107,7 +107,7 @@ static int serve_handshake(mn_coll_t *c, int fd, int64_t deadline) {
   int code = mn_decode(body, (size_t)n, &zone, &msg, err, sizeof(err));
   if (code == 0) code = mn_hs_check_auth(&c->auth, &msg, ns, nc, err, sizeof(err));
   if (code != 0) {
-    mn_pack_error(&out, code, err);
+    mn_msg_pack_error(&out, code, err);
     if (mn__coll_write_exact(fd, out.data, out.len, deadline) != 0) goto done;
     goto done;
   }
