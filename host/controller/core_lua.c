@@ -10,6 +10,7 @@
 #include "ctl.h"
 #include "luapack.h"
 #include "path.h"
+#include "version.h"
 
 #include <lauxlib.h>
 #include <lua.h>
@@ -606,6 +607,8 @@ int luaopen_monarch_core(lua_State *L) {
   luaL_register(L, NULL, fns);
   lua_pushinteger(L, MN_PROTOCOL_VERSION);
   lua_setfield(L, -2, "protocol_version");
+  lua_pushstring(L, MN_VERSION);
+  lua_setfield(L, -2, "version");
   lua_pushinteger(L, MN_MAX_ARGS);
   lua_setfield(L, -2, "max_args");
   lua_newtable(L); /* stack: core, MSG */
