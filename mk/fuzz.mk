@@ -20,10 +20,10 @@ $(FUZZ_BUILD)/obj/%.o: %.c $(wildcard host/*/*.h) kernels/monarch_kernel.h tests
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -c $< -o $@
 
-$(FUZZ_BUILD)/fuzz/fuzz_frame: $(call FUZZ_OBJ,tests/fuzz/fuzz_frame.c host/core/wire.c)
-$(FUZZ_BUILD)/fuzz/fuzz_handshake: $(call FUZZ_OBJ,tests/fuzz/fuzz_handshake.c host/core/wire.c \
+$(FUZZ_BUILD)/fuzz/fuzz_frame: $(call FUZZ_OBJ,tests/fuzz/fuzz_frame.c host/core/wire.c host/core/msg.c)
+$(FUZZ_BUILD)/fuzz/fuzz_handshake: $(call FUZZ_OBJ,tests/fuzz/fuzz_handshake.c host/core/wire.c host/core/msg.c \
                                    host/core/auth.c host/core/handshake.c)
-$(FUZZ_BUILD)/fuzz/fuzz_exec: $(call FUZZ_OBJ,tests/fuzz/fuzz_exec.c host/core/wire.c \
+$(FUZZ_BUILD)/fuzz/fuzz_exec: $(call FUZZ_OBJ,tests/fuzz/fuzz_exec.c host/core/wire.c host/core/msg.c \
                               host/proc/exec.c host/proc/registry.c)
 $(FUZZ_BINS):
 	@mkdir -p $(dir $@)
