@@ -23,7 +23,7 @@ $(FUZZ_BUILD)/obj/%.o: %.c $(wildcard host/*/*.h) kernels/monarch_kernel.h tests
 $(FUZZ_BUILD)/fuzz/fuzz_frame: $(call FUZZ_OBJ,tests/fuzz/fuzz_frame.c host/core/wire.c host/core/msg.c)
 $(FUZZ_BUILD)/fuzz/fuzz_handshake: $(call FUZZ_OBJ,tests/fuzz/fuzz_handshake.c host/core/wire.c host/core/msg.c \
                                    host/core/auth.c host/core/handshake.c)
-$(FUZZ_BUILD)/fuzz/fuzz_exec: $(call FUZZ_OBJ,tests/fuzz/fuzz_exec.c host/core/wire.c host/core/msg.c \
+$(FUZZ_BUILD)/fuzz/fuzz_exec: $(call FUZZ_OBJ,tests/fuzz/fuzz_exec.c host/core/wire.c host/core/msg.c host/core/dtype.c \
                               host/proc/exec.c host/proc/registry.c)
 $(FUZZ_BINS):
 	@mkdir -p $(dir $@)
