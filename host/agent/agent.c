@@ -188,8 +188,7 @@ static void conn_close(aconn_t *c) {
 void mn__agent_refuse(aconn_t *c, int code, const char *msg) {
   mn_buf_t b;
   mn_buf_init(&b);
-  mn_pack_error(&b, code, msg);
-  mn__agent_send_buf(c, &b);
+  if (mn_msg_pack_error(&b, code, msg) == 0) mn__agent_send_buf(c, &b);
   mn_buf_free(&b);
   conn_close(c);
 }
@@ -200,19 +199,20 @@ static void on_hs_timeout(uv_timer_t *t) {
 }
 
 static void handle_spawn(aconn_t *c, const msgpack_object *m) {
-  uint64_t req;
-  const msgpack_object *spec = m->via.array.size > 2 ? &m->via.array.ptr[2] : NULL;
-  const msgpack_object *cnt = mn_map_get(spec, "count"), *base = mn_map_get(spec, "rank_base"),
-                       *world = mn_map_get(spec, "world"), *dev = mn_map_get(spec, "device_base");
-  if (mn_get_u64(m, 1, &req) != 0 || cnt == NULL || cnt->type != MSGPACK_OBJECT_POSITIVE_INTEGER) {
-    mn__agent_refuse(c, MN_EPROTO, "malformed SPAWN: want [10, req, {count=, rank_base=, world=}]");
+  mn_msg_spawn_t sp;
+  char err[300];
+  if (mn_msg_parse_spawn(m, &sp, err, sizeof(err)) != 0) {
+    mn__agent_refuse(c, MN_EPROTO, err);
     return;
   }
-  if (cnt->via.u64 > MN_MAX_SPAWN) {
+  uint64_t req = sp.req;
+  const msgpack_object *base = mn_map_get(sp.spec, "rank_base"), *world = mn_map_get(sp.spec, "world"),
+                       *dev = mn_map_get(sp.spec, "device_base");
+  if (sp.count > MN_MAX_SPAWN) {
     mn__agent_send_spawn_failed(c->session, req, 0, "SPAWN count exceeds MN_MAX_SPAWN (4096)");
     return;
   }
-  int n = (int)cnt->via.u64;
+  int n = (int)sp.count;
   int rb = base && base->type == MSGPACK_OBJECT_POSITIVE_INTEGER ? (int)base->via.u64 : 0;
   int w = world && world->type == MSGPACK_OBJECT_POSITIVE_INTEGER ? (int)world->via.u64 : n;
   /* device_base d: proc i is pinned to GPU d + i. Absent (or nil): CPU procs. */
@@ -252,13 +252,14 @@ static void walk_signal(uv_handle_t *h, void *arg) {
 }
 
 static void handle_kill(aconn_t *c, const msgpack_object *m) {
-  int64_t pid, sig;
-  if (mn_get_i64(m, 1, &pid) != 0 || mn_get_i64(m, 2, &sig) != 0 || sig < 0 || sig > 64) {
-    mn__agent_refuse(c, MN_EPROTO, "malformed KILL: want [14, pid, signal]");
+  mn_msg_kill_t kl;
+  char err[300];
+  if (mn_msg_parse_kill(m, &kl, err, sizeof(err)) != 0) {
+    mn__agent_refuse(c, MN_EPROTO, err);
     return;
   }
   /* Only this controller's own procs: it cannot signal arbitrary pids. */
-  kill_req_t k = {pid, (int)sig, c->session};
+  kill_req_t k = {kl.pid, kl.sig, c->session};
   uv_walk(c->a->loop, walk_signal, &k);
 }
 
@@ -282,9 +283,9 @@ static void handle(aconn_t *c, const msgpack_object *m) {
     return;
   }
   if (mn_msg_type(m) == MN_MSG_SESSION) {
-    uint64_t sid;
-    if (mn_get_u64(m, 1, &sid) != 0 || sid == 0) mn__agent_refuse(c, MN_EPROTO, "malformed SESSION: want [22, id, acked]");
-    else if (session_attach(c, sid) == NULL) mn__agent_refuse(c, MN_ENOMEM, "out of memory");
+    mn_msg_session_t sess;
+    if (mn_msg_parse_session(m, &sess, err, sizeof(err)) != 0) mn__agent_refuse(c, MN_EPROTO, err);
+    else if (session_attach(c, sess.session) == NULL) mn__agent_refuse(c, MN_ENOMEM, "out of memory");
     mn_buf_free(&out);
     return;
   }
@@ -306,18 +307,13 @@ static void handle(aconn_t *c, const msgpack_object *m) {
   case MN_MSG_DETACH: mn__agent_handle_detach(c, m); break;
   case MN_MSG_LIST: mn__agent_handle_list(c, m); break;
   case MN_MSG_STATUS: mn__agent_handle_status(c, m); break;
-  case MN_MSG_PING:
-    if (m->via.array.size == 2) {
-      msgpack_packer pk;
-      msgpack_packer_init(&pk, &out, mn_buf_write_cb);
-      size_t s = mn_frame_begin(&out);
-      msgpack_pack_array(&pk, 2);
-      msgpack_pack_int(&pk, MN_MSG_PONG);
-      msgpack_pack_object(&pk, m->via.array.ptr[1]);
-      mn_frame_end(&out, s);
+  case MN_MSG_PING: {
+    const msgpack_object *id;
+    /* A PING of another shape is ignored: nobody waits for its answer. */
+    if (mn_msg_parse_ping(m, &id, err, sizeof(err)) == 0 && mn_msg_pack_pong(&out, id) == 0)
       mn__agent_send_buf(c, &out);
-    }
     break;
+  }
   default:
     snprintf(err, sizeof(err), "agent does not accept message type %d", mn_msg_type(m));
     mn__agent_refuse(c, MN_EPROTO, err);

@@ -3,17 +3,10 @@
 
 /* ---- persistent meshes ------------------------------------------------------ */
 
-/* Starts [REPLY, req, ok, ...] in b; the caller packs the value and ends the frame at the returned offset. */
+/* Starts [REPLY, req, ok, ...] in a new b; the caller packs the value and ends the frame at the returned offset. */
 static size_t reply_begin(mn_buf_t *b, msgpack_packer *pk, uint64_t req, int ok) {
   mn_buf_init(b);
-  msgpack_packer_init(pk, b, mn_buf_write_cb);
-  size_t s = mn_frame_begin(b);
-  msgpack_pack_array(pk, 4);
-  msgpack_pack_int(pk, MN_MSG_REPLY);
-  msgpack_pack_uint64(pk, req);
-  if (ok) msgpack_pack_true(pk);
-  else msgpack_pack_false(pk);
-  return s;
+  return mn_msg_reply_head(b, pk, req, ok);
 }
 
 static void reply_end(aconn_t *c, mn_buf_t *b, size_t s) {
@@ -91,64 +84,66 @@ static int each_proc(agent_t *a, apersist_t *r, asession_t *me, int op, msgpack_
   return e.count;
 }
 
-/* Reads [type, req, name, ...]; refuses the connection (and returns -1) when malformed. */
-static int get_req_name(aconn_t *c, const msgpack_object *m, uint32_t size, uint64_t *req, const char **name,
-                        size_t *nl, const char *want) {
-  if (m->via.array.size != size || mn_get_u64(m, 1, req) != 0 || mn_get_str(m, 2, name, nl) != 0 || *nl == 0 ||
-      *nl > MN_MAX_NAME) {
-    char err[200];
-    snprintf(err, sizeof(err), "malformed %s (name of 1..%d bytes)", want, MN_MAX_NAME);
+/* Reads a request (msg.c checks its layout); refuses the connection (and returns -1) when malformed. */
+static int get_request(aconn_t *c, const msgpack_object *m, mn_msg_request_t *r) {
+  char err[300];
+  if (mn_msg_parse_request(m, r, err, sizeof(err)) != 0) {
     mn__agent_refuse(c, MN_EPROTO, err);
     return -1;
   }
   return 0;
 }
 
-/* [PERSIST, req, name, pids, description]: these procs (this controller's) outlive it, under `name`. */
-void mn__agent_handle_persist(aconn_t *c, const msgpack_object *m) {
+/* Why PERSIST cannot be granted (written into msg), or NULL: the agent, the pids and the name must allow it. */
+static const char *persist_refusal(aconn_t *c, const mn_msg_request_t *q, apersist_t *r, char *msg, size_t n) {
   agent_t *a = c->a;
-  uint64_t req;
-  const char *name;
-  size_t nl;
-  char msg[400];
-  if (get_req_name(c, m, 5, &req, &name, &nl, "PERSIST: want [15, req, name, pids, description]") != 0) return;
-  const msgpack_object *pids = &m->via.array.ptr[3];
-  if (a->o->once) {
-    reply_fail(c, req, "this host agent exits with its controller (--once), so nothing can outlive it: run "
-                       "long-lived agents (monarch-worker --listen HOST:PORT) and connect with --hosts");
-    return;
-  }
-  if (pids->type != MSGPACK_OBJECT_ARRAY || pids->via.array.size == 0) {
-    reply_fail(c, req, "PERSIST names no procs");
-    return;
-  }
+  const msgpack_object *pids = q->pids;
+  if (a->o->once)
+    return "this host agent exits with its controller (--once), so nothing can outlive it: run "
+           "long-lived agents (monarch-worker --listen HOST:PORT) and connect with --hosts";
+  if (pids->type != MSGPACK_OBJECT_ARRAY || pids->via.array.size == 0) return "PERSIST names no procs";
   for (uint32_t i = 0; i < pids->via.array.size; i++) {
     const msgpack_object *o = &pids->via.array.ptr[i];
     aproc_t *p = o->type == MSGPACK_OBJECT_POSITIVE_INTEGER ? find_proc(a, (int64_t)o->via.u64) : NULL;
     if (p == NULL || p->owner != c->session) {
-      snprintf(msg, sizeof(msg), "pid %lld is not a live proc of this controller on this host",
+      snprintf(msg, n, "pid %lld is not a live proc of this controller on this host",
                o->type == MSGPACK_OBJECT_POSITIVE_INTEGER ? (long long)o->via.u64 : -1LL);
-      reply_fail(c, req, msg);
-      return;
+      return msg;
     }
   }
-  apersist_t *r = find_record(a, name, nl);
   if (r != NULL && each_proc(a, r, c->session, EACH_HELD_ELSEWHERE, NULL) > 0) {
-    snprintf(msg, sizeof(msg), "a persistent mesh named '%.*s' is already held by another controller here",
-             (int)nl, name);
-    reply_fail(c, req, msg);
-    return;
+    snprintf(msg, n, "a persistent mesh named '%.*s' is already held by another controller here", (int)q->name_len,
+             q->name);
+    return msg;
   }
   if (r == NULL && a->npersisted >= MN_MAX_PERSISTED) {
-    snprintf(msg, sizeof(msg), "this host already keeps %d persistent meshes (MN_MAX_PERSISTED)", MN_MAX_PERSISTED);
-    reply_fail(c, req, msg);
+    snprintf(msg, n, "this host already keeps %d persistent meshes (MN_MAX_PERSISTED)", MN_MAX_PERSISTED);
+    return msg;
+  }
+  return NULL;
+}
+
+/* [PERSIST, req, name, pids, description]: these procs (this controller's) outlive it, under `name`. */
+void mn__agent_handle_persist(aconn_t *c, const msgpack_object *m) {
+  agent_t *a = c->a;
+  mn_msg_request_t q;
+  char msg[400];
+  if (get_request(c, m, &q) != 0) return;
+  uint64_t req = q.req;
+  const char *name = q.name;
+  size_t nl = q.name_len;
+  const msgpack_object *pids = q.pids;
+  apersist_t *r = find_record(a, name, nl);
+  const char *refusal = persist_refusal(c, &q, r, msg, sizeof(msg));
+  if (refusal != NULL) {
+    reply_fail(c, req, refusal);
     return;
   }
   mn_buf_t blob;
   msgpack_packer bpk;
   mn_buf_init(&blob);
   msgpack_packer_init(&bpk, &blob, mn_buf_write_cb);
-  if (msgpack_pack_object(&bpk, m->via.array.ptr[4]) != 0) {
+  if (msgpack_pack_object(&bpk, *q.description) != 0) {
     mn_buf_free(&blob);
     reply_fail(c, req, "out of memory");
     return;
@@ -198,11 +193,12 @@ static void known_names(agent_t *a, char *out, size_t n) {
 /* [ATTACH, req, name]: this controller takes the mesh's procs over; the reply carries their pids and the description. */
 void mn__agent_handle_attach(aconn_t *c, const msgpack_object *m) {
   agent_t *a = c->a;
-  uint64_t req;
-  const char *name;
-  size_t nl;
+  mn_msg_request_t q;
   char msg[600], known[300];
-  if (get_req_name(c, m, 3, &req, &name, &nl, "ATTACH: want [16, req, name]") != 0) return;
+  if (get_request(c, m, &q) != 0) return;
+  uint64_t req = q.req;
+  const char *name = q.name;
+  size_t nl = q.name_len;
   apersist_t *r = find_record(a, name, nl);
   if (r == NULL) {
     known_names(a, known, sizeof(known));
@@ -233,11 +229,12 @@ void mn__agent_handle_attach(aconn_t *c, const msgpack_object *m) {
 
 /* [DETACH, req, name]: this controller lets go of the mesh's procs; they stay up, parked. */
 void mn__agent_handle_detach(aconn_t *c, const msgpack_object *m) {
-  uint64_t req;
-  const char *name;
-  size_t nl;
+  mn_msg_request_t q;
   char msg[400];
-  if (get_req_name(c, m, 3, &req, &name, &nl, "DETACH: want [18, req, name]") != 0) return;
+  if (get_request(c, m, &q) != 0) return;
+  uint64_t req = q.req;
+  const char *name = q.name;
+  size_t nl = q.name_len;
   apersist_t *r = find_record(c->a, name, nl);
   if (r == NULL) {
     snprintf(msg, sizeof(msg), "no persistent mesh named '%.*s' on this host", (int)nl, name);
@@ -302,12 +299,10 @@ static void walk_status(uv_handle_t *h, void *arg) {
 /* [STATUS, req] -> REPLY {hostname, pid, uptime, procs = [...], exits = [...]} */
 void mn__agent_handle_status(aconn_t *c, const msgpack_object *m) {
   agent_t *a = c->a;
-  uint64_t req;
+  mn_msg_request_t q;
   char host[256];
-  if (mn_get_u64(m, 1, &req) != 0) {
-    mn__agent_refuse(c, MN_EPROTO, "malformed STATUS: want [27, req]");
-    return;
-  }
+  if (get_request(c, m, &q) != 0) return;
+  uint64_t req = q.req;
   if (gethostname(host, sizeof(host)) != 0) snprintf(host, sizeof(host), "?");
   host[sizeof(host) - 1] = '\0';
   mn_buf_t b;
@@ -348,11 +343,9 @@ void mn__agent_handle_status(aconn_t *c, const msgpack_object *m) {
 }
 
 void mn__agent_handle_list(aconn_t *c, const msgpack_object *m) {
-  uint64_t req;
-  if (m->via.array.size != 2 || mn_get_u64(m, 1, &req) != 0) {
-    mn__agent_refuse(c, MN_EPROTO, "malformed LIST: want [19, req]");
-    return;
-  }
+  mn_msg_request_t q;
+  if (get_request(c, m, &q) != 0) return;
+  uint64_t req = q.req;
   mn_buf_t b;
   msgpack_packer pk;
   size_t s = reply_begin(&b, &pk, req, 1);

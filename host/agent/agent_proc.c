@@ -17,15 +17,8 @@ static void proc_handle_closed(uv_handle_t *h) {
 
 void mn__agent_send_spawn_failed(asession_t *c, uint64_t req, int index, const char *msg) {
   mn_buf_t b;
-  msgpack_packer pk;
-  size_t s = mn_frame_start(&b, &pk);
-  msgpack_pack_array(&pk, 4);
-  msgpack_pack_int(&pk, MN_MSG_SPAWN_FAILED);
-  msgpack_pack_uint64(&pk, req);
-  msgpack_pack_int(&pk, index);
-  mn_pack_cstr(&pk, msg);
-  mn_frame_end(&b, s);
-  mn__agent_session_send(c, &b);
+  mn_buf_init(&b);
+  if (mn_msg_pack_spawn_failed(&b, req, index, msg) == 0) mn__agent_session_send(c, &b);
   mn_buf_free(&b);
 }
 
@@ -46,16 +39,9 @@ static void on_proc_exit(uv_process_t *h, int64_t status, int sig) {
       mn__agent_send_spawn_failed(p->owner, p->req, p->index, msg);
     } else {
       mn_buf_t b;
-      msgpack_packer pk;
-      size_t s = mn_frame_start(&b, &pk);
-      msgpack_pack_array(&pk, 5);
-      msgpack_pack_int(&pk, MN_MSG_PROC_EXIT);
-      msgpack_pack_int64(&pk, h->pid);
-      msgpack_pack_int64(&pk, status);
-      mn_pack_cstr(&pk, sig ? sigabbrev_np(sig) ? sigabbrev_np(sig) : "?" : "");
-      msgpack_pack_int(&pk, p->rank);
-      mn_frame_end(&b, s);
-      mn__agent_session_send(p->owner, &b);
+      mn_buf_init(&b);
+      const char *name = sig ? sigabbrev_np(sig) ? sigabbrev_np(sig) : "?" : "";
+      if (mn_msg_pack_proc_exit(&b, h->pid, status, name, p->rank) == 0) mn__agent_session_send(p->owner, &b);
       mn_buf_free(&b);
     }
   }
@@ -107,16 +93,8 @@ static void on_port(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
   int port = atoi(p->buf);
   if (port > 0 && p->owner != NULL && !p->reported) {
     mn_buf_t b;
-    msgpack_packer pk;
-    size_t st = mn_frame_start(&b, &pk);
-    msgpack_pack_array(&pk, 5);
-    msgpack_pack_int(&pk, MN_MSG_SPAWNED);
-    msgpack_pack_uint64(&pk, p->req);
-    msgpack_pack_int(&pk, p->index);
-    msgpack_pack_int64(&pk, p->proc.pid);
-    msgpack_pack_int(&pk, port);
-    mn_frame_end(&b, st);
-    mn__agent_session_send(p->owner, &b);
+    mn_buf_init(&b);
+    if (mn_msg_pack_spawned(&b, p->req, p->index, p->proc.pid, port) == 0) mn__agent_session_send(p->owner, &b);
     mn_buf_free(&b);
     p->reported = 1;
     char *nl = memchr(p->buf, '\n', p->blen);
@@ -138,16 +116,8 @@ static void forward_lines(aproc_t *p, int stream, mn_buf_t *b, int all) {
   }
   if (end == 0) return;
   mn_buf_t f;
-  msgpack_packer pk;
-  size_t s = mn_frame_start(&f, &pk);
-  msgpack_pack_array(&pk, 4);
-  msgpack_pack_int(&pk, MN_MSG_LOG);
-  msgpack_pack_int(&pk, p->rank);
-  msgpack_pack_int(&pk, stream);
-  msgpack_pack_str(&pk, end);
-  msgpack_pack_str_body(&pk, b->data, end);
-  mn_frame_end(&f, s);
-  mn__agent_session_send(p->owner, &f);
+  mn_buf_init(&f);
+  if (mn_msg_pack_log(&f, p->rank, stream, b->data, end) == 0) mn__agent_session_send(p->owner, &f);
   mn_buf_free(&f);
   mn_buf_consume(b, end);
 }

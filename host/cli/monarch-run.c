@@ -4,6 +4,7 @@
  * argument parsing and main() only.
  */
 #include "path.h"
+#include "version.h"
 
 #include <lauxlib.h>
 #include <lua.h>
@@ -246,7 +247,7 @@ static int parse_args(int argc, char **argv, opts_t *o) {
       fputs(usage, stdout);
       return 0;
     } else if (strcmp(a, "-v") == 0 || strcmp(a, "--version") == 0) {
-      printf("monarch-run 0.1.0 (%s)\n", LUAJIT_VERSION);
+      printf("monarch-run %s (%s)\n", MN_VERSION, LUAJIT_VERSION);
       return 0;
     } else if (strcmp(a, "-e") == 0) {
       o->code = argv[++i];
@@ -297,14 +298,9 @@ static int parse_args(int argc, char **argv, opts_t *o) {
   return -1;
 }
 
-/* --status: monarch.status() reports, where a module provides it. */
+/* --status: monarch.status() reports (the library is loaded by now). */
 static int run_status(lua_State *L) {
   push_loaded_field(L, "monarch", "status");
-  if (!lua_isfunction(L, -1)) {
-    lua_pop(L, 1);
-    fprintf(stderr, "monarch-run: --status is not implemented yet\n");
-    return 2;
-  }
   return run_chunk(L, 0) == 0 ? 0 : 1;
 }
 

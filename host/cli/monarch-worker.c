@@ -3,6 +3,7 @@
 #include "path.h"
 #include "proc.h"
 #include "sock.h"
+#include "version.h"
 
 #include <limits.h>
 #include <stdio.h>
@@ -59,7 +60,7 @@ int main(int argc, char **argv) {
       fputs(usage, stdout);
       return 0;
     } else if (strcmp(a, "--version") == 0) {
-      puts("monarch-worker 0.1.0");
+      printf("monarch-worker %s\n", MN_VERSION);
       return 0;
     } else {
       fprintf(stderr, "monarch-worker: unknown or incomplete option '%s'\n%s", a, usage);

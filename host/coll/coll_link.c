@@ -114,7 +114,7 @@ static int serve_handshake(mn_coll_t *c, int fd, int64_t deadline) {
   if (rc == 0) rc = mn_hs_check_auth(&c->auth, &msg, ns, nc, err, sizeof(err));
   if (rc != 0) {
     /* The refusal is best effort: the peer is dropped either way, with the decoding or auth code. */
-    mn_pack_error(&out, rc, err);
+    mn_msg_pack_error(&out, rc, err);
     if (mn__coll_write_exact(fd, out.data, out.len, deadline) != 0) goto done;
     goto done;
   }

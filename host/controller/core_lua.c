@@ -10,6 +10,7 @@
 #include "ctl.h"
 #include "luapack.h"
 #include "path.h"
+#include "version.h"
 
 #include <lauxlib.h>
 #include <lua.h>
@@ -18,8 +19,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#define MN_SEQ_OFFSET 7      /* len(4) + fixarray(1) + type(1) + 0xcf(1) */
 
 static char ctl_key;
 
@@ -122,7 +121,7 @@ static int l_start_agent(lua_State *L) {
     return 2;
   }
   lua_pushinteger(L, port);
-  lua_pushinteger(L, c->ctl.agent.pid);
+  lua_pushinteger(L, mn_ctl_agent_pid(&c->ctl));
   return 2;
 }
 
@@ -143,18 +142,16 @@ static int l_disconnect(lua_State *L) {
   return 0;
 }
 
-static const char *const state_names[] = {"connecting", "handshake", "handshake", "ready", "reconnecting", "closed"};
-
 /* core.info(id) -> state, host, pid, reason, inflight */
 static int l_info(lua_State *L) {
   lctl_t *c = get_ctl(L);
-  mn_conn_t *k = mn_ctl_conn(&c->ctl, (int)luaL_checkinteger(L, 1));
-  if (k == NULL) return luaL_argerror(L, 1, "no such connection");
-  lua_pushstring(L, state_names[k->state]);
-  lua_pushstring(L, k->info_host);
-  lua_pushnumber(L, (lua_Number)k->info_pid);
-  lua_pushstring(L, k->reason);
-  lua_pushnumber(L, (lua_Number)k->rcount);
+  mn_conn_info_t i;
+  if (mn_ctl_info(&c->ctl, (int)luaL_checkinteger(L, 1), &i) != 0) return luaL_argerror(L, 1, "no such connection");
+  lua_pushstring(L, i.state_name);
+  lua_pushstring(L, i.host);
+  lua_pushnumber(L, (lua_Number)i.pid);
+  lua_pushstring(L, i.reason);
+  lua_pushnumber(L, (lua_Number)i.inflight);
   return 5;
 }
 
@@ -162,16 +159,40 @@ static int l_info(lua_State *L) {
 static mn_conn_t *ready_conn(lua_State *L, lctl_t *c, int id, int or_reconnecting) {
   mn_conn_t *k = mn_ctl_conn(&c->ctl, id);
   if (k == NULL) luaL_error(L, "no connection %d", id);
-  if (k->state != MN_CS_READY && !(or_reconnecting && k->state == MN_CS_RECONNECTING))
-    luaL_error(L, "connection %d is not ready (%s: %s)", id, state_names[k->state], k->reason);
+  mn_conn_state_t st = mn_ctl_conn_state(k);
+  if (st != MN_CS_READY && !(or_reconnecting && st == MN_CS_RECONNECTING)) {
+    mn_conn_info_t i;
+    mn_ctl_info(&c->ctl, id, &i); /* k exists: cannot fail */
+    luaL_error(L, "connection %d is not ready (%s: %s)", id, i.state_name, i.reason);
+  }
   return k;
 }
 
-/* core.send(id, array) : a whole message, e.g. {10, req, spec} */
+/* Raises unless the table at idx is {type, ...} of a type a script may send, with its element count. */
+static void check_message(lua_State *L, int idx) {
+  char err[200];
+  size_t n = lua_objlen(L, idx), count = 0;
+  lua_pushnil(L);
+  while (lua_next(L, idx) != 0) {
+    count++;
+    lua_pop(L, 1);
+  }
+  lua_rawgeti(L, idx, 1);
+  int typed = lua_type(L, -1) == LUA_TNUMBER;
+  lua_Number t = lua_tonumber(L, -1);
+  lua_pop(L, 1);
+  /* Keys exactly 1..n, as luapack packs an array; anything else would go as a map. */
+  if (count != n || n == 0 || !typed || t != floor(t))
+    luaL_argerror(L, idx, "a message is an array {MSG.X, field...} starting with its type");
+  if (mn_msg_check_script_send((int64_t)t, n, err, sizeof(err)) != 0) luaL_argerror(L, idx, err);
+}
+
+/* core.send(id, array) : a whole message, e.g. {MSG.SPAWN, req, spec} */
 static int l_send(lua_State *L) {
   lctl_t *c = get_ctl(L);
   mn_conn_t *k = ready_conn(L, c, (int)luaL_checkinteger(L, 1), 0);
   luaL_checktype(L, 2, LUA_TTABLE);
+  check_message(L, 2);
   msgpack_packer pk;
   c->scratch.len = 0;
   msgpack_packer_init(&pk, &c->scratch, mn_buf_write_cb);
@@ -189,13 +210,7 @@ static void encode_call(lua_State *L, lctl_t *c, const char *kernel, size_t kl, 
   msgpack_packer pk;
   mn_buf_t *b = &c->scratch;
   b->len = 0;
-  msgpack_packer_init(&pk, b, mn_buf_write_cb);
-  size_t s = mn_frame_begin(b);
-  static const unsigned char head[11] = {0x94, MN_MSG_CALL, 0xcf, 0, 0, 0, 0, 0, 0, 0, 0};
-  mn_buf_append(b, head, sizeof(head));
-  msgpack_pack_str(&pk, kl);
-  msgpack_pack_str_body(&pk, kernel, kl);
-  msgpack_pack_array(&pk, (size_t)nargs);
+  size_t s = mn_msg_call_head(b, &pk, kernel, kl, (uint32_t)nargs);
   for (int i = 0; i < nargs; i++) encode(L, &pk, first + i, i + 1);
   mn_frame_end(b, s);
   if (b->len - MN_FRAME_HEADER > MN_MAX_FRAME) luaL_error(L, "call of %d bytes exceeds MN_MAX_FRAME", (int)b->len);
@@ -225,9 +240,8 @@ static int l_call(lua_State *L) {
       lua_pop(L, 1);
     }
     mn_conn_t *k = ready_conn(L, c, id, 1);
-    if (mn_ctl_call(&c->ctl, k, b->data, b->len, MN_SEQ_OFFSET, call, i) != 0)
-      return luaL_error(L, "out of memory queueing a call");
-    if (k->rcount > deepest) deepest = k->rcount;
+    if (mn_ctl_call(&c->ctl, k, b->data, b->len, call, i) != 0) return luaL_error(L, "out of memory queueing a call");
+    if (mn_ctl_inflight(k) > deepest) deepest = mn_ctl_inflight(k);
   }
   /* The deepest queue among the targets: Lua holds back past its window. */
   lua_pushnumber(L, (lua_Number)deepest);
@@ -244,101 +258,10 @@ static int l_call_as(lua_State *L) {
   const char *kernel = luaL_checklstring(L, 4, &kl);
   encode_call(L, c, kernel, kl, 5);
   mn_conn_t *k = ready_conn(L, c, id, 1);
-  if (mn_ctl_call(&c->ctl, k, c->scratch.data, c->scratch.len, MN_SEQ_OFFSET, call, slot) != 0)
+  if (mn_ctl_call(&c->ctl, k, c->scratch.data, c->scratch.len, call, slot) != 0)
     return luaL_error(L, "out of memory queueing a call");
-  lua_pushnumber(L, (lua_Number)k->rcount);
+  lua_pushnumber(L, (lua_Number)mn_ctl_inflight(k));
   return 1;
-}
-
-/* Decodes the frames waiting on conn k into ev; returns the new count. */
-static int drain_conn(lua_State *L, lctl_t *c, mn_conn_t *k, int ev, int n) {
-  size_t off = k->in_off;
-  while (off < k->in.len) {
-    const char *body;
-    char err[300];
-    msgpack_object m;
-    int64_t len = mn_frame_peek(k->in.data + off, k->in.len - off, MN_MAX_FRAME, &body);
-    if (len == MN_EAGAIN) break;
-    if (len < 0) {
-      mn_ctl_disconnect(&c->ctl, k->id, "peer sent a frame larger than MN_MAX_FRAME");
-      off = k->in.len;
-      break;
-    }
-    off += MN_FRAME_HEADER + (size_t)len;
-    msgpack_zone_clear(&c->zone);
-    int rc = mn_decode(body, (size_t)len, &c->zone, &m, err, sizeof(err));
-    if (rc != 0) {
-      mn_ctl_disconnect(&c->ctl, k->id, err);
-      off = k->in.len;
-      break;
-    }
-    if (mn_msg_type(&m) == MN_MSG_RESULT && k->kind == MN_CONN_PROC) {
-      uint64_t seq;
-      if (m.via.array.size != 4 || mn_get_u64(&m, 1, &seq) != 0 || k->rcount == 0 ||
-          seq != k->seq - k->rcount + 1 || m.via.array.ptr[2].type != MSGPACK_OBJECT_BOOLEAN) {
-        mn_ctl_disconnect(&c->ctl, k->id, "proc sent a RESULT that matches no call in flight");
-        off = k->in.len;
-        break;
-      }
-      mn_pending_t p = k->ring[k->rhead];
-      k->rhead = (k->rhead + 1) % k->rcap;
-      k->rcount--;
-      mn_ctl_acked(k, seq);
-      int ok = m.via.array.ptr[2].via.boolean;
-      const msgpack_object *v = &m.via.array.ptr[3];
-      lua_pushnumber(L, p.call);
-      lua_rawseti(L, ev, ++n);
-      lua_pushinteger(L, p.slot);
-      lua_rawseti(L, ev, ++n);
-      lua_pushboolean(L, ok);
-      lua_rawseti(L, ev, ++n);
-      mn_dest_t *d = NULL;
-      for (size_t i = 0; i < c->ndests && d == NULL; i++)
-        if (c->dests[i].call == p.call && c->dests[i].slot == p.slot) d = &c->dests[i];
-      if (d != NULL) {
-        /* A fetch into place: the bytes go to their destination, Lua gets the count. */
-        const msgpack_object *b = ok && v->type == MSGPACK_OBJECT_ARRAY && v->via.array.size == 1 ? &v->via.array.ptr[0] : NULL;
-        if (b != NULL && b->type == MSGPACK_OBJECT_BIN && b->via.bin.size <= d->cap) {
-          memcpy(d->dest, b->via.bin.ptr, b->via.bin.size);
-          lua_pushnumber(L, (lua_Number)b->via.bin.size);
-        } else {
-          push_obj(L, v);
-        }
-        *d = c->dests[--c->ndests];
-      } else if (ok && v->type == MSGPACK_OBJECT_ARRAY && v->via.array.size <= 1) {
-        if (v->via.array.size == 1) push_obj(L, &v->via.array.ptr[0]);
-        else lua_pushnil(L);
-      } else {
-        push_obj(L, v);
-      }
-      lua_rawseti(L, ev, ++n);
-    } else if (mn_msg_type(&m) == MN_MSG_PONG && m.via.array.size == 2 &&
-               m.via.array.ptr[1].type == MSGPACK_OBJECT_POSITIVE_INTEGER &&
-               m.via.array.ptr[1].via.u64 >= MN_HB_PING_BASE) {
-      /* A heartbeat answer: receiving it was the point (last_rx). */
-    } else {
-      lua_pushnumber(L, 0);
-      lua_rawseti(L, ev, ++n);
-      lua_pushinteger(L, k->id);
-      lua_rawseti(L, ev, ++n);
-      lua_pushliteral(L, "message");
-      lua_rawseti(L, ev, ++n);
-      push_obj(L, &m);
-      lua_rawseti(L, ev, ++n);
-    }
-  }
-  /* Drop what was drained; move a partial frame down only when the dead
-   * prefix dominates, so bulk frames are not copied twice. */
-  if (off >= k->in.len) {
-    k->in.len = 0;
-    k->in_off = 0;
-  } else if (off > (1u << 20) && off * 2 > k->in.len) {
-    mn_buf_consume(&k->in, off);
-    k->in_off = 0;
-  } else {
-    k->in_off = off;
-  }
-  return n;
 }
 
 static int push_event(lua_State *L, int ev, int n, int conn, const char *kind) {
@@ -347,6 +270,116 @@ static int push_event(lua_State *L, int ev, int n, int conn, const char *kind) {
   lua_pushinteger(L, conn);
   lua_rawseti(L, ev, ++n);
   lua_pushstring(L, kind);
+  lua_rawseti(L, ev, ++n);
+  return n;
+}
+
+/* Pushes a RESULT's value for (call, slot) as Lua sees it: a fetch into
+ * place (core.fetch_into) lands in its destination and Lua gets the byte
+ * count; one value comes unwrapped, none as nil; a failure as its error map. */
+static void push_result_value(lua_State *L, lctl_t *c, mn_pending_t p, const mn_msg_result_t *r) {
+  const msgpack_object *v = r->value;
+  mn_dest_t *d = NULL;
+  for (size_t i = 0; i < c->ndests && d == NULL; i++)
+    if (c->dests[i].call == p.call && c->dests[i].slot == p.slot) d = &c->dests[i];
+  if (d != NULL) {
+    const msgpack_object *b = r->ok && v->type == MSGPACK_OBJECT_ARRAY && v->via.array.size == 1 ? &v->via.array.ptr[0] : NULL;
+    if (b != NULL && b->type == MSGPACK_OBJECT_BIN && b->via.bin.size <= d->cap) {
+      memcpy(d->dest, b->via.bin.ptr, b->via.bin.size);
+      lua_pushnumber(L, (lua_Number)b->via.bin.size);
+    } else {
+      push_obj(L, v);
+    }
+    *d = c->dests[--c->ndests];
+  } else if (r->ok && v->type == MSGPACK_OBJECT_ARRAY && v->via.array.size <= 1) {
+    if (v->via.array.size == 1) push_obj(L, &v->via.array.ptr[0]);
+    else lua_pushnil(L);
+  } else {
+    push_obj(L, v);
+  }
+}
+
+/* Adds a proc's RESULT to ev as call_id, slot, ok, value; returns the new
+ * count, or -1 when it answers no call in flight (conn is then closed). */
+static int take_result(lua_State *L, lctl_t *c, mn_conn_t *k, const msgpack_object *m, int ev, int n) {
+  char err[300];
+  mn_msg_result_t r;
+  mn_pending_t p;
+  if (mn_msg_parse_result(m, &r, err, sizeof(err)) != 0) {
+    mn_ctl_refuse(&c->ctl, k, err);
+    return -1;
+  }
+  if (mn_ctl_take_result(k, r.seq, &p) != 0) {
+    mn_ctl_refuse(&c->ctl, k, "proc sent a RESULT that matches no call in flight");
+    return -1;
+  }
+  lua_pushnumber(L, p.call);
+  lua_rawseti(L, ev, ++n);
+  lua_pushinteger(L, p.slot);
+  lua_rawseti(L, ev, ++n);
+  lua_pushboolean(L, r.ok);
+  lua_rawseti(L, ev, ++n);
+  push_result_value(L, c, p, &r);
+  lua_rawseti(L, ev, ++n);
+  return n;
+}
+
+/* A PONG to a heartbeat PING: receiving it was the point (the connection's last_rx). */
+static int is_heartbeat(const msgpack_object *m) {
+  const msgpack_object *id;
+  char err[200];
+  return mn_msg_type(m) == MN_MSG_PONG && mn_msg_parse_ping(m, &id, err, sizeof(err)) == 0 &&
+         id->type == MSGPACK_OBJECT_POSITIVE_INTEGER && id->via.u64 >= MN_HB_PING_BASE;
+}
+
+/* Decodes the frames waiting on conn `id` into ev; returns the new count. */
+static int drain_conn(lua_State *L, lctl_t *c, int id, int ev, int n) {
+  mn_conn_t *k = mn_ctl_conn(&c->ctl, id);
+  const char *body;
+  int64_t len;
+  while ((len = mn_ctl_read_frame(&c->ctl, k, &body)) >= 0) {
+    char err[300];
+    msgpack_object m;
+    msgpack_zone_clear(&c->zone);
+    if (mn_decode(body, (size_t)len, &c->zone, &m, err, sizeof(err)) != 0) {
+      mn_ctl_refuse(&c->ctl, k, err);
+      break;
+    }
+    if (mn_msg_type(&m) == MN_MSG_RESULT && mn_ctl_conn_kind(k) == MN_CONN_PROC) {
+      int r = take_result(L, c, k, &m, ev, n);
+      if (r < 0) break;
+      n = r;
+    } else if (!is_heartbeat(&m)) {
+      n = push_event(L, ev, n, id, "message");
+      push_obj(L, &m);
+      lua_rawseti(L, ev, ++n);
+    }
+  }
+  return n;
+}
+
+/* Adds an event's value (the fourth entry) to ev: what Lua gets with its kind. */
+static int push_event_value(lua_State *L, lctl_t *c, const mn_event_t *e, int ev, int n) {
+  mn_conn_info_t i;
+  if (e->kind == MN_EV_CONNECTED) {
+    mn_ctl_info(&c->ctl, e->conn, &i);
+    lua_createtable(L, 0, 2);
+    lua_pushstring(L, i.host);
+    lua_setfield(L, -2, "host");
+    lua_pushnumber(L, (lua_Number)e->a);
+    lua_setfield(L, -2, "pid");
+  } else if (e->kind == MN_EV_CLOSED || e->kind == MN_EV_RECONNECTING) {
+    mn_ctl_info(&c->ctl, e->conn, &i);
+    lua_pushstring(L, i.reason);
+  } else if (e->kind == MN_EV_RECONNECTED) {
+    lua_pushnumber(L, (lua_Number)e->a);
+  } else { /* MN_EV_AGENT_EXIT */
+    lua_createtable(L, 0, 2);
+    lua_pushnumber(L, (lua_Number)e->a);
+    lua_setfield(L, -2, "status");
+    lua_pushnumber(L, (lua_Number)e->b);
+    lua_setfield(L, -2, "signal");
+  }
   lua_rawseti(L, ev, ++n);
   return n;
 }
@@ -370,47 +403,23 @@ static int l_poll(lua_State *L) {
   int refs[256], nr;
   while ((nr = mn_ctl_take_released(ctl, refs, 256)) > 0) /* payloads the sockets are done with */
     for (int i = 0; i < nr; i++) luaL_unref(L, LUA_REGISTRYINDEX, refs[i]);
-  int n = 0;
-  /* Connected events first, then data, then closures: a proc's last results precede its death. */
-  for (size_t i = 0; i < ctl->nevents; i++) {
-    mn_event_t *e = &ctl->events[i];
-    if (e->kind != MN_EV_CONNECTED) continue;
-    mn_conn_t *k = mn_ctl_conn(ctl, e->conn);
-    n = push_event(L, 1, n, e->conn, "connected");
-    lua_createtable(L, 0, 2);
-    lua_pushstring(L, k->info_host);
-    lua_setfield(L, -2, "host");
-    lua_pushnumber(L, (lua_Number)k->info_pid);
-    lua_setfield(L, -2, "pid");
-    lua_rawseti(L, 1, ++n);
-  }
-  for (int i = 0; i < ctl->nreadable; i++) {
-    mn_conn_t *k = mn_ctl_conn(ctl, ctl->readable[i]);
-    k->readable = 0;
-    n = drain_conn(L, c, k, 1, n);
-  }
-  ctl->nreadable = 0;
-  for (size_t i = 0; i < ctl->nevents; i++) {
-    mn_event_t *e = &ctl->events[i];
-    if (e->kind == MN_EV_CLOSED || e->kind == MN_EV_RECONNECTING) {
-      n = push_event(L, 1, n, e->conn, e->kind == MN_EV_CLOSED ? "closed" : "reconnecting");
-      lua_pushstring(L, mn_ctl_conn(ctl, e->conn)->reason);
-      lua_rawseti(L, 1, ++n);
-    } else if (e->kind == MN_EV_RECONNECTED) {
-      n = push_event(L, 1, n, e->conn, "reconnected");
-      lua_pushnumber(L, (lua_Number)e->a);
-      lua_rawseti(L, 1, ++n);
-    } else if (e->kind == MN_EV_AGENT_EXIT) {
-      n = push_event(L, 1, n, 0, "agent_exit");
-      lua_createtable(L, 0, 2);
-      lua_pushnumber(L, (lua_Number)e->a);
-      lua_setfield(L, -2, "status");
-      lua_pushnumber(L, (lua_Number)e->b);
-      lua_setfield(L, -2, "signal");
-      lua_rawseti(L, 1, ++n);
+  int n = 0, id;
+  size_t ne;
+  const mn_event_t *evs = mn_ctl_events(ctl, &ne);
+  /* Connected events first, then data, then the rest: a proc's last results precede its death. */
+  for (size_t i = 0; i < ne; i++)
+    if (evs[i].kind == MN_EV_CONNECTED) {
+      n = push_event(L, 1, n, evs[i].conn, mn_ctl_event_name(evs[i].kind));
+      n = push_event_value(L, c, &evs[i], 1, n);
     }
-  }
-  ctl->nevents = 0;
+  while ((id = mn_ctl_take_readable(ctl)) > 0) n = drain_conn(L, c, id, 1, n);
+  evs = mn_ctl_events(ctl, &ne); /* draining may have closed connections */
+  for (size_t i = 0; i < ne; i++)
+    if (evs[i].kind != MN_EV_CONNECTED) {
+      n = push_event(L, 1, n, evs[i].conn, mn_ctl_event_name(evs[i].kind));
+      n = push_event_value(L, c, &evs[i], 1, n);
+    }
+  mn_ctl_events_done(ctl);
   lua_pushinteger(L, n);
   return 1;
 }
@@ -420,12 +429,10 @@ static int l_take_pending(lua_State *L) {
   lctl_t *c = get_ctl(L);
   mn_conn_t *k = mn_ctl_conn(&c->ctl, (int)luaL_checkinteger(L, 1));
   if (k == NULL) return luaL_argerror(L, 1, "no such connection");
-  lua_createtable(L, (int)k->rcount * 2, 0);
+  lua_createtable(L, (int)mn_ctl_inflight(k) * 2, 0);
   int n = 0;
-  while (k->rcount > 0) {
-    mn_pending_t p = k->ring[k->rhead];
-    k->rhead = (k->rhead + 1) % k->rcap;
-    k->rcount--;
+  mn_pending_t p;
+  while (mn_ctl_take_pending(k, &p)) {
     lua_pushnumber(L, p.call);
     lua_rawseti(L, -2, ++n);
     lua_pushinteger(L, p.slot);
@@ -438,16 +445,7 @@ static int l_take_pending(lua_State *L) {
 static int l_inflight(lua_State *L) {
   lctl_t *c = get_ctl(L);
   mn_conn_t *k = mn_ctl_conn(&c->ctl, (int)luaL_checkinteger(L, 1));
-  lua_pushnumber(L, k ? (lua_Number)k->rcount : 0);
-  return 1;
-}
-
-/* core.oldest_pending(id) -> call id of the call now running there, or nil */
-static int l_oldest_pending(lua_State *L) {
-  lctl_t *c = get_ctl(L);
-  mn_conn_t *k = mn_ctl_conn(&c->ctl, (int)luaL_checkinteger(L, 1));
-  if (k == NULL || k->rcount == 0) return 0;
-  lua_pushnumber(L, k->ring[k->rhead].call);
+  lua_pushnumber(L, k ? (lua_Number)mn_ctl_inflight(k) : 0);
   return 1;
 }
 
@@ -468,11 +466,6 @@ static int l_configure(lua_State *L) {
     lua_pop(L, 1);
   }
   mn_ctl_configure(&c->ctl, v[0], v[1], v[2]);
-  return 0;
-}
-
-static int l_flush(lua_State *L) {
-  mn_ctl_flush(&get_ctl(L)->ctl);
   return 0;
 }
 
@@ -535,7 +528,7 @@ static int l_sleep(lua_State *L) {
 
 /* ---- bulk transfer ---------------------------------------------------------- */
 
-#define MN_PUT_HEAD 64 /* room for a __tensor_put CALL before its payload (52 bytes) */
+#define MN_PUT_ROOM 64 /* a chunk leaves this much of MN_MAX_FRAME for its CALL head (MN_MSG_PUT_HEAD) */
 
 /*
  * core.put_chunk(call_id, targets, tensor_id, offset, src, src_off, len [, owner]) -> deepest
@@ -560,33 +553,21 @@ static int l_put_chunk(lua_State *L) {
     keep = 8;
     luaL_checkany(L, 8);
   }
-  if (len > MN_MAX_FRAME - MN_PUT_HEAD) return luaL_argerror(L, 7, "chunk larger than MN_MAX_FRAME");
-  char head[MN_PUT_HEAD];
-  size_t h = 0;
-  static const unsigned char start[] = {0x94, MN_MSG_CALL, 0xcf, 0, 0, 0, 0, 0, 0, 0, 0, 0xac, '_', '_', 't', 'e',
-                                        'n', 's', 'o', 'r', '_', 'p', 'u', 't', 0x93, 0xcf};
-  memcpy(head + 4, start, sizeof(start));
-  h = 4 + sizeof(start);
-  for (int j = 7; j >= 0; j--) head[h + (size_t)(7 - j)] = (char)(id >> (8 * j));
-  h += 8;
-  head[h++] = (char)0xcf;
-  for (int j = 7; j >= 0; j--) head[h + (size_t)(7 - j)] = (char)(off >> (8 * j));
-  h += 8;
-  head[h++] = (char)0xc6;
-  mn_put_be32(head + h, (uint32_t)len);
-  h += 4;
-  mn_put_be32(head, (uint32_t)(h - 4 + len));
+  if (len > MN_MAX_FRAME - MN_PUT_ROOM) return luaL_argerror(L, 7, "chunk larger than MN_MAX_FRAME");
+  char head[MN_MSG_PUT_HEAD];
+  size_t h = mn_msg_put_head(head, id, off, (uint32_t)len);
   size_t deepest = 0;
   int n = (int)lua_objlen(L, 2);
   for (int i = 1; i <= n; i++) {
     lua_rawgeti(L, 2, i);
-    mn_conn_t *k = ready_conn(L, c, (int)lua_tointeger(L, -1), 0);
+    int conn = (int)lua_tointeger(L, -1);
+    mn_conn_t *k = ready_conn(L, c, conn, 0);
     lua_pop(L, 1);
     lua_pushvalue(L, keep);
     int ref = luaL_ref(L, LUA_REGISTRYINDEX);
-    if (mn_ctl_call_bulk(&c->ctl, k, head, h, MN_SEQ_OFFSET, src + soff, len, ref, call, i) != 0)
-      return luaL_error(L, "cannot queue a bulk put on connection %d", k->id);
-    if (k->rcount > deepest) deepest = k->rcount;
+    if (mn_ctl_call_bulk(&c->ctl, k, head, h, src + soff, len, ref, call, i) != 0)
+      return luaL_error(L, "cannot queue a bulk put on connection %d", conn);
+    if (mn_ctl_inflight(k) > deepest) deepest = mn_ctl_inflight(k);
   }
   lua_pushnumber(L, (lua_Number)deepest);
   return 1;
@@ -618,14 +599,16 @@ int luaopen_monarch_core(lua_State *L) {
       {"init", l_init},           {"shutdown", l_shutdown},   {"start_agent", l_start_agent},
       {"connect", l_connect},     {"disconnect", l_disconnect}, {"info", l_info},
       {"send", l_send},           {"call", l_call},           {"call_as", l_call_as}, {"put_chunk", l_put_chunk}, {"fetch_into", l_fetch_into},           {"poll", l_poll},
-      {"take_pending", l_take_pending}, {"inflight", l_inflight}, {"oldest_pending", l_oldest_pending},
-      {"flush", l_flush},         {"configure", l_configure},         {"now", l_now},             {"generate_token", l_generate_token},
+      {"take_pending", l_take_pending}, {"inflight", l_inflight},
+      {"configure", l_configure},         {"now", l_now},             {"generate_token", l_generate_token},
       {"prefix", l_prefix},       {"sleep", l_sleep},         {"catch_interrupts", l_catch_interrupts},
       {"interrupted", l_interrupted}, {NULL, NULL}};
   lua_createtable(L, 0, 20);
   luaL_register(L, NULL, fns);
   lua_pushinteger(L, MN_PROTOCOL_VERSION);
   lua_setfield(L, -2, "protocol_version");
+  lua_pushstring(L, MN_VERSION);
+  lua_setfield(L, -2, "version");
   lua_pushinteger(L, MN_MAX_ARGS);
   lua_setfield(L, -2, "max_args");
   lua_newtable(L); /* stack: core, MSG */

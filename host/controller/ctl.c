@@ -14,6 +14,52 @@
 
 #define MN_READ_CHUNK (1024 * 1024) /* bytes offered to each read */
 
+/* ---- connections ----------------------------------------------------------------- */
+
+/* One TCP attempt of a connection; replaced on every reconnect. */
+typedef struct {
+  uv_tcp_t tcp;
+  uv_connect_t req;
+  int writing;       /* uv_writes in flight (each owns its bytes) */
+  mn_conn_t *k;      /* NULL once this attempt is abandoned */
+  uint64_t started;  /* uv_now when the attempt began, for the handshake deadline */
+} mn_link_t;
+
+struct mn_conn_s {
+  mn_link_t *link;
+  mn_ctl_t *ctl;
+  int id;
+  mn_conn_kind_t kind;
+  mn_conn_state_t state;
+  char host[256];
+  int port;
+  uint8_t ns[MN_NONCE_LEN], nc[MN_NONCE_LEN];
+  mn_buf_t in;       /* bytes read, not yet drained */
+  size_t in_off;     /* bytes at the front of `in` already drained (compacted lazily) */
+  mn_buf_t out;      /* frames queued, not yet written */
+  mn_buf_t unacked;  /* CALL frames (procs) without a RESULT yet, in seq order: resent after a reconnect */
+  size_t unacked_off; /* bytes at the front of `unacked` already answered (compacted lazily) */
+  int dirty;         /* on ctl's dirty list */
+  int readable;      /* on ctl's readable list */
+  int ever_ready;
+  uint64_t session;  /* random id; the same across reconnects */
+  uint64_t seq;      /* last CALL sequence number sent */
+  uint64_t acked;    /* highest seq whose RESULT arrived */
+  uint64_t ack_sent; /* highest seq announced in an ACK */
+  uint64_t last_rx;  /* uv_now of the last bytes received */
+  uint64_t lost_at;  /* uv_now when reconnecting began */
+  uint64_t reconnect_ms;
+  int attempt;
+  uv_timer_t *retry; /* pending reconnect attempt */
+  mn_pending_t *ring;
+  size_t rhead, rcount, rcap;
+  char info_host[256];
+  int64_t info_pid;
+  char reason[256];  /* why it closed, or why it is reconnecting */
+  void *data;
+};
+
+
 static int push_event(mn_ctl_t *c, mn_ev_kind_t k, int conn, int64_t a, int64_t b) {
   if (c->nevents == c->evcap) {
     size_t cap = c->evcap ? c->evcap * 2 : 64;
@@ -115,12 +161,14 @@ static void on_agent_closed(uv_handle_t *h) { (void)h; }
 
 /* Tells agents we are leaving on purpose, so they stop our procs at once. */
 static void say_goodbye(mn_ctl_t *c) {
-  static const char bye[] = {0, 0, 0, 2, (char)0x91, MN_MSG_GOODBYE};
+  char f[16];
+  mn_buf_t bye = {f, 0, sizeof(f)}; /* a GOODBYE is 6 bytes: the buffer never grows */
+  if (mn_msg_pack_goodbye(&bye) != 0) return;
   for (int i = 1; i <= c->nconns; i++) {
     mn_conn_t *k = c->conns[i];
     if (k->kind != MN_CONN_AGENT || k->state != MN_CS_READY || k->link == NULL || k->link->writing > 0) continue;
-    uv_buf_t b = uv_buf_init((char *)bye, sizeof(bye));
-    if (uv_try_write((uv_stream_t *)&k->link->tcp, &b, 1) != (int)sizeof(bye)) continue; /* it will time out instead */
+    uv_buf_t b = uv_buf_init(bye.data, (unsigned)bye.len);
+    if (uv_try_write((uv_stream_t *)&k->link->tcp, &b, 1) != (int)bye.len) continue; /* it will time out instead */
   }
 }
 
@@ -189,9 +237,8 @@ static int push_pending(mn_conn_t *k, double call, int32_t slot) {
   return 0;
 }
 
-int mn_ctl_call(mn_ctl_t *c, mn_conn_t *k, char *frame, size_t n, size_t seq_off, double call, int32_t slot) {
-  uint64_t seq = k->seq + 1;
-  for (int j = 7; j >= 0; j--, seq >>= 8) frame[seq_off + (size_t)j] = (char)seq;
+int mn_ctl_call(mn_ctl_t *c, mn_conn_t *k, char *frame, size_t n, double call, int32_t slot) {
+  mn_msg_set_seq(frame, k->seq + 1);
   if (push_pending(k, call, slot) != 0) return MN_ENOMEM;
   if (!c->no_acks && mn_buf_append(&k->unacked, frame, n) != 0) return MN_ENOMEM;
   /* While reconnecting, the copy in `unacked` goes out once the link is back. */
@@ -200,7 +247,8 @@ int mn_ctl_call(mn_ctl_t *c, mn_conn_t *k, char *frame, size_t n, size_t seq_off
   return 0;
 }
 
-void mn_ctl_acked(mn_conn_t *k, uint64_t seq) {
+/* Records that the RESULT for `seq` arrived: drops its frame copy. */
+static void acked(mn_conn_t *k, uint64_t seq) {
   k->acked = seq;
   if (k->unacked.len - k->unacked_off >= MN_FRAME_HEADER) {
     /* Frames are in seq order and answered in order: the front one is seq.
@@ -316,26 +364,22 @@ static void flush_conn(mn_conn_t *k) {
   if (rc != 0) conn_lost(k, uv_strerror(rc));
 }
 
-int mn_ctl_call_bulk(mn_ctl_t *c, mn_conn_t *k, char *head, size_t n, size_t seq_off, const char *payload,
-                     size_t plen, int ref, double call, int32_t slot) {
+int mn_ctl_call_bulk(mn_ctl_t *c, mn_conn_t *k, char *head, size_t n, const char *payload, size_t plen, int ref,
+                     double call, int32_t slot) {
   if (k->state != MN_CS_READY || k->link == NULL) {
     release_ref(c, ref);
     return MN_ECLOSED;
   }
-  uint64_t seq = k->seq + 1;
-  for (int j = 7; j >= 0; j--, seq >>= 8) head[seq_off + (size_t)j] = (char)seq;
+  mn_msg_set_seq(head, k->seq + 1);
   if (push_pending(k, call, slot) != 0) {
     release_ref(c, ref);
     return MN_ENOMEM;
   }
   if (!c->no_acks) {
     /* What a reconnect resends in its place: a CALL that fails as "lost". */
-    char lost[24];
-    static const char tail[] = {(char)0xa6, '_', '_', 'l', 'o', 's', 't', (char)0x90};
-    memcpy(lost, head, MN_FRAME_HEADER + 2 + 9);
-    memcpy(lost + MN_FRAME_HEADER + 11, tail, sizeof(tail));
-    mn_put_be32(lost, 11 + sizeof(tail));
-    if (mn_buf_append(&k->unacked, lost, MN_FRAME_HEADER + 11 + sizeof(tail)) != 0) {
+    char lost[MN_MSG_LOST_LEN];
+    size_t ln = mn_msg_lost_call(lost, k->seq + 1);
+    if (mn_buf_append(&k->unacked, lost, ln) != 0) {
       release_ref(c, ref);
       return MN_ENOMEM;
     }
@@ -433,20 +477,14 @@ static void on_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf) {
 
 /* Opens the session on a freshly authenticated link: SESSION, then every unanswered CALL. */
 static int open_session(mn_ctl_t *c, mn_conn_t *k) {
-  mn_buf_t b;
-  msgpack_packer pk;
-  size_t s = mn_frame_start(&b, &pk);
-  msgpack_pack_array(&pk, 3);
-  msgpack_pack_int(&pk, MN_MSG_SESSION);
-  msgpack_pack_uint64(&pk, k->session);
-  msgpack_pack_uint64(&pk, k->acked);
-  mn_frame_end(&b, s);
+  char f[32];
+  mn_buf_t b = {f, 0, sizeof(f)}; /* a SESSION is at most 23 bytes: the buffer never grows */
+  int rc = mn_msg_pack_session(&b, k->session, k->acked);
   /* Whatever was queued for the old link is superseded by this order. */
   k->out.len = 0;
-  int rc = mn_ctl_send(c, k, b.data, b.len);
+  if (rc == 0) rc = mn_ctl_send(c, k, b.data, b.len);
   if (rc == 0 && k->unacked.len > k->unacked_off)
     rc = mn_ctl_send(c, k, k->unacked.data + k->unacked_off, k->unacked.len - k->unacked_off);
-  mn_buf_free(&b);
   return rc;
 }
 
@@ -476,11 +514,11 @@ static int handshake_step(mn_ctl_t *c, mn_conn_t *k) {
       }
       mn_buf_free(&out);
     } else if (rc == 0) {
+      mn_msg_welcome_t w;
       rc = mn_hs_check_welcome(&c->auth, &m, k->ns, k->nc, err, sizeof(err));
+      if (rc == 0) rc = mn_msg_parse_welcome(&m, &w, err, sizeof(err)); /* checked already: cannot fail */
       if (rc == 0) {
-        const msgpack_object *info = m.via.array.size > 2 ? &m.via.array.ptr[2] : NULL;
-        const msgpack_object *h = mn_map_get(info, "hostname"), *pid = mn_map_get(info, "pid");
-        int64_t new_pid = pid && pid->type == MSGPACK_OBJECT_POSITIVE_INTEGER ? (int64_t)pid->via.u64 : 0;
+        int64_t new_pid = w.pid;
         if (k->ever_ready && new_pid != k->info_pid) {
           /* The port was taken over by another process: ours is gone, and
            * resending its calls to a stranger would run them on the wrong proc. */
@@ -490,8 +528,7 @@ static int handshake_step(mn_ctl_t *c, mn_conn_t *k) {
           mn_ctl_disconnect(c, k->id, err);
           return -1;
         }
-        if (h && h->type == MSGPACK_OBJECT_STR)
-          snprintf(k->info_host, sizeof(k->info_host), "%.*s", (int)h->via.str.size, h->via.str.ptr);
+        if (w.host != NULL) snprintf(k->info_host, sizeof(k->info_host), "%.*s", (int)w.host_len, w.host);
         k->info_pid = new_pid;
         int again = k->ever_ready;
         k->state = MN_CS_READY;
@@ -648,27 +685,122 @@ static void on_heartbeat(uv_timer_t *t) {
       continue;
     }
     char f[32];
-    mn_buf_t b = {f, 0, sizeof(f)};
-    msgpack_packer pk;
-    msgpack_packer_init(&pk, &b, mn_buf_write_cb);
-    size_t s = mn_frame_begin(&b);
-    msgpack_pack_array(&pk, 2);
-    msgpack_pack_int(&pk, MN_MSG_PING);
-    msgpack_pack_uint64(&pk, MN_HB_PING_BASE + c->hb_count);
-    mn_frame_end(&b, s);
-    mn_ctl_send(c, k, b.data, b.len);
+    mn_buf_t b = {f, 0, sizeof(f)}; /* PING and ACK are at most 14 bytes each: the buffer never grows */
+    if (mn_msg_pack_ping(&b, MN_HB_PING_BASE + c->hb_count) == 0) mn_ctl_send(c, k, b.data, b.len);
     if (k->kind == MN_CONN_PROC && k->acked > k->ack_sent) {
-      size_t s2 = mn_frame_begin(&b);
-      msgpack_pack_array(&pk, 2);
-      msgpack_pack_int(&pk, MN_MSG_ACK);
-      msgpack_pack_uint64(&pk, k->acked);
-      mn_frame_end(&b, s2);
-      mn_ctl_send(c, k, b.data + s2, b.len - s2);
+      b.len = 0;
+      if (mn_msg_pack_ack(&b, k->acked) == 0) mn_ctl_send(c, k, b.data, b.len);
       k->ack_sent = k->acked;
     }
   }
   mn_ctl_flush(c);
 }
+
+/* ---- what a connection holds, for the Lua face ---------------------------------- */
+
+static const char *const state_names[] = {"connecting", "handshake", "handshake", "ready", "reconnecting", "closed"};
+
+int mn_ctl_info(mn_ctl_t *c, int id, mn_conn_info_t *out) {
+  mn_conn_t *k = mn_ctl_conn(c, id);
+  if (k == NULL) return MN_EPROTO;
+  *out = (mn_conn_info_t){k->kind, k->state, state_names[k->state], k->info_host, k->info_pid, k->reason, k->rcount};
+  return 0;
+}
+
+mn_conn_state_t mn_ctl_conn_state(const mn_conn_t *k) { return k->state; }
+
+mn_conn_kind_t mn_ctl_conn_kind(const mn_conn_t *k) { return k->kind; }
+
+size_t mn_ctl_inflight(const mn_conn_t *k) { return k->rcount; }
+
+static mn_pending_t pop_pending(mn_conn_t *k) {
+  mn_pending_t p = k->ring[k->rhead];
+  k->rhead = (k->rhead + 1) % k->rcap;
+  k->rcount--;
+  return p;
+}
+
+int mn_ctl_take_result(mn_conn_t *k, uint64_t seq, mn_pending_t *out) {
+  /* The oldest call in flight has seq k->seq - k->rcount + 1. */
+  if (k->rcount == 0 || seq != k->seq - k->rcount + 1) return MN_EPROTO;
+  *out = pop_pending(k);
+  acked(k, seq);
+  return 0;
+}
+
+int mn_ctl_take_pending(mn_conn_t *k, mn_pending_t *out) {
+  if (k->rcount == 0) return 0;
+  *out = pop_pending(k);
+  return 1;
+}
+
+/* Releases the bytes drained so far; moves a partial frame down only when the
+ * dead prefix dominates, so bulk frames are not copied twice. */
+static void compact_input(mn_conn_t *k) {
+  size_t off = k->in_off;
+  if (off >= k->in.len) {
+    k->in.len = 0;
+    k->in_off = 0;
+  } else if (off > (1u << 20) && off * 2 > k->in.len) {
+    mn_buf_consume(&k->in, off);
+    k->in_off = 0;
+  }
+}
+
+int64_t mn_ctl_read_frame(mn_ctl_t *c, mn_conn_t *k, const char **body) {
+  int64_t len = k->in_off < k->in.len
+                    ? mn_frame_peek(k->in.data + k->in_off, k->in.len - k->in_off, MN_MAX_FRAME, body)
+                    : MN_EAGAIN;
+  if (len == MN_EAGAIN) {
+    compact_input(k);
+    return MN_EAGAIN;
+  }
+  if (len < 0) {
+    mn_ctl_refuse(c, k, "peer sent a frame larger than MN_MAX_FRAME");
+    return MN_EFRAME;
+  }
+  k->in_off += MN_FRAME_HEADER + (size_t)len;
+  return len;
+}
+
+void mn_ctl_refuse(mn_ctl_t *c, mn_conn_t *k, const char *reason) {
+  mn_ctl_disconnect(c, k->id, reason);
+  k->in.len = 0;
+  k->in_off = 0;
+}
+
+int mn_ctl_take_readable(mn_ctl_t *c) {
+  while (c->nreadable > 0) {
+    /* Oldest first: the order in which the connections became readable. */
+    int id = c->readable[c->readable_at++];
+    if (c->readable_at == c->nreadable) c->nreadable = c->readable_at = 0;
+    mn_conn_t *k = mn_ctl_conn(c, id);
+    if (k == NULL) continue;
+    k->readable = 0;
+    return id;
+  }
+  return 0;
+}
+
+const mn_event_t *mn_ctl_events(mn_ctl_t *c, size_t *n) {
+  *n = c->nevents;
+  return c->events;
+}
+
+void mn_ctl_events_done(mn_ctl_t *c) { c->nevents = 0; }
+
+const char *mn_ctl_event_name(mn_ev_kind_t kind) {
+  switch (kind) {
+  case MN_EV_CONNECTED: return "connected";
+  case MN_EV_CLOSED: return "closed";
+  case MN_EV_AGENT_EXIT: return "agent_exit";
+  case MN_EV_RECONNECTING: return "reconnecting";
+  case MN_EV_RECONNECTED: return "reconnected";
+  }
+  return "?";
+}
+
+int mn_ctl_agent_pid(const mn_ctl_t *c) { return c->agent.pid; }
 
 /* ---- waiting ---------------------------------------------------------------------- */
 

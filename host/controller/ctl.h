@@ -49,56 +49,26 @@ typedef struct {
 } mn_pending_t;
 
 typedef struct mn_ctl_s mn_ctl_t;
+/* A connection: opaque, owned by ctl.c (its buffers, pending FIFO and state). */
 typedef struct mn_conn_s mn_conn_t;
 
-/* One TCP attempt of a connection; replaced on every reconnect. */
-typedef struct {
-  uv_tcp_t tcp;
-  uv_connect_t req;
-  int writing;       /* uv_writes in flight (each owns its bytes) */
-  mn_conn_t *k;      /* NULL once this attempt is abandoned */
-  uint64_t started;  /* uv_now when the attempt began, for the handshake deadline */
-} mn_link_t;
-
-struct mn_conn_s {
-  mn_link_t *link;
-  mn_ctl_t *ctl;
-  int id;
-  mn_conn_kind_t kind;
-  mn_conn_state_t state;
-  char host[256];
-  int port;
-  uint8_t ns[MN_NONCE_LEN], nc[MN_NONCE_LEN];
-  mn_buf_t in;       /* bytes read, not yet drained */
-  size_t in_off;     /* bytes at the front of `in` already drained (compacted lazily) */
-  mn_buf_t out;      /* frames queued, not yet written */
-  mn_buf_t unacked;  /* CALL frames (procs) without a RESULT yet, in seq order: resent after a reconnect */
-  size_t unacked_off; /* bytes at the front of `unacked` already answered (compacted lazily) */
-  int dirty;         /* on ctl's dirty list */
-  int readable;      /* on ctl's readable list */
-  int ever_ready;
-  uint64_t session;  /* random id; the same across reconnects */
-  uint64_t seq;      /* last CALL sequence number sent */
-  uint64_t acked;    /* highest seq whose RESULT arrived */
-  uint64_t ack_sent; /* highest seq announced in an ACK */
-  uint64_t last_rx;  /* uv_now of the last bytes received */
-  uint64_t lost_at;  /* uv_now when reconnecting began */
-  uint64_t reconnect_ms;
-  int attempt;
-  uv_timer_t *retry; /* pending reconnect attempt */
-  mn_pending_t *ring;
-  size_t rhead, rcount, rcap;
-  char info_host[256];
-  int64_t info_pid;
-  char reason[256];  /* why it closed, or why it is reconnecting */
-  void *data;
-};
-
+/* What happened to a connection, in the order mn_ctl_events() reports it. */
 typedef struct {
   mn_ev_kind_t kind;
-  int conn;
-  int64_t a, b;
+  int conn;      /* 0 for MN_EV_AGENT_EXIT */
+  int64_t a, b;  /* CONNECTED, RECONNECTED: a = pid; AGENT_EXIT: a = status, b = signal */
 } mn_event_t;
+
+/* A connection as the script sees it; the strings live until the next ctl call. */
+typedef struct {
+  mn_conn_kind_t kind;
+  mn_conn_state_t state;
+  const char *state_name; /* "connecting", "handshake", "ready", "reconnecting", "closed" */
+  const char *host;       /* WELCOME's hostname, else the host dialled */
+  int64_t pid;            /* WELCOME's pid */
+  const char *reason;     /* why it closed or is reconnecting */
+  size_t inflight;        /* calls sent and not answered */
+} mn_conn_info_t;
 
 struct mn_ctl_s {
   uv_loop_t loop;
@@ -106,7 +76,7 @@ struct mn_ctl_s {
   mn_conn_t **conns; /* by id; index 0 unused */
   int nconns;
   int *dirty, ndirty;
-  int *readable, nreadable;
+  int *readable, nreadable, readable_at; /* connections with frames to read; the next to hand out */
   mn_event_t *events;
   size_t nevents, evcap;
   uv_timer_t timer;
@@ -141,26 +111,63 @@ mn_conn_t *mn_ctl_conn(mn_ctl_t *c, int id);
 /* Queues a whole frame (copied) and marks the connection dirty; 0 or MN_ENOMEM. */
 int mn_ctl_send(mn_ctl_t *c, mn_conn_t *conn, const char *frame, size_t n);
 /*
- * Queues a CALL frame for a proc: gives it the next sequence number (patched
- * at seq_off as a big-endian uint64), keeps a copy until its RESULT arrives
- * and records (call, slot) as pending. Works while reconnecting too.
+ * Queues a CALL frame for a proc (built by mn_msg_call_head): gives it the
+ * next sequence number (mn_msg_set_seq), keeps a copy until its RESULT
+ * arrives and records (call, slot) as pending. Works while reconnecting too.
  */
-int mn_ctl_call(mn_ctl_t *c, mn_conn_t *conn, char *frame, size_t n, size_t seq_off, double call,
-                int32_t slot);
+int mn_ctl_call(mn_ctl_t *c, mn_conn_t *conn, char *frame, size_t n, double call, int32_t slot);
 /*
  * Queues a CALL whose last bytes are a large payload written straight from
  * the caller's memory (no copy): `head` (n bytes, a frame prefix ending in
- * a bin header) is copied, `payload` is referenced until written, then
+ * a bin header, from mn_msg_put_head) is copied, `payload` is referenced until written, then
  * `ref` is reported by mn_ctl_take_released(). Needs a ready connection.
  * A reconnect cannot resend the payload: its CALL is replaced by one that
  * fails with kind "lost" unless the proc already ran it.
  */
-int mn_ctl_call_bulk(mn_ctl_t *c, mn_conn_t *conn, char *head, size_t n, size_t seq_off,
-                     const char *payload, size_t plen, int ref, double call, int32_t slot);
+int mn_ctl_call_bulk(mn_ctl_t *c, mn_conn_t *conn, char *head, size_t n, const char *payload, size_t plen,
+                     int ref, double call, int32_t slot);
 /* Hands out refs whose payload writes finished; returns how many (at most max). */
 int mn_ctl_take_released(mn_ctl_t *c, int *refs, int max);
-/* Records that the RESULT for `seq` arrived: drops its frame copy. */
-void mn_ctl_acked(mn_conn_t *conn, uint64_t seq);
+
+/* ---- what a connection holds, for the Lua face -------------------------------- */
+
+/* Fills *out; returns 0, or MN_EPROTO when there is no connection `id`. */
+int mn_ctl_info(mn_ctl_t *c, int id, mn_conn_info_t *out);
+mn_conn_state_t mn_ctl_conn_state(const mn_conn_t *conn);
+mn_conn_kind_t mn_ctl_conn_kind(const mn_conn_t *conn);
+/* Calls sent to conn and not answered yet. */
+size_t mn_ctl_inflight(const mn_conn_t *conn);
+/*
+ * A RESULT for `seq` arrived on conn: if it answers the oldest call in
+ * flight (procs answer in order), pops that call's (call, slot) into *out,
+ * drops its frame copy and returns 0; otherwise MN_EPROTO, nothing taken.
+ */
+int mn_ctl_take_result(mn_conn_t *conn, uint64_t seq, mn_pending_t *out);
+/* Pops the oldest unanswered call into *out; returns 1, or 0 when none is left. */
+int mn_ctl_take_pending(mn_conn_t *conn, mn_pending_t *out);
+
+/*
+ * The next whole frame read from conn: returns its body's length and sets
+ * *body (valid until the next call for conn), or MN_EAGAIN when no whole
+ * frame is left (the bytes read so far are then released), or MN_EFRAME
+ * when the peer announced one above MN_MAX_FRAME (conn is closed).
+ */
+int64_t mn_ctl_read_frame(mn_ctl_t *c, mn_conn_t *conn, const char **body);
+/* Closes conn for a protocol error in what it sent; its unread bytes are dropped. */
+void mn_ctl_refuse(mn_ctl_t *c, mn_conn_t *conn, const char *reason);
+/* Takes the next connection with frames to read (each once per arrival); 0 when none. */
+int mn_ctl_take_readable(mn_ctl_t *c);
+
+/*
+ * The events since the last mn_ctl_events_done(), oldest first; *n is set
+ * to their count. Valid until the next ctl call that runs the loop.
+ */
+const mn_event_t *mn_ctl_events(mn_ctl_t *c, size_t *n);
+void mn_ctl_events_done(mn_ctl_t *c);
+/* The script's name of an event kind ("connected", "closed", ...). */
+const char *mn_ctl_event_name(mn_ev_kind_t kind);
+/* The pid of the embedded local agent (0 if none was started). */
+int mn_ctl_agent_pid(const mn_ctl_t *c);
 /* Writes every dirty connection's output (one syscall each, where possible). */
 void mn_ctl_flush(mn_ctl_t *c);
 /*

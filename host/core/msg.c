@@ -1,43 +1,485 @@
-/* msg.c - names of the message types (msg.h). */
+/* msg.c - every message's number, name, builder and parser (msg.h). */
 #include "msg.h"
 
-#include <stddef.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
 
-static const struct {
-  int type;
-  const char *name;
-} types[] = {
-    {MN_MSG_HELLO, "HELLO"},
-    {MN_MSG_AUTH, "AUTH"},
-    {MN_MSG_WELCOME, "WELCOME"},
-    {MN_MSG_ERROR, "ERROR"},
-    {MN_MSG_PING, "PING"},
-    {MN_MSG_PONG, "PONG"},
-    {MN_MSG_SPAWN, "SPAWN"},
-    {MN_MSG_SPAWNED, "SPAWNED"},
-    {MN_MSG_SPAWN_FAILED, "SPAWN_FAILED"},
-    {MN_MSG_PROC_EXIT, "PROC_EXIT"},
-    {MN_MSG_KILL, "KILL"},
-    {MN_MSG_PERSIST, "PERSIST"},
-    {MN_MSG_ATTACH, "ATTACH"},
-    {MN_MSG_REPLY, "REPLY"},
-    {MN_MSG_DETACH, "DETACH"},
-    {MN_MSG_LIST, "LIST"},
-    {MN_MSG_CALL, "CALL"},
-    {MN_MSG_RESULT, "RESULT"},
-    {MN_MSG_SESSION, "SESSION"},
-    {MN_MSG_ACK, "ACK"},
-    {MN_MSG_GOODBYE, "GOODBYE"},
-    {MN_MSG_LOG, "LOG"},
-    {MN_MSG_STATUS, "STATUS"},
+/* ---- the table ------------------------------------------------------------ */
+
+enum {
+  BY_SERVER = 1, /* an agent or a proc sends it */
+  BY_CTL = 2,    /* a controller sends it */
+  BY_SCRIPT = 4, /* ... and its script may, with core.send (the C side owns the others) */
 };
 
+typedef struct {
+  const char *name;   /* NULL for a number that is no type */
+  uint8_t min;        /* elements, the type included */
+  uint8_t exact;      /* no more than min either */
+  uint8_t by;
+  const char *layout; /* for error messages */
+} spec_t;
+
+/* Indexed by type, so that finding a message's spec costs no search on the hot paths. */
+static const spec_t specs[] = {
+    [MN_MSG_HELLO] = {"HELLO", 4, 0, BY_SERVER, "[1, version, nonce_s, role]"},
+    [MN_MSG_AUTH] = {"AUTH", 4, 0, BY_CTL, "[2, version, nonce_c, mac]"},
+    [MN_MSG_WELCOME] = {"WELCOME", 3, 0, BY_SERVER, "[3, mac, info]"},
+    [MN_MSG_ERROR] = {"ERROR", 3, 0, BY_SERVER, "[4, code, message]"},
+    [MN_MSG_PING] = {"PING", 2, 1, BY_CTL | BY_SCRIPT, "[5, id]"},
+    [MN_MSG_PONG] = {"PONG", 2, 1, BY_SERVER, "[6, id]"},
+    [MN_MSG_SPAWN] = {"SPAWN", 3, 0, BY_CTL | BY_SCRIPT, "[10, req, {count=, rank_base=, world=}]"},
+    [MN_MSG_SPAWNED] = {"SPAWNED", 5, 0, BY_SERVER, "[11, req, index, pid, port]"},
+    [MN_MSG_SPAWN_FAILED] = {"SPAWN_FAILED", 4, 0, BY_SERVER, "[12, req, index, message]"},
+    [MN_MSG_PROC_EXIT] = {"PROC_EXIT", 5, 0, BY_SERVER, "[13, pid, status, signal, rank]"},
+    [MN_MSG_KILL] = {"KILL", 3, 0, BY_CTL | BY_SCRIPT, "[14, pid, signal]"},
+    [MN_MSG_PERSIST] = {"PERSIST", 5, 1, BY_CTL | BY_SCRIPT, "[15, req, name, pids, description]"},
+    [MN_MSG_ATTACH] = {"ATTACH", 3, 1, BY_CTL | BY_SCRIPT, "[16, req, name]"},
+    [MN_MSG_REPLY] = {"REPLY", 4, 0, BY_SERVER, "[17, req, ok, value]"},
+    [MN_MSG_DETACH] = {"DETACH", 3, 1, BY_CTL | BY_SCRIPT, "[18, req, name]"},
+    [MN_MSG_LIST] = {"LIST", 2, 1, BY_CTL | BY_SCRIPT, "[19, req]"},
+    [MN_MSG_CALL] = {"CALL", 4, 1, BY_CTL, "[20, seq, kernel, args]"},
+    [MN_MSG_RESULT] = {"RESULT", 4, 1, BY_SERVER, "[21, seq, ok, value]"},
+    [MN_MSG_SESSION] = {"SESSION", 3, 0, BY_CTL, "[22, id, acked]"},
+    [MN_MSG_ACK] = {"ACK", 2, 0, BY_CTL, "[24, acked]"},
+    [MN_MSG_GOODBYE] = {"GOODBYE", 1, 0, BY_CTL, "[25]"},
+    [MN_MSG_LOG] = {"LOG", 4, 0, BY_SERVER, "[26, rank, stream, text]"},
+    [MN_MSG_STATUS] = {"STATUS", 2, 0, BY_CTL | BY_SCRIPT, "[27, req]"},
+};
+
+#define NSPECS (sizeof(specs) / sizeof(specs[0]))
+
+static const spec_t *spec_of(int64_t type) {
+  return type >= 0 && (size_t)type < NSPECS && specs[type].name != NULL ? &specs[type] : NULL;
+}
+
 const char *mn_msg_name(int type) {
-  for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++)
-    if (types[i].type == type) return types[i].name;
-  return NULL;
+  const spec_t *s = spec_of(type);
+  return s ? s->name : NULL;
 }
 
 void mn_msg_each(void (*fn)(void *data, int type, const char *name), void *data) {
-  for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) fn(data, types[i].type, types[i].name);
+  for (size_t i = 0; i < NSPECS; i++)
+    if (specs[i].name != NULL) fn(data, (int)i, specs[i].name);
+}
+
+int mn_msg_check_script_send(int64_t type, size_t nelems, char *err, size_t errlen) {
+  const spec_t *s = spec_of(type);
+  if (s == NULL || !(s->by & BY_CTL)) {
+    snprintf(err, errlen, "message type %lld is not one a controller sends", (long long)type);
+    return MN_EPROTO;
+  }
+  if (!(s->by & BY_SCRIPT)) {
+    snprintf(err, errlen, "%s is sent by the controller's C side only%s", s->name,
+             type == MN_MSG_CALL ? " (use core.call)" : "");
+    return MN_EPROTO;
+  }
+  if (nelems < s->min || (s->exact && nelems > s->min)) {
+    snprintf(err, errlen, "%s has %zu elements, want %s%u: %s", s->name, nelems, s->exact ? "" : "at least ",
+             (unsigned)s->min, s->layout);
+    return MN_EPROTO;
+  }
+  return 0;
+}
+
+/* ---- builders --------------------------------------------------------------- */
+
+/* Ends the frame begun at start, or takes it back if a write failed. */
+static int finish(mn_buf_t *b, size_t start, int failed) {
+  if (failed || b->len < start + MN_FRAME_HEADER) {
+    if (b->len > start) b->len = start;
+    return MN_ENOMEM;
+  }
+  mn_frame_end(b, start);
+  return 0;
+}
+
+static int pack_cstr(msgpack_packer *pk, const char *s) {
+  size_t n = strlen(s);
+  return msgpack_pack_str(pk, n) | msgpack_pack_str_body(pk, s, n);
+}
+
+static int pack_bin(msgpack_packer *pk, const uint8_t *p, size_t n) {
+  return msgpack_pack_bin(pk, n) | msgpack_pack_bin_body(pk, p, n);
+}
+
+/* Begins a frame in b with the array header and the type; sets *start. */
+static int head(mn_buf_t *b, msgpack_packer *pk, size_t *start, size_t n, int type) {
+  msgpack_packer_init(pk, b, mn_buf_write_cb);
+  *start = mn_frame_begin(b);
+  return msgpack_pack_array(pk, n) | msgpack_pack_int(pk, type);
+}
+
+int mn_msg_pack_error(mn_buf_t *b, int code, const char *msg) {
+  msgpack_packer pk;
+  size_t s;
+  int f = head(b, &pk, &s, 3, MN_MSG_ERROR);
+  f |= msgpack_pack_int(&pk, code) | pack_cstr(&pk, msg);
+  return finish(b, s, f);
+}
+
+int mn_msg_pack_hello(mn_buf_t *b, const uint8_t nonce_s[32], const char *role) {
+  msgpack_packer pk;
+  size_t s;
+  int f = head(b, &pk, &s, 4, MN_MSG_HELLO);
+  f |= msgpack_pack_int(&pk, MN_PROTOCOL_VERSION) | pack_bin(&pk, nonce_s, 32) | pack_cstr(&pk, role);
+  return finish(b, s, f);
+}
+
+int mn_msg_pack_auth(mn_buf_t *b, const uint8_t nonce_c[32], const uint8_t mac[32]) {
+  msgpack_packer pk;
+  size_t s;
+  int f = head(b, &pk, &s, 4, MN_MSG_AUTH);
+  f |= msgpack_pack_int(&pk, MN_PROTOCOL_VERSION) | pack_bin(&pk, nonce_c, 32) | pack_bin(&pk, mac, 32);
+  return finish(b, s, f);
+}
+
+int mn_msg_pack_welcome(mn_buf_t *b, const uint8_t mac[32], const char *hostname, int64_t pid, const char *role) {
+  msgpack_packer pk;
+  size_t s;
+  int f = head(b, &pk, &s, 3, MN_MSG_WELCOME);
+  f |= pack_bin(&pk, mac, 32) | msgpack_pack_map(&pk, 3);
+  f |= pack_cstr(&pk, "hostname") | pack_cstr(&pk, hostname);
+  f |= pack_cstr(&pk, "pid") | msgpack_pack_int64(&pk, pid);
+  f |= pack_cstr(&pk, "role") | pack_cstr(&pk, role);
+  return finish(b, s, f);
+}
+
+int mn_msg_pack_ping(mn_buf_t *b, uint64_t id) {
+  msgpack_packer pk;
+  size_t s;
+  int f = head(b, &pk, &s, 2, MN_MSG_PING);
+  f |= msgpack_pack_uint64(&pk, id);
+  return finish(b, s, f);
+}
+
+int mn_msg_pack_pong(mn_buf_t *b, const msgpack_object *id) {
+  msgpack_packer pk;
+  size_t s;
+  int f = head(b, &pk, &s, 2, MN_MSG_PONG);
+  f |= msgpack_pack_object(&pk, *id);
+  return finish(b, s, f);
+}
+
+int mn_msg_pack_session(mn_buf_t *b, uint64_t session, uint64_t acked) {
+  msgpack_packer pk;
+  size_t s;
+  int f = head(b, &pk, &s, 3, MN_MSG_SESSION);
+  f |= msgpack_pack_uint64(&pk, session) | msgpack_pack_uint64(&pk, acked);
+  return finish(b, s, f);
+}
+
+int mn_msg_pack_ack(mn_buf_t *b, uint64_t acked) {
+  msgpack_packer pk;
+  size_t s;
+  int f = head(b, &pk, &s, 2, MN_MSG_ACK);
+  f |= msgpack_pack_uint64(&pk, acked);
+  return finish(b, s, f);
+}
+
+int mn_msg_pack_goodbye(mn_buf_t *b) {
+  msgpack_packer pk;
+  size_t s;
+  int f = head(b, &pk, &s, 1, MN_MSG_GOODBYE);
+  return finish(b, s, f);
+}
+
+int mn_msg_pack_spawned(mn_buf_t *b, uint64_t req, int index, int64_t pid, int port) {
+  msgpack_packer pk;
+  size_t s;
+  int f = head(b, &pk, &s, 5, MN_MSG_SPAWNED);
+  f |= msgpack_pack_uint64(&pk, req) | msgpack_pack_int(&pk, index) | msgpack_pack_int64(&pk, pid) |
+       msgpack_pack_int(&pk, port);
+  return finish(b, s, f);
+}
+
+int mn_msg_pack_spawn_failed(mn_buf_t *b, uint64_t req, int index, const char *msg) {
+  msgpack_packer pk;
+  size_t s;
+  int f = head(b, &pk, &s, 4, MN_MSG_SPAWN_FAILED);
+  f |= msgpack_pack_uint64(&pk, req) | msgpack_pack_int(&pk, index) | pack_cstr(&pk, msg);
+  return finish(b, s, f);
+}
+
+int mn_msg_pack_proc_exit(mn_buf_t *b, int64_t pid, int64_t status, const char *signal, int rank) {
+  msgpack_packer pk;
+  size_t s;
+  int f = head(b, &pk, &s, 5, MN_MSG_PROC_EXIT);
+  f |= msgpack_pack_int64(&pk, pid) | msgpack_pack_int64(&pk, status) | pack_cstr(&pk, signal) |
+       msgpack_pack_int(&pk, rank);
+  return finish(b, s, f);
+}
+
+int mn_msg_pack_log(mn_buf_t *b, int rank, int stream, const char *text, size_t n) {
+  msgpack_packer pk;
+  size_t s;
+  int f = head(b, &pk, &s, 4, MN_MSG_LOG);
+  f |= msgpack_pack_int(&pk, rank) | msgpack_pack_int(&pk, stream) | msgpack_pack_str(&pk, n) |
+       msgpack_pack_str_body(&pk, text, n);
+  return finish(b, s, f);
+}
+
+size_t mn_msg_pong_from_ping(char out[MN_MSG_PONG_MAX], const char *ping, size_t len) {
+  /* [PING, id] starts 0x92 0x05 whatever id is: answering needs no decoding. */
+  if (len < 2 || (unsigned char)ping[0] != 0x92 || ping[1] != MN_MSG_PING) return 0;
+  if (len > MN_MSG_PONG_MAX - MN_FRAME_HEADER) return 0;
+  mn_put_be32(out, (uint32_t)len);
+  out[4] = (char)0x92;
+  out[5] = MN_MSG_PONG;
+  memcpy(out + 6, ping + 2, len - 2);
+  return len + MN_FRAME_HEADER;
+}
+
+/* Writes 0xcf and v as a big-endian uint64 at p; returns 9. */
+static size_t put_u64(char *p, uint64_t v) {
+  p[0] = (char)0xcf;
+  for (int j = 8; j >= 1; j--, v >>= 8) p[j] = (char)v;
+  return 9;
+}
+
+size_t mn_msg_lost_call(char out[MN_MSG_LOST_LEN], uint64_t seq) {
+  static const char name[] = {(char)0xa6, '_', '_', 'l', 'o', 's', 't', (char)0x90}; /* "__lost", [] */
+  size_t h = MN_FRAME_HEADER;
+  out[h++] = (char)0x94;
+  out[h++] = MN_MSG_CALL;
+  h += put_u64(out + h, seq);
+  memcpy(out + h, name, sizeof(name));
+  h += sizeof(name);
+  mn_put_be32(out, (uint32_t)(h - MN_FRAME_HEADER));
+  return h;
+}
+
+size_t mn_msg_put_head(char out[MN_MSG_PUT_HEAD], uint64_t tensor, uint64_t offset, uint32_t len) {
+  static const char name[] = {(char)0xac, '_', '_', 't', 'e', 'n', 's', 'o', 'r', '_', 'p', 'u', 't'};
+  size_t h = MN_FRAME_HEADER;
+  out[h++] = (char)0x94;
+  out[h++] = MN_MSG_CALL;
+  h += put_u64(out + h, 0);
+  memcpy(out + h, name, sizeof(name));
+  h += sizeof(name);
+  out[h++] = (char)0x93; /* [tensor, offset, bin] */
+  h += put_u64(out + h, tensor);
+  h += put_u64(out + h, offset);
+  out[h++] = (char)0xc6; /* bin32: the payload follows */
+  mn_put_be32(out + h, len);
+  h += 4;
+  mn_put_be32(out, (uint32_t)(h - MN_FRAME_HEADER + len));
+  return h;
+}
+
+/* ---- heads ------------------------------------------------------------------- */
+
+size_t mn_msg_call_head(mn_buf_t *b, msgpack_packer *pk, const char *kernel, size_t kl, uint32_t nargs) {
+  /* seq as a fixed-width uint64, so every target's copy is patched in place. */
+  static const char start[] = {(char)0x94, MN_MSG_CALL, (char)0xcf, 0, 0, 0, 0, 0, 0, 0, 0};
+  msgpack_packer_init(pk, b, mn_buf_write_cb);
+  size_t s = mn_frame_begin(b);
+  (void)mn_buf_append(b, start, sizeof(start)); /* failure surfaces at mn_frame_end, as for every frame */
+  msgpack_pack_str(pk, kl);
+  msgpack_pack_str_body(pk, kernel, kl);
+  msgpack_pack_array(pk, nargs);
+  return s;
+}
+
+/* [type, id, ok, ...] for RESULT and REPLY. */
+static size_t answer_head(mn_buf_t *b, msgpack_packer *pk, int type, uint64_t id, int ok) {
+  size_t s;
+  (void)head(b, pk, &s, 4, type); /* as for the value the caller packs next: a short frame is the sign */
+  msgpack_pack_uint64(pk, id);
+  if (ok) msgpack_pack_true(pk);
+  else msgpack_pack_false(pk);
+  return s;
+}
+
+size_t mn_msg_result_head(mn_buf_t *b, msgpack_packer *pk, uint64_t seq, int ok) {
+  return answer_head(b, pk, MN_MSG_RESULT, seq, ok);
+}
+
+size_t mn_msg_reply_head(mn_buf_t *b, msgpack_packer *pk, uint64_t req, int ok) {
+  return answer_head(b, pk, MN_MSG_REPLY, req, ok);
+}
+
+/* ---- parsers ------------------------------------------------------------------- */
+
+/* Writes "malformed X: want [layout]; <detail>" and returns MN_EPROTO. */
+__attribute__((format(printf, 4, 5))) static int bad(const spec_t *s, char *err, size_t errlen, const char *fmt,
+                                                     ...) {
+  char detail[160];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(detail, sizeof(detail), fmt, ap);
+  va_end(ap);
+  snprintf(err, errlen, "malformed %s: want %s; %s", s->name, s->layout, detail);
+  return MN_EPROTO;
+}
+
+/* The spec of m's type, after checking that m is of `type` with the right count. */
+static const spec_t *check(const msgpack_object *m, int type, int *rc, char *err, size_t errlen) {
+  const spec_t *s = spec_of(type);
+  uint32_t n = m->via.array.size;
+  *rc = 0;
+  if (mn_msg_type(m) != type)
+    *rc = bad(s, err, errlen, "got message type %d", mn_msg_type(m));
+  else if (n < s->min || (s->exact && n > s->min))
+    *rc = bad(s, err, errlen, "got %u elements", n);
+  return s;
+}
+
+static const msgpack_object *at(const msgpack_object *m, uint32_t i) { return &m->via.array.ptr[i]; }
+
+static int want_u64(const spec_t *s, const msgpack_object *m, uint32_t i, const char *field, uint64_t *out,
+                    char *err, size_t errlen) {
+  if (mn_get_u64(m, i, out) != 0) return bad(s, err, errlen, "%s (element %u) is not a uint", field, i);
+  return 0;
+}
+
+static int want_i64(const spec_t *s, const msgpack_object *m, uint32_t i, const char *field, int64_t *out,
+                    char *err, size_t errlen) {
+  if (mn_get_i64(m, i, out) != 0) return bad(s, err, errlen, "%s (element %u) is not an int", field, i);
+  return 0;
+}
+
+static int want_bin(const spec_t *s, const msgpack_object *m, uint32_t i, const char *field, size_t len,
+                    const uint8_t **p, size_t *n, char *err, size_t errlen) {
+  const char *q;
+  size_t ql;
+  if (mn_get_bin(m, i, &q, &ql) != 0 || (len > 0 && ql != len)) {
+    if (len > 0) return bad(s, err, errlen, "%s (element %u) is not a bin of %zu bytes", field, i, len);
+    return bad(s, err, errlen, "%s (element %u) is not a bin", field, i);
+  }
+  *p = (const uint8_t *)q;
+  if (n != NULL) *n = ql;
+  return 0;
+}
+
+int mn_msg_parse_hello(const msgpack_object *m, mn_msg_hello_t *out, char *err, size_t errlen) {
+  int rc;
+  const spec_t *s = check(m, MN_MSG_HELLO, &rc, err, errlen);
+  if (rc == 0) rc = want_u64(s, m, 1, "version", &out->version, err, errlen);
+  if (rc == 0) rc = want_bin(s, m, 2, "nonce_s", 32, &out->nonce, NULL, err, errlen);
+  if (rc == 0 && mn_get_str(m, 3, &out->role, &out->role_len) != 0)
+    rc = bad(s, err, errlen, "role (element 3) is not a str");
+  return rc;
+}
+
+int mn_msg_parse_auth(const msgpack_object *m, mn_msg_auth_t *out, char *err, size_t errlen) {
+  int rc;
+  const spec_t *s = check(m, MN_MSG_AUTH, &rc, err, errlen);
+  if (rc == 0) rc = want_u64(s, m, 1, "version", &out->version, err, errlen);
+  if (rc == 0) rc = want_bin(s, m, 2, "nonce_c", 32, &out->nonce, NULL, err, errlen);
+  if (rc == 0) rc = want_bin(s, m, 3, "mac", 0, &out->mac, &out->mac_len, err, errlen);
+  return rc;
+}
+
+int mn_msg_parse_welcome(const msgpack_object *m, mn_msg_welcome_t *out, char *err, size_t errlen) {
+  int rc;
+  const spec_t *s = check(m, MN_MSG_WELCOME, &rc, err, errlen);
+  if (rc == 0) rc = want_bin(s, m, 1, "mac", 0, &out->mac, &out->mac_len, err, errlen);
+  if (rc == 0 && at(m, 2)->type != MSGPACK_OBJECT_MAP) rc = bad(s, err, errlen, "info (element 2) is not a map");
+  if (rc != 0) return rc;
+  /* Keys of info that are absent or of another type are ignored, as clients must. */
+  const msgpack_object *h = mn_map_get(at(m, 2), "hostname"), *pid = mn_map_get(at(m, 2), "pid");
+  out->host = h && h->type == MSGPACK_OBJECT_STR ? h->via.str.ptr : NULL;
+  out->host_len = out->host ? h->via.str.size : 0;
+  out->pid = pid && pid->type == MSGPACK_OBJECT_POSITIVE_INTEGER ? (int64_t)pid->via.u64 : 0;
+  return 0;
+}
+
+int mn_msg_parse_error(const msgpack_object *m, mn_msg_error_t *out, char *err, size_t errlen) {
+  int rc;
+  const spec_t *s = check(m, MN_MSG_ERROR, &rc, err, errlen);
+  if (rc == 0) rc = want_i64(s, m, 1, "code", &out->code, err, errlen);
+  if (rc == 0 && mn_get_str(m, 2, &out->text, &out->text_len) != 0)
+    rc = bad(s, err, errlen, "message (element 2) is not a str");
+  return rc;
+}
+
+int mn_msg_parse_session(const msgpack_object *m, mn_msg_session_t *out, char *err, size_t errlen) {
+  int rc;
+  const spec_t *s = check(m, MN_MSG_SESSION, &rc, err, errlen);
+  if (rc == 0) rc = want_u64(s, m, 1, "id", &out->session, err, errlen);
+  if (rc == 0 && out->session == 0) rc = bad(s, err, errlen, "id (element 1) is 0");
+  if (rc == 0) rc = want_u64(s, m, 2, "acked", &out->acked, err, errlen);
+  return rc;
+}
+
+int mn_msg_parse_ack(const msgpack_object *m, uint64_t *acked, char *err, size_t errlen) {
+  int rc;
+  const spec_t *s = check(m, MN_MSG_ACK, &rc, err, errlen);
+  if (rc == 0) rc = want_u64(s, m, 1, "acked", acked, err, errlen);
+  return rc;
+}
+
+int mn_msg_parse_call(const msgpack_object *m, mn_msg_call_t *out, char *err, size_t errlen) {
+  int rc;
+  const spec_t *s = check(m, MN_MSG_CALL, &rc, err, errlen);
+  if (rc == 0) rc = want_u64(s, m, 1, "seq", &out->seq, err, errlen);
+  if (rc == 0 && mn_get_str(m, 2, &out->kernel, &out->kernel_len) != 0)
+    rc = bad(s, err, errlen, "kernel (element 2) is not a str");
+  if (rc == 0 && at(m, 3)->type != MSGPACK_OBJECT_ARRAY) rc = bad(s, err, errlen, "args (element 3) is not an array");
+  if (rc == 0) out->args = at(m, 3);
+  return rc;
+}
+
+int mn_msg_parse_result(const msgpack_object *m, mn_msg_result_t *out, char *err, size_t errlen) {
+  int rc;
+  const spec_t *s = check(m, MN_MSG_RESULT, &rc, err, errlen);
+  if (rc == 0) rc = want_u64(s, m, 1, "seq", &out->seq, err, errlen);
+  if (rc == 0 && at(m, 2)->type != MSGPACK_OBJECT_BOOLEAN) rc = bad(s, err, errlen, "ok (element 2) is not a bool");
+  if (rc != 0) return rc;
+  out->ok = at(m, 2)->via.boolean;
+  out->value = at(m, 3);
+  return 0;
+}
+
+int mn_msg_parse_spawn(const msgpack_object *m, mn_msg_spawn_t *out, char *err, size_t errlen) {
+  int rc;
+  const spec_t *s = check(m, MN_MSG_SPAWN, &rc, err, errlen);
+  if (rc == 0) rc = want_u64(s, m, 1, "req", &out->req, err, errlen);
+  if (rc != 0) return rc;
+  const msgpack_object *cnt = mn_map_get(at(m, 2), "count");
+  if (cnt == NULL || cnt->type != MSGPACK_OBJECT_POSITIVE_INTEGER)
+    return bad(s, err, errlen, "spec (element 2) is not a map with a uint count");
+  out->count = cnt->via.u64;
+  out->spec = at(m, 2);
+  return 0;
+}
+
+int mn_msg_parse_kill(const msgpack_object *m, mn_msg_kill_t *out, char *err, size_t errlen) {
+  int rc;
+  int64_t sig = 0;
+  const spec_t *s = check(m, MN_MSG_KILL, &rc, err, errlen);
+  if (rc == 0) rc = want_i64(s, m, 1, "pid", &out->pid, err, errlen);
+  if (rc == 0) rc = want_i64(s, m, 2, "signal", &sig, err, errlen);
+  if (rc == 0 && (sig < 0 || sig > 64)) rc = bad(s, err, errlen, "signal (element 2) is %lld, not in 0..64", (long long)sig);
+  out->sig = (int)sig;
+  return rc;
+}
+
+int mn_msg_parse_request(const msgpack_object *m, mn_msg_request_t *out, char *err, size_t errlen) {
+  int type = mn_msg_type(m), rc;
+  if (type != MN_MSG_PERSIST && type != MN_MSG_ATTACH && type != MN_MSG_DETACH && type != MN_MSG_LIST &&
+      type != MN_MSG_STATUS) {
+    snprintf(err, errlen, "message type %d is not a request to an agent", type);
+    return MN_EPROTO;
+  }
+  const spec_t *s = check(m, type, &rc, err, errlen);
+  memset(out, 0, sizeof(*out));
+  if (rc == 0) rc = want_u64(s, m, 1, "req", &out->req, err, errlen);
+  if (rc != 0 || type == MN_MSG_LIST || type == MN_MSG_STATUS) return rc;
+  if (mn_get_str(m, 2, &out->name, &out->name_len) != 0 || out->name_len == 0 || out->name_len > MN_MAX_NAME)
+    return bad(s, err, errlen, "name (element 2) is not a str of 1..%d bytes", MN_MAX_NAME);
+  if (type == MN_MSG_PERSIST) {
+    out->pids = at(m, 3);
+    out->description = at(m, 4);
+  }
+  return 0;
+}
+
+int mn_msg_parse_ping(const msgpack_object *m, const msgpack_object **id, char *err, size_t errlen) {
+  int rc, type = mn_msg_type(m) == MN_MSG_PONG ? MN_MSG_PONG : MN_MSG_PING;
+  (void)check(m, type, &rc, err, errlen);
+  if (rc == 0) *id = at(m, 1);
+  return rc;
 }

@@ -1,9 +1,25 @@
 /*
- * msg.h - the protocol's message types: their numbers and names, in one
- * place for C and (as core.MSG) for Lua. docs/protocol.md describes each.
+ * msg.h - the protocol's messages: their numbers and names (in one place for
+ * C and, as core.MSG, for Lua), the builders that write them and the
+ * parsers that check the ones received. docs/protocol.md describes each.
+ *
+ * Builders write message heads and fixed fields; a payload (kernel results,
+ * Lua values, a description) is packed by its owner after the head, straight
+ * into the same buffer, so no message costs an extra allocation or copy.
+ * Parsers check the element count and the type of every field they name and
+ * point into the decoded object (valid while its zone is); on failure they
+ * return MN_EPROTO and write "malformed X: want [layout]; <field> ..." into
+ * err. Elements past the last named one are ignored, except where the
+ * layout is exact (CALL, RESULT, PERSIST, ATTACH, DETACH, LIST, PING, PONG).
  */
 #ifndef MN_MSG_H
 #define MN_MSG_H
+
+#include "wire.h"
+
+#include <msgpack.h>
+#include <stddef.h>
+#include <stdint.h>
 
 typedef enum {
   MN_MSG_HELLO = 1,       /* server -> client: version, nonce, role */
@@ -31,9 +47,168 @@ typedef enum {
   MN_MSG_STATUS = 27,     /* controller -> agent: req; answered by REPLY with the agent's procs and recent exits */
 } mn_msg_t;
 
+#define MN_MSG_CALL_SEQ_OFFSET 7 /* a CALL frame's seq bytes: len(4) + fixarray(1) + type(1) + 0xcf(1) */
+#define MN_MSG_PUT_HEAD 52       /* bytes of a __tensor_put CALL before its payload */
+#define MN_MSG_LOST_LEN 23       /* bytes of the `__lost` CALL frame that stands in for a put */
+#define MN_MSG_PONG_MAX 32       /* largest PONG frame the proc answers inline (a 28-byte PING body) */
+
+/* ---- the table ------------------------------------------------------------ */
+
 /* The name of a type ("CALL"), or NULL for a number that is not one. */
 const char *mn_msg_name(int type);
 /* Calls fn for every message type in numeric order (exports to Lua). */
 void mn_msg_each(void (*fn)(void *data, int type, const char *name), void *data);
+/*
+ * Checks a message a controller's script queues whole (core.send): `type`
+ * must be one a controller sends and the C side does not keep in step
+ * itself (not CALL, SESSION, ACK or GOODBYE), with `nelems` elements, the
+ * type included. Returns 0, or MN_EPROTO with the reason in err.
+ */
+int mn_msg_check_script_send(int64_t type, size_t nelems, char *err, size_t errlen);
+
+/* ---- builders: each appends one whole frame to b; 0 or MN_ENOMEM ---------- */
+
+int mn_msg_pack_error(mn_buf_t *b, int code, const char *msg);
+int mn_msg_pack_hello(mn_buf_t *b, const uint8_t nonce_s[32], const char *role);
+int mn_msg_pack_auth(mn_buf_t *b, const uint8_t nonce_c[32], const uint8_t mac[32]);
+/* info is {hostname, pid, role}. */
+int mn_msg_pack_welcome(mn_buf_t *b, const uint8_t mac[32], const char *hostname, int64_t pid, const char *role);
+int mn_msg_pack_ping(mn_buf_t *b, uint64_t id);
+/* The agent's answer: id re-encoded as it came. */
+int mn_msg_pack_pong(mn_buf_t *b, const msgpack_object *id);
+int mn_msg_pack_session(mn_buf_t *b, uint64_t session, uint64_t acked);
+int mn_msg_pack_ack(mn_buf_t *b, uint64_t acked);
+int mn_msg_pack_goodbye(mn_buf_t *b);
+int mn_msg_pack_spawned(mn_buf_t *b, uint64_t req, int index, int64_t pid, int port);
+int mn_msg_pack_spawn_failed(mn_buf_t *b, uint64_t req, int index, const char *msg);
+/* signal: a short name ("KILL"), "" for none. */
+int mn_msg_pack_proc_exit(mn_buf_t *b, int64_t pid, int64_t status, const char *signal, int rank);
+int mn_msg_pack_log(mn_buf_t *b, int rank, int stream, const char *text, size_t n);
+
+/* The old name of mn_msg_pack_error. */
+static inline int mn_pack_error(mn_buf_t *b, int code, const char *msg) { return mn_msg_pack_error(b, code, msg); }
+
+/*
+ * The proc's inline PONG: if ping (a frame body) is [PING, id] with a body of
+ * at most MN_MSG_PONG_MAX - 4 bytes, writes the same frame with PONG for
+ * PING into out, without decoding id, and returns its length; else 0.
+ */
+size_t mn_msg_pong_from_ping(char out[MN_MSG_PONG_MAX], const char *ping, size_t len);
+
+/*
+ * The `__lost` CALL with this seq, [CALL, seq, "__lost", []], which a
+ * reconnect resends in place of a put whose payload is gone. Returns
+ * MN_MSG_LOST_LEN.
+ */
+size_t mn_msg_lost_call(char out[MN_MSG_LOST_LEN], uint64_t seq);
+
+/*
+ * The head of [CALL, seq, "__tensor_put", [tensor, offset, bin(len)]] up to
+ * the bin's bytes, with its frame length counting len more; seq is 0 at
+ * MN_MSG_CALL_SEQ_OFFSET (mn_msg_set_seq). Returns MN_MSG_PUT_HEAD.
+ */
+size_t mn_msg_put_head(char out[MN_MSG_PUT_HEAD], uint64_t tensor, uint64_t offset, uint32_t len);
+
+/* ---- heads: the caller packs the rest with pk, then mn_frame_end(b, start) */
+
+/*
+ * Starts [CALL, seq, kernel, args] in b, up to the args array header for
+ * nargs arguments, with seq written as a uint64 0 at start +
+ * MN_MSG_CALL_SEQ_OFFSET, so that one encoding serves every target
+ * (mn_msg_set_seq). Initialises pk over b. Returns the frame's start.
+ */
+size_t mn_msg_call_head(mn_buf_t *b, msgpack_packer *pk, const char *kernel, size_t kl, uint32_t nargs);
+/* Starts [RESULT, seq, ok, ...]; the caller packs the value. Initialises pk over b. */
+size_t mn_msg_result_head(mn_buf_t *b, msgpack_packer *pk, uint64_t seq, int ok);
+/* Starts [REPLY, req, ok, ...]; the caller packs the value. Initialises pk over b. */
+size_t mn_msg_reply_head(mn_buf_t *b, msgpack_packer *pk, uint64_t req, int ok);
+
+/* Writes seq into a CALL frame built by mn_msg_call_head or mn_msg_put_head. */
+static inline void mn_msg_set_seq(char *frame, uint64_t seq) {
+  for (int j = 7; j >= 0; j--, seq >>= 8) frame[MN_MSG_CALL_SEQ_OFFSET + j] = (char)seq;
+}
+
+/* ---- parsers: fill *out from a decoded message; 0 or MN_EPROTO ------------ */
+
+typedef struct {
+  uint64_t version;
+  const uint8_t *nonce; /* 32 bytes */
+  const char *role;
+  size_t role_len;
+} mn_msg_hello_t;
+
+typedef struct {
+  uint64_t version;
+  const uint8_t *nonce; /* 32 bytes */
+  const uint8_t *mac;
+  size_t mac_len;       /* checked by the MAC comparison, not here */
+} mn_msg_auth_t;
+
+typedef struct {
+  const uint8_t *mac;
+  size_t mac_len;
+  const char *host;     /* info.hostname, NULL if absent or not a str */
+  size_t host_len;
+  int64_t pid;          /* info.pid, 0 if absent or not a uint */
+} mn_msg_welcome_t;
+
+typedef struct {
+  int64_t code;
+  const char *text;
+  size_t text_len;
+} mn_msg_error_t;
+
+typedef struct {
+  uint64_t session;     /* never 0 */
+  uint64_t acked;
+} mn_msg_session_t;
+
+typedef struct {
+  uint64_t seq;
+  const char *kernel;
+  size_t kernel_len;
+  const msgpack_object *args; /* an array */
+} mn_msg_call_t;
+
+typedef struct {
+  uint64_t seq;
+  int ok;
+  const msgpack_object *value;
+} mn_msg_result_t;
+
+typedef struct {
+  uint64_t req;
+  uint64_t count;
+  const msgpack_object *spec; /* the map, for the optional keys */
+} mn_msg_spawn_t;
+
+typedef struct {
+  int64_t pid;
+  int sig;              /* 0..64 */
+} mn_msg_kill_t;
+
+/* PERSIST, ATTACH, DETACH, LIST and STATUS: a request to an agent. */
+typedef struct {
+  uint64_t req;
+  const char *name;     /* 1..MN_MAX_NAME bytes (PERSIST, ATTACH, DETACH), else NULL */
+  size_t name_len;
+  const msgpack_object *pids;        /* PERSIST: an array */
+  const msgpack_object *description; /* PERSIST: any value */
+} mn_msg_request_t;
+
+int mn_msg_parse_hello(const msgpack_object *m, mn_msg_hello_t *out, char *err, size_t errlen);
+int mn_msg_parse_auth(const msgpack_object *m, mn_msg_auth_t *out, char *err, size_t errlen);
+int mn_msg_parse_welcome(const msgpack_object *m, mn_msg_welcome_t *out, char *err, size_t errlen);
+int mn_msg_parse_error(const msgpack_object *m, mn_msg_error_t *out, char *err, size_t errlen);
+int mn_msg_parse_session(const msgpack_object *m, mn_msg_session_t *out, char *err, size_t errlen);
+int mn_msg_parse_ack(const msgpack_object *m, uint64_t *acked, char *err, size_t errlen);
+int mn_msg_parse_call(const msgpack_object *m, mn_msg_call_t *out, char *err, size_t errlen);
+int mn_msg_parse_result(const msgpack_object *m, mn_msg_result_t *out, char *err, size_t errlen);
+int mn_msg_parse_spawn(const msgpack_object *m, mn_msg_spawn_t *out, char *err, size_t errlen);
+int mn_msg_parse_kill(const msgpack_object *m, mn_msg_kill_t *out, char *err, size_t errlen);
+/* Any of PERSIST, ATTACH, DETACH, LIST, STATUS, by m's type. */
+int mn_msg_parse_request(const msgpack_object *m, mn_msg_request_t *out, char *err, size_t errlen);
+/* PING and PONG: [type, id], exactly; *id is any value. */
+int mn_msg_parse_ping(const msgpack_object *m, const msgpack_object **id, char *err, size_t errlen);
 
 #endif

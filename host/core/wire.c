@@ -256,15 +256,3 @@ void mn_pack_cstr(msgpack_packer *pk, const char *s) {
   msgpack_pack_str(pk, n);
   msgpack_pack_str_body(pk, s, n);
 }
-
-int mn_pack_error(mn_buf_t *b, int code, const char *msg) {
-  msgpack_packer pk;
-  msgpack_packer_init(&pk, b, mn_buf_write_cb);
-  size_t start = mn_frame_begin(b);
-  msgpack_pack_array(&pk, 3);
-  msgpack_pack_int(&pk, MN_MSG_ERROR);
-  msgpack_pack_int(&pk, code);
-  mn_pack_cstr(&pk, msg);
-  mn_frame_end(b, start);
-  return 0;
-}

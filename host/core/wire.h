@@ -2,14 +2,14 @@
  * wire.h - framing, the msgpack codec glue and the protocol's named limits.
  *
  * A frame is a 4-byte big-endian body length followed by one msgpack array
- * whose first element is a message type (mn_msg_t, msg.h). docs/protocol.md is the
- * specification; this header is its C mirror.
+ * whose first element is a message type (mn_msg_t, msg.h, which builds and
+ * parses every message). docs/protocol.md is the specification; this header
+ * and msg.h are its C mirror.
  */
 #ifndef MN_WIRE_H
 #define MN_WIRE_H
 
 #include "err.h"
-#include "msg.h"
 
 #include <msgpack.h>
 #include <stddef.h>
@@ -92,8 +92,9 @@ int mn_get_bin(const msgpack_object *arr, uint32_t i, const char **p, size_t *n)
 /* Looks a key up in a map object; NULL if absent. */
 const msgpack_object *mn_map_get(const msgpack_object *map, const char *key);
 
-/* Packs [ERROR, code, message] as a whole frame into b. */
-int mn_pack_error(mn_buf_t *b, int code, const char *msg);
 void mn_pack_cstr(msgpack_packer *pk, const char *s);
+
+/* The message types, their builders and parsers build on the above. */
+#include "msg.h"
 
 #endif /* MN_WIRE_H */

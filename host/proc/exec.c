@@ -91,12 +91,7 @@ static void reply_ok(mn_exec_t *x, uint64_t seq, const char *kernel, size_t klen
     return;
   }
   msgpack_packer pk;
-  msgpack_packer_init(&pk, &x->out, mn_buf_write_cb);
-  size_t start = mn_frame_begin(&x->out);
-  msgpack_pack_array(&pk, 4);
-  msgpack_pack_int(&pk, MN_MSG_RESULT);
-  msgpack_pack_uint64(&pk, seq);
-  msgpack_pack_true(&pk);
+  size_t start = mn_msg_result_head(&x->out, &pk, seq, 1);
   msgpack_pack_array(&pk, x->nresults);
   if (mn_buf_append(&x->out, x->rbuf.data, x->rbuf.len) != 0) {
     x->out.len = start;
@@ -113,12 +108,7 @@ static void reply_err(mn_exec_t *x, uint64_t seq, const char *kind, const char *
                       size_t klen, const char *msg) {
   msgpack_packer pk;
   x->ref_len = 0;
-  msgpack_packer_init(&pk, &x->out, mn_buf_write_cb);
-  size_t start = mn_frame_begin(&x->out);
-  msgpack_pack_array(&pk, 4);
-  msgpack_pack_int(&pk, MN_MSG_RESULT);
-  msgpack_pack_uint64(&pk, seq);
-  msgpack_pack_false(&pk);
+  size_t start = mn_msg_result_head(&x->out, &pk, seq, 0);
   msgpack_pack_map(&pk, 3);
   mn_pack_cstr(&pk, "kind");
   mn_pack_cstr(&pk, kind);
@@ -289,16 +279,14 @@ void mn_exec_close(mn_exec_t *x) {
 }
 
 static int protocol_error(mn_exec_t *x, int code, const char *msg) {
-  mn_pack_error(&x->out, code, msg);
+  mn_msg_pack_error(&x->out, code, msg);
   return code;
 }
 
 int mn_exec_frame(mn_exec_t *x, const char *body, size_t len) {
   msgpack_object msg;
   char err[MN_MAX_ERRMSG];
-  uint64_t seq;
-  const char *kname;
-  size_t kl;
+  mn_msg_call_t call;
   msgpack_zone_clear(&x->zone);
   int rc = mn_decode(body, len, &x->zone, &msg, err, sizeof(err));
   if (rc != 0) return protocol_error(x, rc, err);
@@ -306,11 +294,11 @@ int mn_exec_frame(mn_exec_t *x, const char *body, size_t len) {
     snprintf(err, sizeof(err), "proc does not accept message type %d", mn_msg_type(&msg));
     return protocol_error(x, MN_EPROTO, err);
   }
-  const msgpack_object *args = msg.via.array.size == 4 ? &msg.via.array.ptr[3] : NULL;
-  if (mn_get_u64(&msg, 1, &seq) != 0 || mn_get_str(&msg, 2, &kname, &kl) != 0 || args == NULL ||
-      args->type != MSGPACK_OBJECT_ARRAY) {
-    return protocol_error(x, MN_EPROTO, "malformed CALL: want [20, seq, kernel, args]");
-  }
+  if (mn_msg_parse_call(&msg, &call, err, sizeof(err)) != 0) return protocol_error(x, MN_EPROTO, err);
+  const uint64_t seq = call.seq;
+  const char *kname = call.kernel;
+  const size_t kl = call.kernel_len;
+  const msgpack_object *args = call.args;
   if (seq <= x->last_seq) { /* a resend of what already ran: the caller replays its result */
     x->dup_seq = seq;
     return 1;

@@ -136,14 +136,9 @@ static void replay_one(proc_t *p, uint64_t session, uint64_t seq) {
     char msg[160];
     msgpack_packer pk;
     mn_buf_init(&b);
-    msgpack_packer_init(&pk, &b, mn_buf_write_cb);
     snprintf(msg, sizeof(msg), "result of call %llu was lost in a reconnect: the replay cache (%u MiB) overflowed",
              (unsigned long long)seq, MN_REPLAY_MAX_BYTES >> 20);
-    size_t s = mn_frame_begin(&b);
-    msgpack_pack_array(&pk, 4);
-    msgpack_pack_int(&pk, MN_MSG_RESULT);
-    msgpack_pack_uint64(&pk, seq);
-    msgpack_pack_false(&pk);
+    size_t s = mn_msg_result_head(&b, &pk, seq, 0);
     msgpack_pack_map(&pk, 2);
     mn_pack_cstr(&pk, "kind");
     mn_pack_cstr(&pk, "lost");
@@ -277,13 +272,13 @@ static void *handshake_thread(void *arg) {
   /* Only a HELLO-sized frame is read before authentication. */
   int64_t n = mn_read_frame(c->fd, &c->in, &body, 4096, MN_HANDSHAKE_TIMEOUT_MS);
   if (n < 0) {
-    if (n == MN_ETIMEDOUT) mn_pack_error(&out, MN_ETIMEDOUT, "handshake not completed in time");
-    else if (n == MN_EFRAME) mn_pack_error(&out, MN_EFRAME, "handshake frame too large");
+    if (n == MN_ETIMEDOUT) mn_msg_pack_error(&out, MN_ETIMEDOUT, "handshake not completed in time");
+    else if (n == MN_EFRAME) mn_msg_pack_error(&out, MN_EFRAME, "handshake frame too large");
   } else {
     int code = mn_decode(body, (size_t)n, &zone, &msg, err, sizeof(err));
     if (code == 0) code = mn_hs_check_auth(p->auth, &msg, ns, nc, err, sizeof(err));
     mn_buf_consume(&c->in, MN_FRAME_HEADER + (size_t)n);
-    if (code != 0) mn_pack_error(&out, code, err);
+    if (code != 0) mn_msg_pack_error(&out, code, err);
     else {
       mn_hs_welcome(&out, p->auth, ns, nc, "proc");
       ok = 1;
@@ -355,14 +350,10 @@ static const mn_builtin_module_t persist_module = {"__persist", &persist_entry, 
 
 /* Answers a PING inline: body is [5, id]. */
 static int try_pong(proc_t *p, uint64_t session, const char *body, size_t len) {
-  if (len < 2 || (unsigned char)body[0] != 0x92 || body[1] != MN_MSG_PING) return 0;
-  char frame[32];
-  if (len - 2 > sizeof(frame) - 6) return 0;
-  frame[4] = (char)0x92;
-  frame[5] = MN_MSG_PONG;
-  memcpy(frame + 6, body + 2, len - 2);
-  mn_put_be32(frame, (uint32_t)len);
-  send_bytes(p, session, frame, len + 4);
+  char frame[MN_MSG_PONG_MAX];
+  size_t n = mn_msg_pong_from_ping(frame, body, len);
+  if (n == 0) return 0;
+  send_bytes(p, session, frame, n);
   return 1;
 }
 
@@ -377,6 +368,29 @@ static void drop_conn(proc_t *p, conn_t **cur) {
   *cur = NULL;
 }
 
+/* Writes an ERROR frame to c (best effort: the connection is dropped next). */
+static void send_error(conn_t *c, int code, const char *msg) {
+  mn_buf_t e;
+  mn_buf_init(&e);
+  if (mn_msg_pack_error(&e, code, msg) == 0 && mn_write_all(c->fd, e.data, e.len) != 0) {
+    /* The peer is gone already; dropping the connection is all that is left. */
+  }
+  mn_buf_free(&e);
+}
+
+/* Takes up SESSION (sid, acked): the connection now serves that session. */
+static void open_session(proc_t *p, conn_t *c, const mn_msg_session_t *s) {
+  pthread_mutex_lock(&p->wlock);
+  if (s->session != p->session) {
+    /* A new controller session: forget the old one's results. */
+    mn_replay_clear(&p->replay);
+    p->session = s->session;
+  }
+  mn_replay_trim(&p->replay, s->acked);
+  p->fd = c->fd;
+  pthread_mutex_unlock(&p->wlock);
+}
+
 /*
  * Handles SESSION and ACK, which the I/O thread owns. Returns 1 if handled,
  * 0 if the frame is for the executor, -1 on a protocol error (conn dropped).
@@ -387,112 +401,121 @@ static int control_frame(proc_t *p, conn_t *c, const char *body, size_t len, int
   msgpack_zone zone;
   msgpack_object m;
   char err[256];
-  uint64_t sid = 0, acked = 0;
+  mn_msg_session_t sess;
+  uint64_t acked;
   int rc = -1;
   if (!msgpack_zone_init(&zone, 256)) return -1;
   if (mn_decode(body, len, &zone, &m, err, sizeof(err)) == 0) {
     int type = mn_msg_type(&m);
-    if (type == MN_MSG_SESSION && mn_get_u64(&m, 1, &sid) == 0 && mn_get_u64(&m, 2, &acked) == 0 && sid != 0) {
-      pthread_mutex_lock(&p->wlock);
-      if (sid != p->session) {
-        /* A new controller session: forget the old one's results. */
-        mn_replay_clear(&p->replay);
-        p->session = sid;
-      }
-      mn_replay_trim(&p->replay, acked);
-      p->fd = c->fd;
-      pthread_mutex_unlock(&p->wlock);
+    if (type == MN_MSG_SESSION && mn_msg_parse_session(&m, &sess, err, sizeof(err)) == 0) {
+      open_session(p, c, &sess);
       *has_session = 1;
       rc = 1;
-    } else if (type == MN_MSG_ACK && *has_session && mn_get_u64(&m, 1, &acked) == 0) {
+    } else if (type == MN_MSG_ACK && *has_session && mn_msg_parse_ack(&m, &acked, err, sizeof(err)) == 0) {
       pthread_mutex_lock(&p->wlock);
       mn_replay_trim(&p->replay, acked);
       pthread_mutex_unlock(&p->wlock);
       rc = 1;
-    } else if (!*has_session) {
+    } else if (!*has_session && type != MN_MSG_SESSION) {
       snprintf(err, sizeof(err), "expected SESSION as the first message after WELCOME, got type %d", type);
-    } else {
-      snprintf(err, sizeof(err), "malformed SESSION or ACK message");
     }
   }
   msgpack_zone_destroy(&zone);
-  if (rc < 0) {
-    mn_buf_t e;
-    mn_buf_init(&e);
-    mn_pack_error(&e, MN_EPROTO, err);
-    if (mn_write_all(c->fd, e.data, e.len) != 0) rc = -1;
-    mn_buf_free(&e);
-  }
+  if (rc < 0) send_error(c, MN_EPROTO, err);
   return rc;
+}
+
+/* Frames split off one read, queued for the executor in one batch. */
+typedef struct {
+  item_t *first, *last;
+  size_t bytes;
+  int n;
+} batch_t;
+
+static void batch_add(batch_t *q, item_t *it) {
+  it->next = NULL;
+  if (q->last) q->last->next = it;
+  else q->first = it;
+  q->last = it;
+  q->bytes += it->len;
+  q->n++;
+}
+
+/*
+ * Receives a bulk frame of flen bytes, whose first `have` body bytes are at
+ * `start`, straight into its queue item rather than growing the read buffer
+ * and copying it out afterwards. Returns the item, or NULL if the
+ * connection failed or stalled first.
+ */
+static item_t *receive_big(conn_t *c, const char *start, size_t have, size_t flen) {
+  /* Memory follows the bytes that actually arrive, not the length a peer
+   * announces: the item grows by doubling as data comes in. */
+  size_t cap = flen < (16u << 20) ? flen : (16u << 20);
+  if (cap < have) cap = have;
+  item_t *it = malloc(sizeof(*it) + cap);
+  if (it == NULL) return NULL;
+  memcpy(it->data, start, have);
+  while (have < flen) {
+    if (have == cap) {
+      size_t ncap = cap * 2 < flen ? cap * 2 : flen;
+      item_t *grown = realloc(it, sizeof(*it) + ncap);
+      if (grown == NULL) break;
+      it = grown;
+      cap = ncap;
+    }
+    struct pollfd pf = {c->fd, POLLIN, 0};
+    if (poll(&pf, 1, MN_BIG_FRAME_TIMEOUT_MS) <= 0) break;
+    ssize_t r = recv(c->fd, it->data + have, cap - have, 0);
+    if (r <= 0 && !(r < 0 && errno == EINTR)) break;
+    if (r > 0) have += (size_t)r;
+  }
+  if (have < flen) {
+    free(it);
+    return NULL;
+  }
+  it->len = flen;
+  return it;
+}
+
+/* Whether the bytes at `at` (n of them) start a bulk frame still arriving. */
+static int big_frame_starts(const char *at, size_t n) {
+  return n >= MN_FRAME_HEADER && mn_be32(at) >= MN_BIG_FRAME && mn_be32(at) <= MN_MAX_FRAME;
+}
+
+static uint64_t current_session(proc_t *p) {
+  pthread_mutex_lock(&p->wlock);
+  uint64_t s = p->session;
+  pthread_mutex_unlock(&p->wlock);
+  return s;
 }
 
 /* Splits the bytes buffered for c into frames; returns -1 when c must be dropped. */
 static int parse_frames(proc_t *p, conn_t *c, int *has_session) {
   mn_buf_t *in = &c->in;
-  size_t off = 0, bytes = 0;
-  item_t *first = NULL, *last = NULL;
-  int n = 0, rc = 0;
-  uint64_t session;
-  pthread_mutex_lock(&p->wlock);
-  session = p->session;
-  pthread_mutex_unlock(&p->wlock);
+  size_t off = 0;
+  batch_t q = {NULL, NULL, 0, 0};
+  int rc = 0;
+  uint64_t session = current_session(p);
   for (;;) {
     const char *body;
     int64_t len = mn_frame_peek(in->data + off, in->len - off, MN_MAX_FRAME, &body);
-    if (len == MN_EAGAIN && *has_session && in->len - off >= MN_FRAME_HEADER &&
-        mn_be32(in->data + off) >= MN_BIG_FRAME && mn_be32(in->data + off) <= MN_MAX_FRAME) {
-      /* A bulk frame: receive the rest straight into its queue item rather
-       * than growing the read buffer and copying it out afterwards. */
-      size_t flen = mn_be32(in->data + off), have = in->len - off - MN_FRAME_HEADER;
-      /* Memory follows the bytes that actually arrive, not the length a
-       * peer announces: the item grows by doubling as data comes in. */
-      size_t cap = flen < (16u << 20) ? flen : (16u << 20);
-      if (cap < have) cap = have;
-      item_t *it = malloc(sizeof(*it) + cap);
+    if (len == MN_EAGAIN && *has_session && big_frame_starts(in->data + off, in->len - off)) {
+      item_t *it = receive_big(c, in->data + off + MN_FRAME_HEADER, in->len - off - MN_FRAME_HEADER,
+                               mn_be32(in->data + off));
       if (it == NULL) {
         rc = -1;
         break;
       }
-      memcpy(it->data, in->data + off + MN_FRAME_HEADER, have);
-      while (have < flen) {
-        if (have == cap) {
-          size_t ncap = cap * 2 < flen ? cap * 2 : flen;
-          item_t *grown = realloc(it, sizeof(*it) + ncap);
-          if (grown == NULL) break;
-          it = grown;
-          cap = ncap;
-        }
-        struct pollfd pf = {c->fd, POLLIN, 0};
-        if (poll(&pf, 1, MN_BIG_FRAME_TIMEOUT_MS) <= 0) break;
-        ssize_t r = recv(c->fd, it->data + have, cap - have, 0);
-        if (r <= 0 && !(r < 0 && errno == EINTR)) break;
-        if (r > 0) have += (size_t)r;
-      }
-      if (have < flen) {
-        free(it);
-        rc = -1;
-        break;
-      }
-      it->next = NULL;
       it->session = session;
-      it->len = flen;
-      if (last) last->next = it;
-      else first = it;
-      last = it;
-      bytes += flen;
-      n++;
+      batch_add(&q, it);
       off = in->len; /* consumed: the frame's start was all that was buffered */
       break;
     }
     if (len == MN_EAGAIN) break;
     if (len < 0) {
       char msg[128];
-      mn_buf_t e;
-      mn_buf_init(&e);
       snprintf(msg, sizeof(msg), "frame length exceeds MN_MAX_FRAME (%u bytes) or is zero", MN_MAX_FRAME);
-      mn_pack_error(&e, MN_EFRAME, msg);
-      if (mn_write_all(c->fd, e.data, e.len) != 0) rc = -1;
-      mn_buf_free(&e);
+      send_error(c, MN_EFRAME, msg);
       rc = -1;
       break;
     }
@@ -503,9 +526,7 @@ static int parse_frames(proc_t *p, conn_t *c, int *has_session) {
       break;
     }
     if (cf == 1) {
-      pthread_mutex_lock(&p->wlock);
-      session = p->session;
-      pthread_mutex_unlock(&p->wlock);
+      session = current_session(p);
       continue;
     }
     if (try_pong(p, session, body, (size_t)len)) continue;
@@ -514,17 +535,12 @@ static int parse_frames(proc_t *p, conn_t *c, int *has_session) {
       rc = -1;
       break;
     }
-    it->next = NULL;
     it->session = session;
     it->len = (size_t)len;
     memcpy(it->data, body, (size_t)len);
-    if (last) last->next = it;
-    else first = it;
-    last = it;
-    bytes += (size_t)len;
-    n++;
+    batch_add(&q, it);
   }
-  if (first) enqueue(p, first, last, bytes, n);
+  if (q.first) enqueue(p, q.first, q.last, q.bytes, q.n);
   mn_buf_consume(in, off);
   return rc;
 }
