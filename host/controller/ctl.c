@@ -173,6 +173,26 @@ int mn_ctl_send(mn_ctl_t *c, mn_conn_t *k, const char *frame, size_t n) {
   return 0;
 }
 
+int mn_ctl_cancel(mn_ctl_t *c, mn_conn_t *k, double call) {
+  mn_buf_t b;
+  msgpack_packer pk;
+  int n = 0, rc = 0;
+  for (size_t i = 0; i < k->rcount; i++) n += k->ring[(k->rhead + i) % k->rcap].call == call;
+  if (n == 0) return 0;
+  size_t s = mn_frame_start(&b, &pk);
+  msgpack_pack_array(&pk, 2);
+  msgpack_pack_int(&pk, MN_MSG_CANCEL);
+  msgpack_pack_array(&pk, (size_t)n);
+  /* The ring holds the calls in flight in seq order, ending at k->seq. */
+  uint64_t first = k->seq - k->rcount + 1;
+  for (size_t i = 0; i < k->rcount; i++)
+    if (k->ring[(k->rhead + i) % k->rcap].call == call) msgpack_pack_uint64(&pk, first + i);
+  mn_frame_end(&b, s);
+  rc = mn_ctl_send(c, k, b.data, b.len);
+  mn_buf_free(&b);
+  return rc == 0 ? n : rc;
+}
+
 static int push_pending(mn_conn_t *k, double call, int32_t slot) {
   if (k->rcount == k->rcap) {
     size_t cap = k->rcap ? k->rcap * 2 : 256;

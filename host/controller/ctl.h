@@ -159,6 +159,13 @@ int mn_ctl_call_bulk(mn_ctl_t *c, mn_conn_t *conn, char *head, size_t n, size_t 
                      const char *payload, size_t plen, int ref, double call, int32_t slot);
 /* Hands out refs whose payload writes finished; returns how many (at most max). */
 int mn_ctl_take_released(mn_ctl_t *c, int *refs, int max);
+/*
+ * Asks the proc to stop every call of Lua call `call` still in flight on
+ * conn (CANCEL with their sequence numbers). Their RESULTs still come, in
+ * order. Returns how many calls were named (0: none in flight), or a
+ * negative code.
+ */
+int mn_ctl_cancel(mn_ctl_t *c, mn_conn_t *conn, double call);
 /* Records that the RESULT for `seq` arrived: drops its frame copy. */
 void mn_ctl_acked(mn_conn_t *conn, uint64_t seq);
 /* Writes every dirty connection's output (one syscall each, where possible). */

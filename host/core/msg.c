@@ -30,6 +30,7 @@ static const struct {
     {MN_MSG_GOODBYE, "GOODBYE"},
     {MN_MSG_LOG, "LOG"},
     {MN_MSG_STATUS, "STATUS"},
+    {MN_MSG_CANCEL, "CANCEL"},
 };
 
 const char *mn_msg_name(int type) {

@@ -29,6 +29,7 @@ typedef enum {
   MN_MSG_GOODBYE = 25,    /* controller -> agent: clean exit, stop my procs now */
   MN_MSG_LOG = 26,        /* agent -> controller: rank, stream (1 stdout, 2 stderr), text of whole lines */
   MN_MSG_STATUS = 27,     /* controller -> agent: req; answered by REPLY with the agent's procs and recent exits */
+  MN_MSG_CANCEL = 28,     /* controller -> proc: [seq, ...]: stop these calls (queued: skip; running: cancel flag) */
 } mn_msg_t;
 
 /* The name of a type ("CALL"), or NULL for a number that is not one. */

@@ -70,6 +70,7 @@ typedef struct {
   mn_replay_t replay;       /* unacknowledged RESULTs of `session` */
   int replay_on;            /* MONARCH_NO_REPLAY=1 turns the cache off (for measuring it) */
   atomic_int cancel;
+  mn_cancel_t cancels;      /* calls the controller asked to stop (CANCEL) */
   atomic_int handshakes;    /* handshake threads running */
   int hs_pipe[2];           /* handshake threads hand authenticated conns to the I/O thread */
   const mn_auth_t *auth;
@@ -206,6 +207,7 @@ static void *executor(void *arg) {
         nb = 0;
         mn_exec_new_session(x);
         xsession = it->session;
+        x->session = xsession;
       }
       pthread_mutex_lock(&p->wlock);
       int live = it->session == p->session;
@@ -213,6 +215,7 @@ static void *executor(void *arg) {
       if (live) {
         size_t before = x->out.len;
         rc = mn_exec_frame(x, it->data, it->len);
+        mn_cancel_end(&p->cancels);
         if (rc == 1) {
           if (x->out.len > 0) flush_out(p, xsession, &x->out, seqs, offs, nb, NULL, 0);
           nb = 0;
@@ -370,13 +373,35 @@ static void drop_conn(proc_t *p, conn_t **cur) {
   *cur = NULL;
 }
 
+/* CANCEL [28, [seq, ...]]: records each call for the executor (or flags it if it runs now). 1, or -1 with err. */
+static int cancel_calls(proc_t *p, const msgpack_object *m, char *err, size_t errlen) {
+  const msgpack_object *seqs = m->via.array.size == 2 ? &m->via.array.ptr[1] : NULL;
+  if (seqs == NULL || seqs->type != MSGPACK_OBJECT_ARRAY) {
+    snprintf(err, errlen, "malformed CANCEL: want [28, [seq, ...]]");
+    return -1;
+  }
+  pthread_mutex_lock(&p->wlock);
+  uint64_t session = p->session;
+  pthread_mutex_unlock(&p->wlock);
+  for (uint32_t i = 0; i < seqs->via.array.size; i++) {
+    uint64_t seq;
+    if (mn_get_u64(seqs, i, &seq) != 0) {
+      snprintf(err, errlen, "malformed CANCEL: element %u is not a sequence number", i + 1);
+      return -1;
+    }
+    /* A full table drops the request: the call then runs, as if the cancel came late. */
+    (void)mn_cancel_request(&p->cancels, session, seq);
+  }
+  return 1;
+}
+
 /*
- * Handles SESSION and ACK, which the I/O thread owns. Returns 1 if handled,
+ * Handles SESSION, ACK and CANCEL, which the I/O thread owns. Returns 1 if handled,
  * 0 if the frame is for the executor, -1 on a protocol error (conn dropped).
  */
 static int control_frame(proc_t *p, conn_t *c, const char *body, size_t len, int *has_session) {
   unsigned char t = len >= 2 ? (unsigned char)body[1] : 0;
-  if (t != MN_MSG_SESSION && t != MN_MSG_ACK && *has_session) return 0;
+  if (t != MN_MSG_SESSION && t != MN_MSG_ACK && t != MN_MSG_CANCEL && *has_session) return 0;
   msgpack_zone zone;
   msgpack_object m;
   char err[256];
@@ -402,10 +427,12 @@ static int control_frame(proc_t *p, conn_t *c, const char *body, size_t len, int
       mn_replay_trim(&p->replay, acked);
       pthread_mutex_unlock(&p->wlock);
       rc = 1;
+    } else if (type == MN_MSG_CANCEL && *has_session) {
+      rc = cancel_calls(p, &m, err, sizeof(err));
     } else if (!*has_session) {
       snprintf(err, sizeof(err), "expected SESSION as the first message after WELCOME, got type %d", type);
     } else {
-      snprintf(err, sizeof(err), "malformed SESSION or ACK message");
+      snprintf(err, sizeof(err), "malformed %s message", type == MN_MSG_ACK ? "ACK" : "SESSION");
     }
   }
   msgpack_zone_destroy(&zone);
@@ -644,6 +671,8 @@ int mn_proc_main(const mn_proc_opts_t *o) {
   const char *spin = getenv("MONARCH_SPIN_US");
   p->spin_ns = spin ? atol(spin) * 1000 : MN_SPIN_NS_DEFAULT;
   if (mn_exec_init(&p->exec, o->prefix, o->rank, o->world, &p->cancel) != 0) return 2;
+  if (mn_cancel_init(&p->cancels, &p->cancel) != 0) return 2;
+  p->exec.cancels = &p->cancels;
   if (mn_gpu_register() != 0) return 2;
   p->exec.device = o->device >= 0 ? 0 : -1; /* pinned: its GPU is the only one it sees, device 0 */
   if (mn_coll_start(o->bind_host, &auth, o->rank) != 0) return 2;
