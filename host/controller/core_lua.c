@@ -449,6 +449,16 @@ static int l_inflight(lua_State *L) {
   return 1;
 }
 
+/* core.cancel(id, call) -> how many of the call's requests in flight there were asked to stop */
+static int l_cancel(lua_State *L) {
+  lctl_t *c = get_ctl(L);
+  mn_conn_t *k = mn_ctl_conn(&c->ctl, (int)luaL_checkinteger(L, 1));
+  int n = k != NULL && mn_ctl_conn_kind(k) == MN_CONN_PROC ? mn_ctl_cancel(&c->ctl, k, luaL_checknumber(L, 2)) : 0;
+  if (n < 0) return luaL_error(L, "core.cancel: %s", mn_strerror(n));
+  lua_pushinteger(L, n);
+  return 1;
+}
+
 /* core.configure{heartbeat = s, heartbeat_timeout = s, reconnect = s} */
 static int l_configure(lua_State *L) {
   lctl_t *c = get_ctl(L);
@@ -599,7 +609,7 @@ int luaopen_monarch_core(lua_State *L) {
       {"init", l_init},           {"shutdown", l_shutdown},   {"start_agent", l_start_agent},
       {"connect", l_connect},     {"disconnect", l_disconnect}, {"info", l_info},
       {"send", l_send},           {"call", l_call},           {"call_as", l_call_as}, {"put_chunk", l_put_chunk}, {"fetch_into", l_fetch_into},           {"poll", l_poll},
-      {"take_pending", l_take_pending}, {"inflight", l_inflight},
+      {"take_pending", l_take_pending}, {"inflight", l_inflight}, {"cancel", l_cancel},
       {"configure", l_configure},         {"now", l_now},             {"generate_token", l_generate_token},
       {"prefix", l_prefix},       {"sleep", l_sleep},         {"catch_interrupts", l_catch_interrupts},
       {"interrupted", l_interrupted}, {NULL, NULL}};

@@ -221,6 +221,26 @@ int mn_ctl_send(mn_ctl_t *c, mn_conn_t *k, const char *frame, size_t n) {
   return 0;
 }
 
+int mn_ctl_cancel(mn_ctl_t *c, mn_conn_t *k, double call) {
+  size_t n = 0;
+  for (size_t i = 0; i < k->rcount; i++) n += k->ring[(k->rhead + i) % k->rcap].call == call;
+  if (n == 0) return 0;
+  uint64_t *seqs = malloc(n * sizeof(*seqs));
+  if (seqs == NULL) return MN_ENOMEM;
+  /* The ring holds the calls in flight in seq order, ending at k->seq. */
+  uint64_t first = k->seq - k->rcount + 1;
+  n = 0;
+  for (size_t i = 0; i < k->rcount; i++)
+    if (k->ring[(k->rhead + i) % k->rcap].call == call) seqs[n++] = first + i;
+  mn_buf_t b;
+  mn_buf_init(&b);
+  int rc = mn_msg_pack_cancel(&b, seqs, n);
+  if (rc == 0) rc = mn_ctl_send(c, k, b.data, b.len);
+  mn_buf_free(&b);
+  free(seqs);
+  return rc == 0 ? (int)n : rc;
+}
+
 static int push_pending(mn_conn_t *k, double call, int32_t slot) {
   if (k->rcount == k->rcap) {
     size_t cap = k->rcap ? k->rcap * 2 : 256;

@@ -143,6 +143,13 @@ size_t mn_ctl_inflight(const mn_conn_t *conn);
  * drops its frame copy and returns 0; otherwise MN_EPROTO, nothing taken.
  */
 int mn_ctl_take_result(mn_conn_t *conn, uint64_t seq, mn_pending_t *out);
+/*
+ * Asks the proc to stop every call of Lua call `call` still in flight on
+ * conn (CANCEL with their sequence numbers). Their RESULTs still come, in
+ * order. Returns how many calls were named (0: none in flight), or a
+ * negative code.
+ */
+int mn_ctl_cancel(mn_ctl_t *c, mn_conn_t *conn, double call);
 /* Pops the oldest unanswered call into *out; returns 1, or 0 when none is left. */
 int mn_ctl_take_pending(mn_conn_t *conn, mn_pending_t *out);
 

@@ -46,6 +46,7 @@ static const spec_t specs[] = {
     [MN_MSG_GOODBYE] = {"GOODBYE", 1, 0, BY_CTL, "[25]"},
     [MN_MSG_LOG] = {"LOG", 4, 0, BY_SERVER, "[26, rank, stream, text]"},
     [MN_MSG_STATUS] = {"STATUS", 2, 0, BY_CTL | BY_SCRIPT, "[27, req]"},
+    [MN_MSG_CANCEL] = {"CANCEL", 2, 1, BY_CTL, "[28, [seq, ...]]"},
 };
 
 #define NSPECS (sizeof(specs) / sizeof(specs[0]))
@@ -175,6 +176,15 @@ int mn_msg_pack_ack(mn_buf_t *b, uint64_t acked) {
   size_t s;
   int f = head(b, &pk, &s, 2, MN_MSG_ACK);
   f |= msgpack_pack_uint64(&pk, acked);
+  return finish(b, s, f);
+}
+
+int mn_msg_pack_cancel(mn_buf_t *b, const uint64_t *seqs, size_t n) {
+  msgpack_packer pk;
+  size_t s;
+  int f = head(b, &pk, &s, 2, MN_MSG_CANCEL);
+  f |= msgpack_pack_array(&pk, n);
+  for (size_t i = 0; i < n; i++) f |= msgpack_pack_uint64(&pk, seqs[i]);
   return finish(b, s, f);
 }
 
@@ -409,6 +419,19 @@ int mn_msg_parse_ack(const msgpack_object *m, uint64_t *acked, char *err, size_t
   const spec_t *s = check(m, MN_MSG_ACK, &rc, err, errlen);
   if (rc == 0) rc = want_u64(s, m, 1, "acked", acked, err, errlen);
   return rc;
+}
+
+int mn_msg_parse_cancel(const msgpack_object *m, const msgpack_object **seqs, char *err, size_t errlen) {
+  int rc;
+  const spec_t *s = check(m, MN_MSG_CANCEL, &rc, err, errlen);
+  if (rc != 0) return rc;
+  const msgpack_object *a = &m->via.array.ptr[1];
+  if (a->type != MSGPACK_OBJECT_ARRAY) return bad(s, err, errlen, "seqs (element 1) is not an array");
+  for (uint32_t i = 0; i < a->via.array.size; i++)
+    if (a->via.array.ptr[i].type != MSGPACK_OBJECT_POSITIVE_INTEGER)
+      return bad(s, err, errlen, "seqs (element 1) holds something other than sequence numbers");
+  *seqs = a;
+  return 0;
 }
 
 int mn_msg_parse_call(const msgpack_object *m, mn_msg_call_t *out, char *err, size_t errlen) {

@@ -45,6 +45,7 @@ typedef enum {
   MN_MSG_GOODBYE = 25,    /* controller -> agent: clean exit, stop my procs now */
   MN_MSG_LOG = 26,        /* agent -> controller: rank, stream (1 stdout, 2 stderr), text of whole lines */
   MN_MSG_STATUS = 27,     /* controller -> agent: req; answered by REPLY with the agent's procs and recent exits */
+  MN_MSG_CANCEL = 28,     /* controller -> proc: [seq, ...]: stop these calls (queued: skip; running: cancel flag) */
 } mn_msg_t;
 
 #define MN_MSG_CALL_SEQ_OFFSET 7 /* a CALL frame's seq bytes: len(4) + fixarray(1) + type(1) + 0xcf(1) */
@@ -78,6 +79,8 @@ int mn_msg_pack_ping(mn_buf_t *b, uint64_t id);
 int mn_msg_pack_pong(mn_buf_t *b, const msgpack_object *id);
 int mn_msg_pack_session(mn_buf_t *b, uint64_t session, uint64_t acked);
 int mn_msg_pack_ack(mn_buf_t *b, uint64_t acked);
+/* CANCEL [28, [seq, ...]]: stop these calls of the session (controller -> proc). */
+int mn_msg_pack_cancel(mn_buf_t *b, const uint64_t *seqs, size_t n);
 int mn_msg_pack_goodbye(mn_buf_t *b);
 int mn_msg_pack_spawned(mn_buf_t *b, uint64_t req, int index, int64_t pid, int port);
 int mn_msg_pack_spawn_failed(mn_buf_t *b, uint64_t req, int index, const char *msg);
@@ -202,6 +205,8 @@ int mn_msg_parse_welcome(const msgpack_object *m, mn_msg_welcome_t *out, char *e
 int mn_msg_parse_error(const msgpack_object *m, mn_msg_error_t *out, char *err, size_t errlen);
 int mn_msg_parse_session(const msgpack_object *m, mn_msg_session_t *out, char *err, size_t errlen);
 int mn_msg_parse_ack(const msgpack_object *m, uint64_t *acked, char *err, size_t errlen);
+/* CANCEL: sets *seqs to its array of sequence numbers (every element checked to be one). */
+int mn_msg_parse_cancel(const msgpack_object *m, const msgpack_object **seqs, char *err, size_t errlen);
 int mn_msg_parse_call(const msgpack_object *m, mn_msg_call_t *out, char *err, size_t errlen);
 int mn_msg_parse_result(const msgpack_object *m, mn_msg_result_t *out, char *err, size_t errlen);
 int mn_msg_parse_spawn(const msgpack_object *m, mn_msg_spawn_t *out, char *err, size_t errlen);

@@ -318,6 +318,11 @@ int mn_exec_frame(mn_exec_t *x, const char *body, size_t len) {
     reply_err(x, seq, "bad_args", kname, kl, err);
     return 0;
   }
+  /* Asked to stop before it started: answer without running (the caller ends it with mn_cancel_end). */
+  if (x->cancels != NULL && mn_cancel_begin(x->cancels, x->session, seq)) {
+    reply_err(x, seq, "cancelled", kname, kl, "cancelled before it ran");
+    return 0;
+  }
   mk_ctx_t ctx = {&api, x->rank, x->world, x->device, NULL, NULL, x};
   char namebuf[MN_MAX_NAME + 1];
   if (kl > 0) memcpy(namebuf, kname, kl); /* an empty str may come with a NULL pointer */
@@ -333,7 +338,7 @@ int mn_exec_frame(mn_exec_t *x, const char *body, size_t len) {
   if (kl >= 2 && kname[0] == '_' && kname[1] == '_') {
     x->err_kind = "bad_args";
     if (run_builtin(x, &ctx, kname, kl, args, err, sizeof(err)) != 0 || x->failed)
-      reply_err(x, seq, x->err_kind, kname, kl, err[0] ? err : x->errmsg);
+      reply_err(x, seq, atomic_load(x->cancel) ? "cancelled" : x->err_kind, kname, kl, err[0] ? err : x->errmsg);
     else
       reply_ok(x, seq, kname, kl);
     return 0;
@@ -355,7 +360,8 @@ int mn_exec_frame(mn_exec_t *x, const char *body, size_t len) {
   x->running = NULL;
   mn_scratch_release(&x->scratch);
   if (rc != 0 || x->failed)
-    reply_err(x, seq, "kernel", kname, kl, x->errmsg[0] ? x->errmsg : "kernel failed without a message");
+    reply_err(x, seq, atomic_load(x->cancel) ? "cancelled" : "kernel", kname, kl,
+              x->errmsg[0] ? x->errmsg : "kernel failed without a message");
   else
     reply_ok(x, seq, kname, kl);
   return 0;

@@ -6,6 +6,7 @@
 #ifndef MN_EXEC_H
 #define MN_EXEC_H
 
+#include "cancel.h"
 #include "registry.h"
 #include "scratch.h"
 #include "wire.h"
@@ -29,6 +30,8 @@ typedef struct {
   char errmsg[MN_MAX_ERRMSG];
   mn_scratch_t scratch;   /* behind the running kernel's mk_scratch */
   atomic_int *cancel;     /* set by the I/O thread when work should stop */
+  mn_cancel_t *cancels;   /* calls the controller asked to stop (NULL: none are asked) */
+  uint64_t session;       /* the controller session whose calls run now (for `cancels`) */
   uint64_t last_seq;      /* highest CALL sequence number executed */
   uint64_t dup_seq;       /* seq of the resent CALL when mn_exec_frame returns 1 */
   msgpack_zone zone;

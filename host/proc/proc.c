@@ -70,6 +70,7 @@ typedef struct {
   mn_replay_t replay;       /* unacknowledged RESULTs of `session` */
   int replay_on;            /* MONARCH_NO_REPLAY=1 turns the cache off (for measuring it) */
   atomic_int cancel;
+  mn_cancel_t cancels;      /* calls the controller asked to stop (CANCEL) */
   atomic_int handshakes;    /* handshake threads running */
   int hs_pipe[2];           /* handshake threads hand authenticated conns to the I/O thread */
   const mn_auth_t *auth;
@@ -201,6 +202,7 @@ static void *executor(void *arg) {
         nb = 0;
         mn_exec_new_session(x);
         xsession = it->session;
+        x->session = xsession;
       }
       pthread_mutex_lock(&p->wlock);
       int live = it->session == p->session;
@@ -208,6 +210,7 @@ static void *executor(void *arg) {
       if (live) {
         size_t before = x->out.len;
         rc = mn_exec_frame(x, it->data, it->len);
+        mn_cancel_end(&p->cancels);
         if (rc == 1) {
           if (x->out.len > 0) flush_out(p, xsession, &x->out, seqs, offs, nb, NULL, 0);
           nb = 0;
@@ -378,6 +381,22 @@ static void send_error(conn_t *c, int code, const char *msg) {
   mn_buf_free(&e);
 }
 
+static uint64_t current_session(proc_t *p) {
+  pthread_mutex_lock(&p->wlock);
+  uint64_t s = p->session;
+  pthread_mutex_unlock(&p->wlock);
+  return s;
+}
+
+/* CANCEL: records each call for the executor, or flags it if it runs now. */
+static void cancel_calls(proc_t *p, const msgpack_object *seqs) {
+  uint64_t session = current_session(p);
+  for (uint32_t i = 0; i < seqs->via.array.size; i++) {
+    /* A full table (MN_ELIMIT) drops the request: the call then runs, as if the cancel came late. */
+    if (mn_cancel_request(&p->cancels, session, seqs->via.array.ptr[i].via.u64) == MN_ELIMIT) break;
+  }
+}
+
 /* Takes up SESSION (sid, acked): the connection now serves that session. */
 static void open_session(proc_t *p, conn_t *c, const mn_msg_session_t *s) {
   pthread_mutex_lock(&p->wlock);
@@ -397,11 +416,12 @@ static void open_session(proc_t *p, conn_t *c, const mn_msg_session_t *s) {
  */
 static int control_frame(proc_t *p, conn_t *c, const char *body, size_t len, int *has_session) {
   unsigned char t = len >= 2 ? (unsigned char)body[1] : 0;
-  if (t != MN_MSG_SESSION && t != MN_MSG_ACK && *has_session) return 0;
+  if (t != MN_MSG_SESSION && t != MN_MSG_ACK && t != MN_MSG_CANCEL && *has_session) return 0;
   msgpack_zone zone;
   msgpack_object m;
   char err[256];
   mn_msg_session_t sess;
+  const msgpack_object *seqs;
   uint64_t acked;
   int rc = -1;
   if (!msgpack_zone_init(&zone, 256)) return -1;
@@ -415,6 +435,9 @@ static int control_frame(proc_t *p, conn_t *c, const char *body, size_t len, int
       pthread_mutex_lock(&p->wlock);
       mn_replay_trim(&p->replay, acked);
       pthread_mutex_unlock(&p->wlock);
+      rc = 1;
+    } else if (type == MN_MSG_CANCEL && *has_session && mn_msg_parse_cancel(&m, &seqs, err, sizeof(err)) == 0) {
+      cancel_calls(p, seqs);
       rc = 1;
     } else if (!*has_session && type != MN_MSG_SESSION) {
       snprintf(err, sizeof(err), "expected SESSION as the first message after WELCOME, got type %d", type);
@@ -482,12 +505,6 @@ static int big_frame_starts(const char *at, size_t n) {
   return n >= MN_FRAME_HEADER && mn_be32(at) >= MN_BIG_FRAME && mn_be32(at) <= MN_MAX_FRAME;
 }
 
-static uint64_t current_session(proc_t *p) {
-  pthread_mutex_lock(&p->wlock);
-  uint64_t s = p->session;
-  pthread_mutex_unlock(&p->wlock);
-  return s;
-}
 
 /* Splits the bytes buffered for c into frames; returns -1 when c must be dropped. */
 static int parse_frames(proc_t *p, conn_t *c, int *has_session) {
@@ -667,6 +684,8 @@ int mn_proc_main(const mn_proc_opts_t *o) {
   const char *spin = getenv("MONARCH_SPIN_US");
   p->spin_ns = spin ? atol(spin) * 1000 : MN_SPIN_NS_DEFAULT;
   if (mn_exec_init(&p->exec, o->prefix, o->rank, o->world, &p->cancel) != 0) return 2;
+  if (mn_cancel_init(&p->cancels, &p->cancel) != 0) return 2;
+  p->exec.cancels = &p->cancels;
   if (mn_gpu_register() != 0) return 2;
   p->exec.device = o->device >= 0 ? 0 : -1; /* pinned: its GPU is the only one it sees, device 0 */
   if (mn_coll_start(o->bind_host, &auth, o->rank) != 0) return 2;
