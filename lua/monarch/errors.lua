@@ -45,6 +45,7 @@ M.KINDS = {
   { "collective_mismatch", "the members of a group called different collectives, or the same one with different sizes, dtypes or ops" },
   { "gpu", "a CUDA or NCCL call failed on the proc (allocation, copy, communicator)" },
   { "no_gpu", "the proc has no CUDA runtime or no device" },
+  { "cancelled", "the call was stopped: `future:cancel()`, a call `timeout`, or Ctrl-C in the REPL (a queued call is dropped before it runs; a running kernel sees its cancel flag)" },
   -- from the controller
   { "proc_failed", "the proc died, or was already dead, before it answered" },
   { "unresponsive", "the proc stopped answering heartbeats while its host agent still answers (the agent then kills it)" },

@@ -106,10 +106,11 @@ static void test_names(void **state) {
   (void)state;
   int n = 0;
   mn_msg_each(count_type, &n);
-  assert_int_equal(n, 23);
+  assert_int_equal(n, 24);
   assert_string_equal(mn_msg_name(MN_MSG_CALL), "CALL");
   assert_null(mn_msg_name(0));
   assert_null(mn_msg_name(23));
+  assert_string_equal(mn_msg_name(MN_MSG_CANCEL), "CANCEL");
   assert_null(mn_msg_name(1000));
   assert_null(mn_msg_name(-1));
 }
