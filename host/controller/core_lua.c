@@ -424,6 +424,16 @@ static int l_poll(lua_State *L) {
   return 1;
 }
 
+/* core.oldest(id) -> the call id of the oldest call in flight there (the one running), or nil */
+static int l_oldest(lua_State *L) {
+  lctl_t *c = get_ctl(L);
+  mn_conn_t *k = mn_ctl_conn(&c->ctl, (int)luaL_checkinteger(L, 1));
+  mn_pending_t p;
+  if (k == NULL || mn_ctl_oldest(k, &p) != 0) return 0;
+  lua_pushnumber(L, p.call);
+  return 1;
+}
+
 /* core.take_pending(id) -> {call, slot, call, slot, ...} of calls never answered */
 static int l_take_pending(lua_State *L) {
   lctl_t *c = get_ctl(L);
@@ -609,7 +619,7 @@ int luaopen_monarch_core(lua_State *L) {
       {"init", l_init},           {"shutdown", l_shutdown},   {"start_agent", l_start_agent},
       {"connect", l_connect},     {"disconnect", l_disconnect}, {"info", l_info},
       {"send", l_send},           {"call", l_call},           {"call_as", l_call_as}, {"put_chunk", l_put_chunk}, {"fetch_into", l_fetch_into},           {"poll", l_poll},
-      {"take_pending", l_take_pending}, {"inflight", l_inflight}, {"cancel", l_cancel},
+      {"take_pending", l_take_pending}, {"inflight", l_inflight}, {"cancel", l_cancel}, {"oldest", l_oldest},
       {"configure", l_configure},         {"now", l_now},             {"generate_token", l_generate_token},
       {"prefix", l_prefix},       {"sleep", l_sleep},         {"catch_interrupts", l_catch_interrupts},
       {"interrupted", l_interrupted}, {NULL, NULL}};

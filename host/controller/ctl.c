@@ -754,6 +754,12 @@ int mn_ctl_take_pending(mn_conn_t *k, mn_pending_t *out) {
   return 1;
 }
 
+int mn_ctl_oldest(const mn_conn_t *k, mn_pending_t *out) {
+  if (k->rcount == 0) return MN_ENOTFOUND;
+  *out = k->ring[k->rhead];
+  return 0;
+}
+
 /* Releases the bytes drained so far; moves a partial frame down only when the
  * dead prefix dominates, so bulk frames are not copied twice. */
 static void compact_input(mn_conn_t *k) {

@@ -150,6 +150,8 @@ int mn_ctl_take_result(mn_conn_t *conn, uint64_t seq, mn_pending_t *out);
  * negative code.
  */
 int mn_ctl_cancel(mn_ctl_t *c, mn_conn_t *conn, double call);
+/* The oldest unanswered call (the one the proc runs now) into *out: 0, or MN_ENOTFOUND when none. */
+int mn_ctl_oldest(const mn_conn_t *conn, mn_pending_t *out);
 /* Pops the oldest unanswered call into *out; returns 1, or 0 when none is left. */
 int mn_ctl_take_pending(mn_conn_t *conn, mn_pending_t *out);
 

@@ -2,7 +2,8 @@
 -- slot per proc, sent through monarch.core and settled slot by slot as
 -- results (or failures) arrive. Here live the policies of a call: retries
 -- with backoff, re-routing (choose), queueing while a proc restarts,
--- deadlines (timeout) and backpressure (the window). The pump
+-- deadlines (timeout), cancellation (and the grace a cancelled kernel gets
+-- before its proc counts as hung) and backpressure (the window). The pump
 -- (monarch.runtime) hands results in and runs the deadlines.
 local core = require "monarch.core"
 local errors = require "monarch.errors"
@@ -17,6 +18,14 @@ local next_call = 0
 local timed = {}          -- records with a deadline
 
 local loop -- the pump above us (monarch.runtime): its window, pump and unhandled
+
+--- Seconds a proc may go on running a call after it was asked to stop it
+-- before it counts as hung (options{cancel_grace = s} per mesh).
+M.CANCEL_GRACE = 5
+
+--- on_hung(p, kernel, grace): set by monarch.procs, which kills a hung
+-- proc (p still runs `kernel`, cancelled `grace` seconds ago).
+M.on_hung = nil
 
 --- Called once by monarch.runtime, which sits above the calls: submit waits
 -- on its loop when a window is full, and broadcasts report failures to it.
@@ -41,7 +50,7 @@ local function finish(rec)
   if rec.failures then
     -- Report the lowest rank first, whatever order the failures arrived in.
     table.sort(rec.failures, function(a, b)
-      if a.kind == "timeout" ~= (b.kind == "timeout") then return a.kind == "timeout" end
+      if (a.whole or false) ~= (b.whole or false) then return a.whole or false end -- the call's timeout or cancel first
       return (a.rank or math.huge) < (b.rank or math.huge)
     end)
     local first = rec.failures[1]
@@ -64,7 +73,9 @@ local send_slot -- defined below
 -- late: its answer, or its proc's death, is dropped. The record stays in
 -- `calls` until every slot has settled (so a proc's death still names the
 -- kernel it was running), then goes.
-local function settle_late(rec)
+local function settle_late(rec, slot)
+  local p = rec.procs[slot]
+  if p and p.cancel then p.cancel.ids[rec.id] = nil end
   rec.remaining = rec.remaining - 1
   if rec.remaining == 0 then calls[rec.id] = nil end
 end
@@ -73,7 +84,7 @@ end
 -- MonarchError. A failure of the proc may send the slot again (choose,
 -- retries); the last slot to settle finishes the call.
 local function slot_done(rec, slot, ok, v)
-  if rec.done then return settle_late(rec) end
+  if rec.done then return settle_late(rec, slot) end
   if not ok and RETRYABLE[v.kind] and rec.mode ~= "broadcast" then
     local tries = rec.tries[slot] or 0
     -- choose() re-routes to another live proc; retries= tries again after backoff.
@@ -133,7 +144,7 @@ local COMING_BACK = { restarting = true, initializing = true }
 
 --- Sends slot `slot` of rec to its proc (or queues it until the proc is back).
 send_slot = function(rec, slot)
-  if rec.done then return settle_late(rec) end -- a retry or a queued slot of a call that timed out
+  if rec.done then return settle_late(rec, slot) end -- a retry or a queued slot of a call that timed out
   local p = rec.procs[slot]
   if SENDABLE[p.state] or ((rec.bypass or p.in_hooks) and p.state == "initializing") then
     core.call_as(rec.id, p.conn, slot, rec.kernel, unpack(rec.args, 1, rec.nargs))
@@ -143,6 +154,71 @@ send_slot = function(rec, slot)
   else
     slot_done(rec, slot, false, dead_error(rec, p))
   end
+end
+
+-- ---- cancellation -----------------------------------------------------------
+
+-- A proc with cancelled calls in flight has p.cancel = {conn, ids = {[call id] = grace}}
+-- and one check, every quarter grace: while its oldest call in flight (the one
+-- it runs) is a cancelled one, for that call's grace, it is hung. A cancelled
+-- call queued behind others is dropped by the proc when reached, so only
+-- the oldest can hang. Entries go as the calls' late answers settle them.
+local function check_hung(p, c, period)
+  if p.conn ~= c.conn or p.cancel ~= c or next(c.ids) == nil then
+    if p.cancel == c then p.cancel = nil end
+    return
+  end
+  local now, oldest = tasks.now(), core.oldest(c.conn)
+  local grace = oldest and c.ids[oldest]
+  if not grace then
+    c.watch = nil
+  elseif c.watch ~= oldest then
+    c.watch, c.since = oldest, now
+  elseif now - c.since >= grace then
+    p.cancel = nil
+    local rec = calls[oldest]
+    if M.on_hung then M.on_hung(p, rec and rec.kernel or "?", grace) end
+    return
+  end
+  tasks.at(now + period, function() check_hung(p, c, period) end)
+end
+
+-- Asks p to stop its part of rec, and watches that it does.
+local function stop_on_proc(rec, p)
+  if not p.conn or core.cancel(p.conn, rec.id) == 0 or not rec.grace then return end
+  local c = p.cancel
+  if not c or c.conn ~= p.conn then
+    c = { conn = p.conn, ids = {} }
+    p.cancel = c
+    local period = math.max(rec.grace / 4, 0.01)
+    tasks.at(tasks.now() + period, function() check_hung(p, c, period) end)
+  end
+  c.ids[rec.id] = rec.grace
+  if core.oldest(p.conn) == rec.id then c.watch, c.since = rec.id, tasks.now() end
+end
+
+-- Asks every proc that still holds a part of rec to stop it.
+local function stop_on_procs(rec)
+  if rec.n == 1 then return stop_on_proc(rec, rec.procs[1]) end
+  local asked = {}
+  for _, p in ipairs(rec.procs) do
+    if not asked[p] then
+      asked[p] = true
+      stop_on_proc(rec, p)
+    end
+  end
+end
+
+--- Fails rec at once with err (a MonarchError: "cancelled", or its
+-- timeout) and stops it on its procs. Its late answers settle it; nothing
+-- of it is retried or sent again. Does nothing to a finished call.
+function M.cancel(rec, err)
+  if rec.done then return end
+  err.whole = true
+  rec.failures = rec.failures or {}
+  table.insert(rec.failures, 1, err)
+  finish(rec)
+  stop_on_procs(rec)
 end
 
 --- Runs the loop until every proc in procs has at most half a window in flight.
@@ -187,10 +263,13 @@ function M.submit(procs, kernel, args, nargs, opts)
     id = id, kernel = kernel, n = #procs, remaining = #procs, values = {}, procs = {}, tries = {},
     mode = opts.mode or "mesh", make_result = opts.make_result, on_slot = opts.on_slot,
     args = args, nargs = nargs, retries = opts.retries, backoff = opts.backoff or 0.1,
-    choose_from = opts.choose_from, bypass = opts.bypass,
+    choose_from = opts.choose_from, bypass = opts.bypass, grace = opts.cancel_grace or M.CANCEL_GRACE,
   }
   for i, p in ipairs(procs) do rec.procs[i] = p end
-  if rec.mode ~= "broadcast" then rec.future = future.new(opts.what or ("call '" .. kernel .. "'")) end
+  if rec.mode ~= "broadcast" then
+    rec.future = future.new(opts.what or ("call '" .. kernel .. "'"))
+    rec.future.call = rec -- so that fut:cancel() reaches the call
+  end
   calls[id] = rec
   local all_sendable = true
   for _, p in ipairs(procs) do
@@ -228,10 +307,11 @@ function M.submit_custom(procs, kernel, send, opts)
   local id = next_call
   local rec = {
     id = id, kernel = kernel, n = #procs, remaining = #procs, values = {}, procs = {}, tries = {},
-    mode = "mesh", make_result = function(v) return v end, args = {}, nargs = 0,
+    mode = "mesh", make_result = function(v) return v end, args = {}, nargs = 0, grace = M.CANCEL_GRACE,
   }
   for i, p in ipairs(procs) do rec.procs[i] = p end
   rec.future = future.new(opts.what or ("call '" .. kernel .. "'"))
+  rec.future.call = rec
   calls[id] = rec
   if #procs == 0 then
     calls[id] = nil
@@ -251,18 +331,16 @@ function M.check_deadlines(now)
   for _, rec in ipairs(timed) do
     if not rec.done then
       if now >= rec.deadline then
-        -- Fail the whole call; late results are dropped when they come.
+        -- Fail the whole call and stop it where it still runs; late results are dropped when they come.
         local slot
         for i = 1, rec.n do
           if rec.values[i] == nil then slot = i break end
         end
         local p = rec.procs[slot or 1]
-        rec.failures = rec.failures or {}
-        table.insert(rec.failures, 1, errors.new {
+        M.cancel(rec, errors.new {
           kind = "timeout", kernel = rec.kernel, rank = p and p.rank, host = p and p.host, pid = p and p.pid,
           message = string.format("no result within %gs (call timeout)", rec.timeout), cause = "timeout",
         })
-        finish(rec)
       else
         keep[#keep + 1] = rec
       end

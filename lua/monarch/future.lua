@@ -3,6 +3,7 @@
 --                       or raises the call's MonarchError
 --   fut:await()         the same inside a task (monarch.spawn): yields instead
 --   fut:done()          true once a value or error is in
+--   fut:cancel()        stops the call: fails at once (kind "cancelled"); its procs stop it
 local errors = require "monarch.errors"
 
 local M = {}
@@ -56,6 +57,21 @@ end
 
 function Future:done() return self.state ~= "pending" end
 
+--- Stops the call behind this future: fails it at once with kind
+-- "cancelled" and asks every proc that still holds a part of it to stop
+-- (a queued part is dropped before it runs; a running kernel sees
+-- mk_cancelled). Does nothing once the future is done.
+function Future:cancel()
+  if self.state ~= "pending" then return end
+  local why = errors.new { kind = "cancelled", message = (self.what or "future") .. " cancelled" }
+  if self.call then runtime.cancel_call(self.call, why) end -- a call's own future
+  if self.source then self.source:cancel() end              -- a future made from another
+  self:fail(why)
+end
+
+--- The future a blocking get() waits on now (the REPL cancels it on Ctrl-C).
+M.waiting = nil
+
 --- Value or error without raising: ok, value_or_error.
 function Future:result()
   if self.state == "pending" then return nil, "pending" end
@@ -80,14 +96,18 @@ function Future:get(timeout)
     end
   elseif self.state == "pending" then
     local deadline = timeout and runtime.now() + timeout
+    local outer = M.waiting
+    M.waiting = self -- left set if the wait raises: what was being waited for
     while self.state == "pending" do
       local left = deadline and deadline - runtime.now()
       if left and left <= 0 then
+        M.waiting = outer
         error(errors.new { kind = "timeout", message = string.format("%s not done after %gs (get timeout; the call continues)",
           self.what or "future", timeout) }, 2)
       end
       runtime.pump(left)
     end
+    M.waiting = outer
   end
   return raise(self)
 end

@@ -268,10 +268,12 @@ function ProcMesh:slice(spec)
   return M.proc_mesh(procs, s, self._opts, self._libs)
 end
 
-local OPTIONS = { timeout = "number", retries = "number", backoff = "number", restart = "boolean" }
+local OPTIONS = { timeout = "number", retries = "number", backoff = "number", restart = "boolean", cancel_grace = "number" }
 
 --- A view of this mesh whose calls use these options (policies as data):
---   timeout = s     fail a call not answered within s seconds (kind "timeout")
+--   timeout = s     fail a call not answered within s seconds (kind "timeout") and cancel it on its procs
+--   cancel_grace = s  a proc still running a cancelled call s seconds after the cancel is hung:
+--                   it is killed (kind "unresponsive") and, under restart, replaced (default 5)
 --   retries = n     try a call again up to n times when its proc fails (not when the kernel does)
 --   backoff = s     first retry delay, doubling per try (default 0.1)
 --   restart = true  respawn a failed proc, reload its kernel libraries, re-create its
@@ -280,7 +282,7 @@ function ProcMesh:options(o)
   local merged = {}
   for k, v in pairs(self._opts) do merged[k] = v end
   for k, v in pairs(o or {}) do
-    if not OPTIONS[k] then error("unknown call option '" .. tostring(k) .. "' (known: timeout, retries, backoff, restart)", 2) end
+    if not OPTIONS[k] then error("unknown call option '" .. tostring(k) .. "' (known: timeout, retries, backoff, restart, cancel_grace)", 2) end
     if type(v) ~= OPTIONS[k] or (OPTIONS[k] == "number" and (v < 0 or (k ~= "retries" and v == 0))) then
       error("option " .. k .. " wants a " .. (OPTIONS[k] == "number" and "positive number" or "boolean") .. ", got " .. tostring(v), 2)
     end
@@ -332,7 +334,7 @@ function ProcMesh:_submit(kernel, args, nargs, o)
   local convert = o.convert
   return runtime.submit(self._procs, kernel, args, nargs, {
     mode = o.mode, timeout = o.timeout or self._opts.timeout, what = o.what, on_slot = o.on_slot,
-    retries = self._opts.retries, backoff = self._opts.backoff,
+    retries = self._opts.retries, backoff = self._opts.backoff, cancel_grace = self._opts.cancel_grace,
     make_result = function(values, n)
       if convert then
         for i = 1, n do values[i] = convert(values[i]) end
@@ -377,7 +379,7 @@ function ProcMesh:call_one(kernel, ...)
   end
   tensor.flush_frees()
   return runtime.submit(self._procs, kernel, { ... }, select("#", ...), { mode = "one", timeout = self._opts.timeout,
-    retries = self._opts.retries, backoff = self._opts.backoff }).future
+    retries = self._opts.retries, backoff = self._opts.backoff, cancel_grace = self._opts.cancel_grace }).future
 end
 
 --- Calls kernel(...) on every proc without waiting for results. A failure
@@ -386,7 +388,7 @@ function ProcMesh:broadcast(kernel, ...)
   check_kernel(kernel, 2)
   tensor.flush_frees()
   runtime.submit(self._procs, kernel, { ... }, select("#", ...), { mode = "broadcast", timeout = self._opts.timeout,
-    retries = self._opts.retries, backoff = self._opts.backoff })
+    retries = self._opts.retries, backoff = self._opts.backoff, cancel_grace = self._opts.cancel_grace })
 end
 
 --- Calls kernel(...) on one live proc, the least busy; returns a Future of its value.
@@ -406,7 +408,8 @@ function ProcMesh:choose(kernel, ...)
   if not best then error(errors.new { kind = "proc_failed", kernel = kernel, message = "no live proc in this mesh to choose" }, 2) end
   tensor.flush_frees()
   return runtime.submit({ best }, kernel, { ... }, select("#", ...), { mode = "one", timeout = self._opts.timeout,
-    retries = self._opts.retries, backoff = self._opts.backoff, choose_from = self._procs }).future
+    retries = self._opts.retries, backoff = self._opts.backoff, cancel_grace = self._opts.cancel_grace,
+    choose_from = self._procs }).future
 end
 
 --- Calls kernel(...) on every proc and iterates (coords, value) as results arrive.

@@ -116,6 +116,16 @@ function M.kill(p, sig)
   if p.agent.state == "ready" then core.send(p.agent.conn, { MSG.KILL, p.pid, sig }) end
 end
 
+-- A proc still running a call it was asked to stop, rec.grace seconds on,
+-- is hung: kill it, and let its death (and a restart) take the usual path.
+require("monarch.calls").on_hung = function(p, kernel, grace)
+  if p.state ~= "ready" and p.state ~= "reconnecting" then return end
+  p.unresponsive = string.format("hung: '%s' still running %gs after it was cancelled", kernel, grace)
+  core.disconnect(p.conn, p.unresponsive)
+  M.kill(p, 9)
+  mark_dying(p, p.unresponsive)
+end
+
 runtime.tick(function(now)
   for p in pairs(dying) do
     if p.exit or now - p.closed_at > DEATH_GRACE then M.finalize_death(p) end

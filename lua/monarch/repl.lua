@@ -10,6 +10,7 @@
 local core = require "monarch.core"
 local errors = require "monarch.errors"
 local runtime = require "monarch.runtime"
+local future = require "monarch.future"
 local persist = require "monarch.persist"
 
 local M = {}
@@ -226,15 +227,25 @@ end
 
 -- ---- waiting and interrupts ----------------------------------------------------
 
-local function interrupted()
-  return errors.new { kind = "interrupted", message = "stopped waiting (Ctrl-C); calls already sent go on" }
+local function interrupted(what)
+  return errors.new { kind = "interrupted", message = what and ("stopped waiting (Ctrl-C) and cancelled " .. what)
+    or "stopped waiting (Ctrl-C); calls already sent go on" }
 end
 
 -- The REPL's pump: a Ctrl-C ends the wait that pumps (Future:get, spawn_procs,
--- ...) at a point where the runtime is consistent: after an iteration.
+-- ...) at a point where the runtime is consistent: after an iteration. The
+-- call a get() waited for is cancelled, so its procs stop it too.
 local function pump(timeout)
   raw_pump(timeout)
-  if core.interrupted() then error(interrupted(), 0) end
+  if core.interrupted() then
+    local f = future.waiting
+    future.waiting = nil
+    if f and not f:done() then
+      f:cancel()
+      error(interrupted(f.what), 0)
+    end
+    error(interrupted(), 0)
+  end
   if exit_deadline and runtime.now() > exit_deadline then
     exit_deadline = nil
     error(errors.new { kind = "interrupted", message = "left calls in flight unanswered" }, 0)
@@ -287,6 +298,7 @@ local function pack(...) return { n = select("#", ...), ... } end
 
 --- Runs a compiled chunk and prints its values (or its error).
 function M.eval(fn)
+  future.waiting = nil -- a wait an earlier line left by raising is over
   local r = pack(xpcall(fn, handler))
   if not r[1] then
     -- After a Ctrl-C the terminal has echoed "^C" on the current line.

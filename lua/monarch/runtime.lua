@@ -139,7 +139,7 @@ R.now, R.in_task, R.spawn, R.wait_for = tasks.now, tasks.in_task, tasks.spawn, t
 R.at, R.tick = tasks.at, tasks.tick
 -- Calls in flight (monarch.calls).
 R.submit, R.submit_custom, R.wait_window = calls.submit, calls.submit_custom, calls.wait_window
-R.flush_queue, R.fail_slot, R.call_record = calls.flush_queue, calls.fail_slot, calls.call_record
+R.flush_queue, R.fail_slot, R.call_record, R.cancel_call = calls.flush_queue, calls.fail_slot, calls.call_record, calls.cancel
 
 calls.set_loop(R)
 future.set_runtime(R)
