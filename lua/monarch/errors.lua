@@ -48,7 +48,7 @@ M.KINDS = {
   { "cancelled", "the call was stopped: `future:cancel()`, a call `timeout`, or Ctrl-C in the REPL (a queued call is dropped before it runs; a running kernel sees its cancel flag)" },
   -- from the controller
   { "proc_failed", "the proc died, or was already dead, before it answered" },
-  { "unresponsive", "the proc stopped answering heartbeats while its host agent still answers (the agent then kills it)" },
+  { "unresponsive", "the proc stopped answering heartbeats while its host agent still answers, or still ran a cancelled call after `cancel_grace` (it is then killed)" },
   { "timeout", "a call `options` timeout, or a `get(timeout)` or spawn/connect wait ran out" },
   { "load", "`ProcMesh:load` failed" },
   { "spawn", "`spawn_procs` could not start or reach every proc" },
@@ -57,7 +57,7 @@ M.KINDS = {
   { "script", "an `on_failure` handler raised" },
   { "persist", "`persist` or `detach` failed, or a host agent refused it" },
   { "attach", "`monarch.attach` found no such mesh, or could not reach its procs" },
-  { "interrupted", "Ctrl-C in the REPL stopped a wait (the calls already sent go on)" },
+  { "interrupted", "Ctrl-C in the REPL stopped a wait (the call a `get` waited for is cancelled; other calls go on)" },
   { "error", "inside an actor only: a mesh call it made raised a plain (non-Monarch) error on the controller" },
 }
 
