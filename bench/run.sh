@@ -29,6 +29,9 @@ printf '%-52s %11.1f us %11.2fx\n' "round trip without seq/ack machinery" "$rtt0
 printf '%-52s %13.1f%% %12s\n' "  cost of seq/ack + replay cache" "$(echo "($rtt - $rtt0) / $rtt0 * 100" | bc -l)" "target <10%"
 printf '%-52s %11.1f ms %12s\n' "kill -9 -> failure delivered to the script" "$(get kill_to_failure_ms "$fail")" ""
 printf '%-52s %11.1f ms %12s\n' "kill -9 -> restarted proc serving again" "$(get kill_to_serving_ms "$fail")" ""
+can=$($B/bin/monarch-run bench/cancel.lua $q 2>/dev/null)
+printf '%-52s %11.2f ms %11.1fx\n' "next call after a timed-out sleep(5) (cancelled)" "$(get next_call_after_timeout_ms "$can")" "$(ratio "$(get next_call_after_timeout_ms "$can")" "$(get noop_rtt_ms "$can")")"
+printf '%-52s %11.0f /s %11.2fx\n' "  no-op burst right after it (vs before it)" "$(get burst_after_timeout_calls_per_s "$can")" "$(ratio "$(get burst_after_timeout_calls_per_s "$can")" "$(get burst_calls_per_s "$can")")"
 mib=$([ "$mode" = quick ] && echo 64 || echo 256)
 stream=$($B/bench/tcp_stream "$mib" 5 | awk '/tcp_stream_gbs/ {print $2}')
 bulk=$($B/bin/monarch-run bench/bulk.lua "$mib" 5)
