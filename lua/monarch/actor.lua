@@ -466,6 +466,7 @@ local function call_all(self, endpoint, n, on_final, ...)
       end
     end,
   })
+  out.source = base -- out:cancel() stops the endpoints on their procs
   base:on_done(function(f)
     f.observed = true
     -- A call timeout fails the call without reporting the missing actors.
@@ -479,6 +480,7 @@ end
 -- its mesh calls; returns a Future of its final value.
 local function follow_one(self, endpoint, base)
   local out = future.new("call '" .. self.name .. "." .. endpoint .. "'")
+  out.source = base -- out:cancel() stops the endpoint on its proc
   base:on_done(function(f)
     f.observed = true
     if f.state == "error" then return out:fail(annotate(f.err, self.name, endpoint)) end

@@ -193,6 +193,47 @@ describe("cancelling a call", function()
   end)
 end)
 
+describe("cancelling an actor endpoint", function()
+  local path
+
+  setup(function()
+    path = os.tmpname() .. "_waiter.lua"
+    local f = assert(io.open(path, "wb"))
+    f:write([[
+local W = {}
+W.__index = W
+function W.new() return setmetatable({ polls = 0 }, W) end
+-- Spins until the controller asks it to stop; says how it ended.
+function W:wait_for_cancel(limit)
+  local t0 = os.clock()
+  while not proc.cancelled() do
+    self.polls = self.polls + 1
+    if os.clock() - t0 > limit then return "not cancelled" end
+  end
+  return "saw the cancel"
+end
+function W:polls_done() return self.polls end
+return W
+]])
+    f:close()
+  end)
+
+  teardown(function() os.remove(path) end)
+
+  it("lets the endpoint see proc.cancelled() and frees its proc for the next call", function()
+    local m = mesh(1)
+    local w = m:spawn("waiter", path, {})
+    local f = w:call_one("wait_for_cancel", 20)
+    monarch.sleep(0.3)
+    local t0 = monarch.now()
+    f:cancel()
+    assert.are.equal("cancelled", (kind_of(f)))
+    local polls = answer(w:call_one("polls_done"), 2, "the next endpoint call")
+    quick(since(t0), 1, "the actor answered its next call")
+    assert.is_true(polls > 0, "the endpoint never ran")
+  end)
+end)
+
 describe("a kernel that ignores the cancel", function()
   setup(function() monarch.hosts() end)
 
