@@ -17,7 +17,7 @@ require "monarch.collective"
 require "monarch.gpu"
 local persist = require "monarch.persist"
 
-local M = { _VERSION = "0.1.0" }
+local M = { _VERSION = core.version } -- host/core/version.h
 
 --- Settings monarch-run fills in from its command line: hosts ({"h:p", ...}).
 M.config = M.config or {}
