@@ -1,6 +1,7 @@
 /* gpu.c - CUDA device memory and NCCL collectives for a proc; see gpu.h. */
 #include "gpu.h"
 
+#include "clock.h"
 #include "collective.h"
 
 #include "exec.h"
@@ -12,7 +13,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #define MN_GPU_WHY 512             /* longest reason CUDA or NCCL cannot be used */
 #define MN_GPU_PROPS_BYTES 16384   /* room for any CUDA version's cudaDeviceProp */
@@ -362,12 +362,6 @@ static int nccl_op(const msgpack_object *args, uint32_t i, const char *who, char
   return -1;
 }
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static double coll_timeout(void) {
   if (G.timeout_s <= 0) {
     const char *e = getenv("MONARCH_GPU_TIMEOUT");
@@ -385,7 +379,7 @@ static double coll_timeout(void) {
  * communicator is dropped.
  */
 static int coll_wait(mn_exec_t *x, mk_ctx_t *ctx, comm_t *c, const char *who, char *err, size_t errlen) {
-  double deadline = now_s() + coll_timeout();
+  double deadline = mn_now_s() + coll_timeout();
   const char *why = NULL;
   for (unsigned i = 1;; i++) {
     int q = G.rt.StreamQuery(NULL);
@@ -410,7 +404,7 @@ static int coll_wait(mn_exec_t *x, mk_ctx_t *ctx, comm_t *c, const char *who, ch
         break;
       }
       if (mk_cancelled(ctx)) why = "cancelled";
-      else if (now_s() > deadline) why = "timed out";
+      else if (mn_now_s() > deadline) why = "timed out";
       if (why != NULL) {
         x->err_kind = "gpu";
         snprintf(err, errlen, "%s on communicator %llu %s after %.0f s (did every rank join?); communicator aborted",

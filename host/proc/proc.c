@@ -19,6 +19,7 @@
 #include "proc.h"
 
 #include "actor.h"
+#include "clock.h"
 #include "coll_builtins.h"
 #include "collective.h"
 #include "exec.h"
@@ -40,7 +41,6 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
-#include <time.h>
 #include <unistd.h>
 
 #define MN_SPIN_NS_DEFAULT 0 /* executor busy-wait before sleeping; the agent sets MONARCH_SPIN_US, knowing how many procs share the host */
@@ -87,12 +87,6 @@ typedef struct {
   mn_buf_t in; /* bytes that arrived right behind AUTH */
 } conn_t;
 
-static int64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
 /* Writes bytes to `session`'s connection, if it is the one being served. Caller holds wlock. */
 static void write_locked(proc_t *p, uint64_t session, const char *data, size_t n) {
   if (p->fd >= 0 && p->session == session && n > 0 && mn_write_all(p->fd, data, n) != 0) {
@@ -111,8 +105,8 @@ static void send_bytes(proc_t *p, uint64_t session, const char *data, size_t n) 
 
 /* Takes the whole queue; waits (spinning briefly first) until non-empty or stopped. */
 static item_t *take_all(proc_t *p) {
-  int64_t until = now_ns() + p->spin_ns;
-  while (atomic_load_explicit(&p->nitems, memory_order_acquire) == 0 && now_ns() < until)
+  int64_t until = mn_now_ns() + p->spin_ns;
+  while (atomic_load_explicit(&p->nitems, memory_order_acquire) == 0 && mn_now_ns() < until)
     sched_yield();
   pthread_mutex_lock(&p->lock);
   while (p->head == NULL && !p->stop) pthread_cond_wait(&p->cond, &p->lock);
@@ -576,7 +570,7 @@ static int read_conn(proc_t *p, conn_t *c, int *has_session) {
 /* About once a second, tells the agent "S queued executed running" over the
  * port pipe, for `monarch-run --status`; skipped if the pipe is full. */
 static void report_status(proc_t *p, int64_t *next) {
-  int64_t now = now_ns();
+  int64_t now = mn_now_ns();
   if (p->status_fd < 0 || now < *next) return;
   *next = now + 1000000000;
   const char *running = p->exec.running; /* a kernel's static name, or NULL */
@@ -593,22 +587,22 @@ static void report_status(proc_t *p, int64_t *next) {
 static void io_loop(proc_t *p, int lfd, double orphan_timeout) {
   conn_t *cur = NULL;
   int has_session = 0;
-  int64_t last_rx = now_ns(), next_status = 0;
+  int64_t last_rx = mn_now_ns(), next_status = 0;
   /* 0 means never: procs of the local agent die with it (PDEATHSIG) instead,
    * so a controller that computes for a while does not lose them. */
   const int64_t orphan_ns = orphan_timeout > 0 ? (int64_t)(orphan_timeout * 1e9) : INT64_MAX / 4;
   for (;;) {
     report_status(p, &next_status);
     struct pollfd pfd[3] = {{lfd, POLLIN, 0}, {p->hs_pipe[0], POLLIN, 0}, {cur ? cur->fd : -1, POLLIN, 0}};
-    int64_t left = last_rx + orphan_ns - now_ns();
+    int64_t left = last_rx + orphan_ns - mn_now_ns();
     if (left <= 0 && !atomic_load(&persistent)) break; /* orphaned: no controller traffic for orphan_timeout */
     if (left <= 0) {
-      last_rx = now_ns(); /* persistent: keep waiting for a controller to attach */
+      last_rx = mn_now_ns(); /* persistent: keep waiting for a controller to attach */
       continue;
     }
     /* Like the executor: yield briefly before sleeping, so the next frame finds this thread awake. */
     int r = 0;
-    for (int64_t until = now_ns() + p->spin_ns; r == 0 && now_ns() < until; sched_yield()) r = poll(pfd, 3, 0);
+    for (int64_t until = mn_now_ns() + p->spin_ns; r == 0 && mn_now_ns() < until; sched_yield()) r = poll(pfd, 3, 0);
     if (r == 0) r = poll(pfd, 3, (int)((left < 1000000000 ? left : 1000000000) / 1000000) + 1);
     if (r < 0 && errno != EINTR) break;
     if (r <= 0) continue;
@@ -626,14 +620,14 @@ static void io_loop(proc_t *p, int lfd, double orphan_timeout) {
         drop_conn(p, &cur);
         cur = c;
         has_session = 0;
-        last_rx = now_ns();
+        last_rx = mn_now_ns();
         atomic_store(&p->cancel, 0);
         /* Frames that arrived right behind AUTH. */
         if (cur->in.len > 0 && parse_frames(p, cur, &has_session) < 0) drop_conn(p, &cur);
       }
     }
     if (cur != NULL && (pfd[2].revents & (POLLIN | POLLHUP | POLLERR))) {
-      last_rx = now_ns();
+      last_rx = mn_now_ns();
       if (read_conn(p, cur, &has_session) < 0) drop_conn(p, &cur);
     }
   }
