@@ -7,6 +7,7 @@
  * The controller state is one userdata kept in the registry under the
  * address of a static key.
  */
+#include "clock.h"
 #include "ctl.h"
 #include "luapack.h"
 #include "path.h"
@@ -480,7 +481,7 @@ static int l_configure(lua_State *L) {
 }
 
 static int l_now(lua_State *L) {
-  lua_pushnumber(L, (lua_Number)uv_hrtime() / 1e9);
+  lua_pushnumber(L, (lua_Number)mn_now_s());
   return 1;
 }
 

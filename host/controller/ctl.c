@@ -1,6 +1,7 @@
 /* ctl.c - controller connections; see ctl.h. */
 #include "ctl.h"
 
+#include "clock.h"
 #include "handshake.h"
 #include "sock.h"
 
@@ -914,8 +915,8 @@ int mn_ctl_start_agent(mn_ctl_t *c, const char *exe, const char *token, char *er
   c->agent_running = 1;
   c->agent_port = 0;
   uv_read_start((uv_stream_t *)&c->agent_pipe, agent_alloc, agent_read);
-  uint64_t deadline = uv_hrtime() + 10ull * 1000000000ull;
-  while (c->agent_port == 0 && c->agent_running && uv_hrtime() < deadline) {
+  int64_t deadline = mn_now_ms() + 10000;
+  while (c->agent_port == 0 && c->agent_running && mn_now_ms() < deadline) {
     uv_timer_start(&c->timer, on_timer, 100, 0);
     uv_run(&c->loop, UV_RUN_ONCE);
   }
