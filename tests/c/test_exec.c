@@ -1013,10 +1013,10 @@ static void test_registry_tensors(void **state) {
   assert_int_equal(mn_dtype_parse("i64", 3), MK_I64);
   assert_int_equal(mn_dtype_parse("u8", 2), MK_U8);
   assert_int_equal(mn_dtype_parse("f32x", 3), MK_F32); /* only n bytes count */
-  assert_int_equal(mn_dtype_parse("f3", 2), -1);
-  assert_int_equal(mn_dtype_parse("f32x", 4), -1);
-  assert_int_equal(mn_dtype_parse("", 0), -1);
-  assert_int_equal(mn_dtype_parse("F32", 3), -1);
+  assert_int_equal(mn_dtype_parse("f3", 2), MN_EINVAL);
+  assert_int_equal(mn_dtype_parse("f32x", 4), MN_EINVAL);
+  assert_int_equal(mn_dtype_parse("", 0), MN_EINVAL);
+  assert_int_equal(mn_dtype_parse("F32", 3), MN_EINVAL);
   for (int d = 0; d < MK_DTYPE_COUNT; d++)
     assert_int_equal(mn_dtype_parse(mn_dtype_name((mk_dtype_t)d), strlen(mn_dtype_name((mk_dtype_t)d))), d);
   assert_string_equal(mn_dtype_name((mk_dtype_t)99), "?");
