@@ -46,7 +46,7 @@ void mn_buf_consume(mn_buf_t *b, size_t n) {
 }
 
 int mn_buf_write_cb(void *data, const char *p, size_t n) {
-  return mn_buf_append((mn_buf_t *)data, p, n);
+  return mn_buf_append((mn_buf_t *)data, p, n) == 0 ? 0 : -1;
 }
 
 /* ---- framing ------------------------------------------------------------ */
