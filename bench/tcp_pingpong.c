@@ -5,6 +5,7 @@
  * several batches in microseconds, and a streaming rate for comparison.
  *   tcp_pingpong [round_trips] [msg_bytes]
  */
+#include "clock.h"
 #include "sock.h"
 
 #include <stdio.h>
@@ -14,12 +15,6 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 static int read_n(int fd, char *p, size_t n) {
   while (n > 0) {
@@ -62,11 +57,11 @@ int main(int argc, char **argv) {
     if (mn_write_all(fd, buf, sz) != 0 || read_n(fd, buf, sz) != 0) return 1;
   }
   for (int b = 0; b < BATCHES; b++) {
-    double t0 = now_s();
+    double t0 = mn_now_s();
     for (int i = 0; i < n / BATCHES; i++) {
       if (mn_write_all(fd, buf, sz) != 0 || read_n(fd, buf, sz) != 0) return 1;
     }
-    rtt[b] = (now_s() - t0) / (n / BATCHES) * 1e6;
+    rtt[b] = (mn_now_s() - t0) / (n / BATCHES) * 1e6;
   }
   qsort(rtt, BATCHES, sizeof(double), cmp);
   printf("tcp_rtt_us %.2f\n", (rtt[BATCHES / 2 - 1] + rtt[BATCHES / 2]) / 2);

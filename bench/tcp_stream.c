@@ -4,6 +4,7 @@
  * fast as the kernel allows. Prints the median GB/s of several runs.
  *   tcp_stream [MiB] [runs]
  */
+#include "clock.h"
 #include "sock.h"
 
 #include <stdio.h>
@@ -13,12 +14,6 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 static int cmp(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
@@ -52,12 +47,12 @@ int main(int argc, char **argv) {
   memset(buf, 7, n);
   double gbs[64];
   for (int r = 0; r < runs; r++) {
-    double t0 = now_s();
+    double t0 = mn_now_s();
     for (size_t off = 0; off < n; off += chunk)
       if (mn_write_all(fd, buf + off, off + chunk <= n ? chunk : n - off) != 0) return 1;
     char ack;
     if (recv(fd, &ack, 1, MSG_WAITALL) != 1) return 1;
-    gbs[r] = (double)n / (now_s() - t0) / 1e9;
+    gbs[r] = (double)n / (mn_now_s() - t0) / 1e9;
   }
   qsort(gbs, (size_t)runs, sizeof(double), cmp);
   printf("tcp_stream_gbs %.3f\n", gbs[runs / 2]);

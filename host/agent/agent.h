@@ -14,6 +14,11 @@ typedef struct {
   double orphan_timeout;  /* passed to procs */
 } mn_agent_opts_t;
 
+/*
+ * Runs the host agent until it is stopped. Returns the process's exit
+ * status, not an err.h code: 0, 2 when it cannot start, 3 when its parent
+ * is already gone.
+ */
 int mn_agent_main(const mn_agent_opts_t *o);
 
 #endif

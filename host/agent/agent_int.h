@@ -128,7 +128,8 @@ void mn__agent_send_spawn_failed(asession_t *c, uint64_t req, int index, const c
 /*
  * Starts one proc. Where the user set none: threads is its BLAS/OpenMP
  * thread count, spin_us its executor's busy-wait (MONARCH_SPIN_US); -1
- * leaves either unset.
+ * leaves either unset. Returns 0, or libuv's code (UV_E*, which is -errno):
+ * UV_ENOMEM or what uv_spawn said.
  */
 int mn__agent_spawn_one(asession_t *c, uint64_t req, int index, int rank, int world, int device, int threads,
                         int spin_us);

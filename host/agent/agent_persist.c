@@ -78,18 +78,19 @@ static void walk_each(uv_handle_t *h, void *arg) {
   }
 }
 
+/* Runs op over the live procs of record r; returns how many it counted (>= 0, never fails). */
 static int each_proc(agent_t *a, apersist_t *r, asession_t *me, int op, msgpack_packer *pk) {
   each_t e = {r, me, op, 0, pk};
   uv_walk(a->loop, walk_each, &e);
   return e.count;
 }
 
-/* Reads a request (msg.c checks its layout); refuses the connection (and returns -1) when malformed. */
+/* Reads a request (msg.c checks its layout); refuses the connection (and returns MN_EPROTO) when malformed. */
 static int get_request(aconn_t *c, const msgpack_object *m, mn_msg_request_t *r) {
   char err[300];
   if (mn_msg_parse_request(m, r, err, sizeof(err)) != 0) {
     mn__agent_refuse(c, MN_EPROTO, err);
-    return -1;
+    return MN_EPROTO;
   }
   return 0;
 }

@@ -3,6 +3,7 @@
  * with the monarch library, or with -i an interactive REPL (lua/monarch/repl.lua);
  * argument parsing and main() only.
  */
+#include "err.h"
 #include "path.h"
 #include "version.h"
 
@@ -133,7 +134,7 @@ static void set_paths(lua_State *L, const char *prefix) {
   lua_pop(L, 2);
 }
 
-/* Appends the comma-separated addresses in list to the table on top. */
+/* Appends the comma-separated addresses in list to the table on top; returns the new count (never fails). */
 static int add_host_list(lua_State *L, const char *list, int n) {
   const char *p = list;
   while (*p) {
@@ -161,12 +162,17 @@ static int is_host_port(const char *s, size_t n) {
   return 1;
 }
 
-/* Appends the hosts of a --hostfile to the table on top; returns the new count, or -1 (reported). */
+/*
+ * Appends the hosts of a --hostfile to the table on top; returns the new
+ * count (>= 0), or (reported on stderr) -errno from opening it or MN_EINVAL
+ * for a line that is not HOST:PORT.
+ */
 static int add_hostfile(lua_State *L, const char *path, int n) {
   FILE *f = fopen(path, "r");
   if (f == NULL) {
-    fprintf(stderr, "monarch-run: cannot read --hostfile %s: %s\n", path, strerror(errno));
-    return -1;
+    int e = errno;
+    fprintf(stderr, "monarch-run: cannot read --hostfile %s: %s\n", path, strerror(e));
+    return -e;
   }
   char *line = NULL;
   size_t cap = 0;
@@ -190,7 +196,7 @@ static int add_hostfile(lua_State *L, const char *path, int n) {
   }
   free(line);
   fclose(f);
-  return bad ? -1 : n;
+  return bad ? MN_EINVAL : n;
 }
 
 /* Fills monarch.config from the options (which loads the library); 0, or an exit code. */
@@ -231,8 +237,17 @@ static int set_config(lua_State *L, const opts_t *o) {
   return 0;
 }
 
-/* Parses argv into o; returns -1 to go on, or the exit code. */
-static int parse_args(int argc, char **argv, opts_t *o) {
+/* For parse_args: main is to return `code` at once. */
+static int stop(int *status, int code) {
+  *status = code;
+  return 1;
+}
+
+/*
+ * Parses argv into o. Returns 0 to go on, or 1 when main is to return
+ * *status at once: 0 after --help or --version, 2 for a usage error.
+ */
+static int parse_args(int argc, char **argv, opts_t *o, int *status) {
   memset(o, 0, sizeof(*o));
   o->script_at = argc;
   for (int i = 1; i < argc; i++) {
@@ -241,20 +256,20 @@ static int parse_args(int argc, char **argv, opts_t *o) {
                 strcmp(a, "--hostfile") == 0 || strcmp(a, "--log-level") == 0;
     if (takes && i + 1 >= argc) {
       fprintf(stderr, "monarch-run: %s needs an argument\n", a);
-      return 2;
+      return stop(status, 2);
     }
     if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
       fputs(usage, stdout);
-      return 0;
+      return stop(status, 0);
     } else if (strcmp(a, "-v") == 0 || strcmp(a, "--version") == 0) {
       printf("monarch-run %s (%s)\n", MN_VERSION, LUAJIT_VERSION);
-      return 0;
+      return stop(status, 0);
     } else if (strcmp(a, "-e") == 0) {
       o->code = argv[++i];
     } else if (strcmp(a, "-l") == 0) {
       if (o->nlibs == MN_RUN_MAX_LIBS) {
         fprintf(stderr, "monarch-run: more than %d -l options\n", MN_RUN_MAX_LIBS);
-        return 2;
+        return stop(status, 2);
       }
       o->libs[o->nlibs++] = argv[++i];
     } else if (strcmp(a, "--hosts") == 0) {
@@ -266,7 +281,7 @@ static int parse_args(int argc, char **argv, opts_t *o) {
       if (strcmp(o->log_level, "debug") != 0 && strcmp(o->log_level, "info") != 0 &&
           strcmp(o->log_level, "warn") != 0 && strcmp(o->log_level, "error") != 0) {
         fprintf(stderr, "monarch-run: --log-level wants debug, info, warn or error, got '%s'\n", o->log_level);
-        return 2;
+        return stop(status, 2);
       }
     } else if (strcmp(a, "--slurm") == 0) {
       o->slurm = 1;
@@ -281,7 +296,7 @@ static int parse_args(int argc, char **argv, opts_t *o) {
       break;
     } else if (a[0] == '-' && a[1] != '\0') {
       fprintf(stderr, "monarch-run: unknown option '%s' (see --help)\n", a);
-      return 2;
+      return stop(status, 2);
     } else {
       o->script_at = i;
       break;
@@ -289,13 +304,13 @@ static int parse_args(int argc, char **argv, opts_t *o) {
   }
   if (o->slurm && (o->hosts != NULL || o->hostfile != NULL)) {
     fprintf(stderr, "monarch-run: --slurm starts its own host agents; it cannot be combined with --hosts or --hostfile\n");
-    return 2;
+    return stop(status, 2);
   }
   if (o->script_at >= argc && o->code == NULL && !o->interactive && !o->status) {
     fputs(usage, stderr);
-    return 2;
+    return stop(status, 2);
   }
-  return -1;
+  return 0;
 }
 
 /* --status: monarch.status() reports (the library is loaded by now). */
@@ -326,8 +341,8 @@ static int run_repl(lua_State *L) {
 int main(int argc, char **argv) {
   static char prefix[PATH_MAX];
   opts_t o;
-  int rc = parse_args(argc, argv, &o);
-  if (rc >= 0) return rc;
+  int rc;
+  if (parse_args(argc, argv, &o, &rc) != 0) return rc;
   const char *script = o.script_at < argc ? argv[o.script_at] : NULL;
   if (mn_prefix((const void *)main, prefix, sizeof(prefix)) != 0) {
     fprintf(stderr, "monarch-run: cannot find my own install prefix\n");

@@ -22,12 +22,13 @@ static const char usage[] =
     "  --orphan-timeout S   procs exit S seconds after losing their controller (default 10)\n"
     "  --version            print the version\n";
 
+/* Reads s, the value of option flag, into *out; 0, or MN_EINVAL (reported on stderr). */
 static int parse_int(const char *s, const char *flag, int *out) {
   char *end;
   long v = strtol(s ? s : "", &end, 10);
   if (s == NULL || *end != '\0' || end == s || v < INT_MIN || v > INT_MAX) {
     fprintf(stderr, "monarch-worker: %s wants an integer, got '%s'\n", flag, s ? s : "");
-    return -1;
+    return MN_EINVAL;
   }
   *out = (int)v;
   return 0;

@@ -23,7 +23,7 @@ static int read_reply(int fd, mn_coll_hdr_t *h, int64_t deadline, const char *wh
   if (h->kind == MN_COLL_ABORT) {
     char reason[MN_COLL_MAX_ABORT_MSG + 1];
     size_t rl = h->nbytes > MN_COLL_MAX_ABORT_MSG ? 0 : (size_t)h->nbytes;
-    if (mn__coll_read_exact(fd, reason, rl, mn__coll_now_ms() + 1000) != 0) rl = 0;
+    if (mn__coll_read_exact(fd, reason, rl, mn_now_ms() + 1000) != 0) rl = 0;
     reason[rl] = '\0';
     snprintf(err, errlen, "copy refused by %s: %s", who, rl ? reason : "(no reason given)");
     return MN_EPEER;
@@ -43,7 +43,7 @@ int mn_coll_send(mn_coll_t *c, const mk_tensor_t *t, const char *addr, uint64_t 
     snprintf(err, errlen, "copy: %s", why);
     return fd;
   }
-  if ((rc = read_reply(fd, &h, mn__coll_now_ms() + c->timeout_ms, who, err, errlen)) != 0) goto done;
+  if ((rc = read_reply(fd, &h, mn_now_ms() + c->timeout_ms, who, err, errlen)) != 0) goto done;
   int64_t wait = c->timeout_ms;
   if (h.op == MN_COLL_COPY_PULL) {
     wait += (int64_t)(t->nbytes / MN_COLL_PULL_MIN_RATE * 1000); /* it is copying from our memory meanwhile */
@@ -52,7 +52,7 @@ int mn_coll_send(mn_coll_t *c, const mk_tensor_t *t, const char *addr, uint64_t 
     if ((rc = mn__coll_xfer_run(c, &x, 1, "copy", err, errlen)) != 0) goto done;
   }
   /* The receiver confirms once every byte has landed; until then our memory must stay as it is. */
-  rc = read_reply(fd, &h, mn__coll_now_ms() + wait, who, err, errlen);
+  rc = read_reply(fd, &h, mn_now_ms() + wait, who, err, errlen);
 done:
   close(fd);
   return rc;
@@ -102,7 +102,7 @@ int mn_coll_recv(mn_coll_t *c, mk_tensor_t *t, uint64_t tag, char *err, size_t e
   }
   snprintf(who, sizeof(who), "rank %u", e.from);
   mn_coll_hdr_t h = {MN_COLL_SEND, 0, (uint8_t)t->dtype, (uint32_t)c->rank, 0, tag, t->nbytes};
-  int64_t deadline = mn__coll_now_ms() + c->timeout_ms;
+  int64_t deadline = mn_now_ms() + c->timeout_ms;
   if (e.nbytes != t->nbytes || e.dtype != (int)t->dtype) {
     rc = MN_EPEER; /* the two ends disagree */
     snprintf(err, errlen, "copy: rank %u sends %s data of %llu bytes but the destination tensor on rank %d is %s of %zu bytes",
@@ -130,7 +130,7 @@ int mn_coll_recv(mn_coll_t *c, mk_tensor_t *t, uint64_t tag, char *err, size_t e
     xfer_t x = {e.fd, 0, t->data, t->nbytes, 0, who};
     if ((rc = mn__coll_xfer_run(c, &x, 1, "copy", err, errlen)) != 0) goto done;
   }
-  if ((rc = mn__coll_write_exact(e.fd, b, sizeof(b), mn__coll_now_ms() + c->timeout_ms)) != 0)
+  if ((rc = mn__coll_write_exact(e.fd, b, sizeof(b), mn_now_ms() + c->timeout_ms)) != 0)
     rc = mn__coll_fail_io(err, errlen, "copy", who, 1, rc);
 done:
   close(e.fd);

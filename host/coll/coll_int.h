@@ -10,6 +10,7 @@
 
 #include "collective.h"
 
+#include "clock.h"
 #include "coll_shm.h"
 #include "dtype.h"
 #include "handshake.h"
@@ -26,7 +27,6 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
-#include <time.h>
 #include <unistd.h>
 
 #define MN_COLL_POLL_SLICE_MS 100 /* longest single poll, so cancellation is seen promptly */
@@ -100,18 +100,6 @@ struct mn_coll_s {
 };
 
 /* ---- small helpers ------------------------------------------------------------------------ */
-
-static inline int64_t mn__coll_now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static inline int64_t mn__coll_now_us(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-}
 
 static inline int mn__coll_cancelled(const mn_coll_t *c) { return c->cancel != NULL && atomic_load(c->cancel) != 0; }
 

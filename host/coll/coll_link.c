@@ -20,7 +20,7 @@ static void set_nonblock(int fd) {
 /* Waits until fd is ready for `events` or the deadline passes: 0, MN_ETIMEDOUT or -errno. */
 static int wait_fd(int fd, short events, int64_t deadline) {
   for (;;) {
-    int64_t left = deadline - mn__coll_now_ms();
+    int64_t left = deadline - mn_now_ms();
     if (left <= 0) return MN_ETIMEDOUT;
     struct pollfd p = {.fd = fd, .events = events};
     int r = poll(&p, 1, (int)(left > 1000 ? 1000 : left));
@@ -194,7 +194,7 @@ static void *acceptor_main(void *arg) {
       continue;
     }
     mn_sock_nodelay(fd);
-    int64_t deadline = mn__coll_now_ms() + MN_HANDSHAKE_TIMEOUT_MS;
+    int64_t deadline = mn_now_ms() + MN_HANDSHAKE_TIMEOUT_MS;
     parked_t e;
     memset(&e, 0, sizeof(e));
     e.fd = fd;
@@ -215,7 +215,7 @@ static void *acceptor_main(void *arg) {
  * or MN_ECANCELED.
  */
 int mn__coll_claim(mn_coll_t *c, int kind, uint64_t key, int64_t from, parked_t *out) {
-  int64_t deadline = mn__coll_now_ms() + c->timeout_ms;
+  int64_t deadline = mn_now_ms() + c->timeout_ms;
   int rc = MN_ETIMEDOUT;
   pthread_mutex_lock(&c->lock);
   for (;;) {
@@ -228,18 +228,14 @@ int mn__coll_claim(mn_coll_t *c, int kind, uint64_t key, int64_t from, parked_t 
         goto done;
       }
     }
-    int64_t now = mn__coll_now_ms();
+    int64_t now = mn_now_ms();
     if (now >= deadline) break;
     if (mn__coll_cancelled(c)) {
       rc = MN_ECANCELED;
       break;
     }
     int64_t wait = deadline - now < MN_COLL_POLL_SLICE_MS ? deadline - now : MN_COLL_POLL_SLICE_MS;
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    ts.tv_nsec += (long)(wait * 1000000);
-    ts.tv_sec += ts.tv_nsec / 1000000000;
-    ts.tv_nsec %= 1000000000;
+    struct timespec ts = mn_deadline_ts(wait); /* c->cond runs on CLOCK_MONOTONIC */
     pthread_cond_timedwait(&c->cond, &c->lock, &ts);
   }
 done:
@@ -436,7 +432,7 @@ int mn__coll_link_open(mn_coll_t *c, const char *addr, int kind, uint64_t key, u
                      int dtype, const void *data, char *err, size_t errlen) {
   char host[MN_COLL_MAX_ADDR + 1], why[256];
   int port;
-  int64_t deadline = mn__coll_now_ms() + c->timeout_ms;
+  int64_t deadline = mn_now_ms() + c->timeout_ms;
   if (strlen(addr) > MN_COLL_MAX_ADDR || mn_parse_addr(addr, host, sizeof(host), &port) != 0) {
     snprintf(err, errlen, "'%s' is not a data address HOST:PORT", addr);
     return MN_EINVAL;
@@ -518,8 +514,8 @@ ssize_t mn__coll_try_io(int fd, int send_, char *p, size_t n) {
 int mn__coll_poll(mn_coll_t *c, struct pollfd *pf, nfds_t n, int timeout_ms) {
   /* Yield a while before sleeping, as the proc's threads do: a peer's bytes then find us awake. */
   int ready = 0;
-  int64_t until = c->spin_us > 0 ? mn__coll_now_us() + c->spin_us : 0;
-  for (; ready == 0 && mn__coll_now_us() < until; sched_yield()) ready = poll(pf, n, 0);
+  int64_t until = c->spin_us > 0 ? mn_now_us() + c->spin_us : 0;
+  for (; ready == 0 && mn_now_us() < until; sched_yield()) ready = poll(pf, n, 0);
   if (ready == 0) ready = poll(pf, n, timeout_ms);
   return ready < 0 ? -errno : ready;
 }
@@ -528,7 +524,7 @@ int mn__coll_poll(mn_coll_t *c, struct pollfd *pf, nfds_t n, int timeout_ms) {
 int mn__coll_xfer_run(mn_coll_t *c, xfer_t *xs, int nx, const char *what, char *err, size_t errlen) {
   struct pollfd stack[8], *pf = nx <= 8 ? stack : malloc(sizeof(*pf) * (size_t)nx);
   int *map = NULL, rc = MN_ENOMEM;
-  int64_t last = mn__coll_now_ms();
+  int64_t last = mn_now_ms();
   if (pf == NULL || (map = malloc(sizeof(int) * (size_t)nx)) == NULL) {
     snprintf(err, errlen, "out of memory during %s", what);
     goto done;
@@ -550,7 +546,7 @@ int mn__coll_xfer_run(mn_coll_t *c, xfer_t *xs, int nx, const char *what, char *
       if (x->done < x->len) left++;
     }
     if (left == 0) break;
-    int64_t now = mn__coll_now_ms();
+    int64_t now = mn_now_ms();
     if (moved) last = now;
     int np = 0;
     for (int i = 0; i < nx; i++) {

@@ -74,7 +74,7 @@ static int ctl_flush(int fd, ctl_t *c) {
 /* Queues a control message; when the queue is full, waits for room. */
 static int ctl_queue(mn_coll_t *co, int fd, ctl_t *c, int kind, int step, uint64_t a, uint64_t b) {
   if (c->olen + MN_COLL_CTL_LEN > sizeof(c->out)) {
-    int rc = mn__coll_write_exact(fd, c->out, c->olen, mn__coll_now_ms() + co->timeout_ms);
+    int rc = mn__coll_write_exact(fd, c->out, c->olen, mn_now_ms() + co->timeout_ms);
     if (rc != 0) return rc;
     c->olen = 0;
   }
@@ -291,7 +291,7 @@ static int ring_recv(mn_coll_t *c, ring_state_t *s, int *moved, int *want_in, ch
 int mn__coll_ring_run(mn_coll_t *c, ring_t *r, char *err, size_t errlen) {
   ring_state_t s;
   int rc = MN_ENOMEM;
-  int64_t last = mn__coll_now_ms();
+  int64_t last = mn_now_ms();
   memset(&s, 0, sizeof(s));
   s.r = r;
   if (r->nrecv > 0 && c->tmp == NULL && (c->tmp = malloc(MN_COLL_CHUNK)) == NULL) {
@@ -329,7 +329,7 @@ int mn__coll_ring_run(mn_coll_t *c, ring_t *r, char *err, size_t errlen) {
     if (s.cs.olen + s.cr.olen < before) moved = 1;
     int send_done = s.js >= r->nsend && (!r->send_cma || s.jc >= r->nsend);
     if (send_done && s.jr >= r->nrecv && s.cs.olen == 0 && s.cr.olen == 0) break;
-    int64_t now = mn__coll_now_ms();
+    int64_t now = mn_now_ms();
     if (moved) {
       last = now;
       continue;

@@ -272,16 +272,16 @@ static int wait_all(mn_shm_t *s, const mn_shm_op_t *op, uint64_t target, char *e
   int j = laggard(s, 0, target);
   if (j == s->n) return 0;
   shm_head_t *h = head(s);
-  int64_t start = mn__coll_now_us(), moved = start;
+  int64_t start = mn_now_us(), moved = start;
   uint64_t seen = atomic_load(&slot(s, j)->progress);
   /* Busy-wait first: a peer on another core posts within microseconds. */
   for (unsigned i = 1; s->spin_us > 0; i++) {
     cpu_relax();
     if ((j = laggard(s, j, target)) == s->n) return 0;
-    if ((i & 255) == 0 && mn__coll_now_us() - start > s->spin_us) break;
+    if ((i & 255) == 0 && mn_now_us() - start > s->spin_us) break;
   }
   /* Then yield: on a shared core this lets the member we wait for run now rather than at the next tick. */
-  for (int64_t t0 = mn__coll_now_us(); s->yield_us > 0 && mn__coll_now_us() - t0 < s->yield_us;) {
+  for (int64_t t0 = mn_now_us(); s->yield_us > 0 && mn_now_us() - t0 < s->yield_us;) {
     sched_yield();
     if ((j = laggard(s, j, target)) == s->n) return 0;
   }
@@ -310,7 +310,7 @@ static int wait_all(mn_shm_t *s, const mn_shm_op_t *op, uint64_t target, char *e
       snprintf(err, errlen, "%s: %s died (its process %lld is gone)", op->what, who, (long long)pid);
       return MN_EPEER;
     }
-    int64_t now = mn__coll_now_us();
+    int64_t now = mn_now_us();
     uint64_t p = atomic_load(&slot(s, j)->progress);
     if (p != seen) {
       seen = p;

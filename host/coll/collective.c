@@ -262,7 +262,7 @@ static int group_abort(mn_coll_t *c, group_t *g, const char *err, int code) {
     size_t ml = strlen(err) > MN_COLL_MAX_ABORT_MSG ? MN_COLL_MAX_ABORT_MSG : strlen(err);
     mn_coll_hdr_t a = {.kind = MN_COLL_ABORT, .rank = (uint32_t)c->rank, .seq = g->seq, .nbytes = ml};
     mn_coll_hdr_pack(&a, h);
-    int64_t deadline = mn__coll_now_ms() + 100; /* best effort: a peer that is not reading learns from the close */
+    int64_t deadline = mn_now_ms() + 100; /* best effort: a peer that is not reading learns from the close */
     if (mn__coll_write_exact(g->next_fd, h, sizeof(h), deadline) == 0 && mn__coll_write_exact(g->next_fd, err, ml, deadline) != 0) {
       /* The close below tells it anyway. */
     }
@@ -313,7 +313,7 @@ static int exchange_headers(mn_coll_t *c, group_t *g, const mn_coll_hdr_t *mine,
   if (theirs.kind == MN_COLL_ABORT) {
     char reason[MN_COLL_MAX_ABORT_MSG + 1];
     size_t rl = theirs.nbytes > MN_COLL_MAX_ABORT_MSG ? 0 : (size_t)theirs.nbytes;
-    if (mn__coll_read_exact(g->prev_fd, reason, rl, mn__coll_now_ms() + 1000) != 0) rl = 0;
+    if (mn__coll_read_exact(g->prev_fd, reason, rl, mn_now_ms() + 1000) != 0) rl = 0;
     reason[rl] = '\0';
     snprintf(err, errlen, "%s: rank %u gave up on group %llu: %s", what, theirs.rank, (unsigned long long)g->id,
              rl ? reason : "(no reason given)");
@@ -498,11 +498,11 @@ static int peer_gone(group_t *g, const char *what, int strict, char *err, size_t
     }
     unsigned char h[MN_COLL_HDR_LEN];
     mn_coll_hdr_t a;
-    int rc = mn__coll_read_exact(fd, h, sizeof(h), mn__coll_now_ms() + 100);
+    int rc = mn__coll_read_exact(fd, h, sizeof(h), mn_now_ms() + 100);
     if (rc == 0 && mn_coll_hdr_unpack(h, &a) == 0 && a.kind == MN_COLL_ABORT) {
       char reason[MN_COLL_MAX_ABORT_MSG + 1];
       size_t rl = a.nbytes > MN_COLL_MAX_ABORT_MSG ? 0 : (size_t)a.nbytes;
-      if (mn__coll_read_exact(fd, reason, rl, mn__coll_now_ms() + 100) != 0) rl = 0;
+      if (mn__coll_read_exact(fd, reason, rl, mn_now_ms() + 100) != 0) rl = 0;
       reason[rl] = '\0';
       snprintf(err, errlen, "%s: rank %u gave up on group %llu: %s", what, a.rank, (unsigned long long)g->id,
                rl ? reason : "(no reason given)");

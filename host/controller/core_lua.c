@@ -7,6 +7,7 @@
  * The controller state is one userdata kept in the registry under the
  * address of a static key.
  */
+#include "clock.h"
 #include "ctl.h"
 #include "luapack.h"
 #include "path.h"
@@ -264,6 +265,7 @@ static int l_call_as(lua_State *L) {
   return 1;
 }
 
+/* Adds (0, conn, kind) to the event list at ev, which holds n entries; returns the new count. */
 static int push_event(lua_State *L, int ev, int n, int conn, const char *kind) {
   lua_pushnumber(L, 0);
   lua_rawseti(L, ev, ++n);
@@ -300,18 +302,19 @@ static void push_result_value(lua_State *L, lctl_t *c, mn_pending_t p, const mn_
 }
 
 /* Adds a proc's RESULT to ev as call_id, slot, ok, value; returns the new
- * count, or -1 when it answers no call in flight (conn is then closed). */
+ * count (>= 0), or MN_EPROTO when it is malformed or answers no call in
+ * flight (conn is then closed). */
 static int take_result(lua_State *L, lctl_t *c, mn_conn_t *k, const msgpack_object *m, int ev, int n) {
   char err[300];
   mn_msg_result_t r;
   mn_pending_t p;
   if (mn_msg_parse_result(m, &r, err, sizeof(err)) != 0) {
     mn_ctl_refuse(&c->ctl, k, err);
-    return -1;
+    return MN_EPROTO;
   }
   if (mn_ctl_take_result(k, r.seq, &p) != 0) {
     mn_ctl_refuse(&c->ctl, k, "proc sent a RESULT that matches no call in flight");
-    return -1;
+    return MN_EPROTO;
   }
   lua_pushnumber(L, p.call);
   lua_rawseti(L, ev, ++n);
@@ -324,7 +327,7 @@ static int take_result(lua_State *L, lctl_t *c, mn_conn_t *k, const msgpack_obje
   return n;
 }
 
-/* A PONG to a heartbeat PING: receiving it was the point (the connection's last_rx). */
+/* A PONG to a heartbeat PING: receiving it was the point (the connection's last_rx). 1 or 0 (a predicate). */
 static int is_heartbeat(const msgpack_object *m) {
   const msgpack_object *id;
   char err[200];
@@ -490,7 +493,7 @@ static int l_configure(lua_State *L) {
 }
 
 static int l_now(lua_State *L) {
-  lua_pushnumber(L, (lua_Number)uv_hrtime() / 1e9);
+  lua_pushnumber(L, (lua_Number)mn_now_s());
   return 1;
 }
 

@@ -1,6 +1,7 @@
 /* ctl.c - controller connections; see ctl.h. */
 #include "ctl.h"
 
+#include "clock.h"
 #include "handshake.h"
 #include "sock.h"
 
@@ -508,7 +509,11 @@ static int open_session(mn_ctl_t *c, mn_conn_t *k) {
   return rc;
 }
 
-/* Runs handshake frames at the front of k->in; returns 0 to go on, -1 if failed. */
+/*
+ * Runs handshake frames at the front of k->in; returns 0 to go on, or a
+ * negative code once k is disconnected: MN_EFRAME, MN_ENOMEM, MN_EPEER (a
+ * different process answers at k's address), or the handshake's code.
+ */
 static int handshake_step(mn_ctl_t *c, mn_conn_t *k) {
   while (k->state == MN_CS_HELLO || k->state == MN_CS_WELCOME) {
     const char *body;
@@ -519,9 +524,9 @@ static int handshake_step(mn_ctl_t *c, mn_conn_t *k) {
     if (n == MN_EAGAIN) return 0;
     if (n < 0) {
       mn_ctl_disconnect(c, k->id, "peer sent an oversized handshake frame (not a monarch worker?)");
-      return -1;
+      return (int)n;
     }
-    if (!msgpack_zone_init(&zone, 1024)) return -1;
+    if (!msgpack_zone_init(&zone, 1024)) return MN_ENOMEM;
     int rc = mn_decode(body, (size_t)n, &zone, &m, err, sizeof(err));
     if (rc == 0 && k->state == MN_CS_HELLO) {
       mn_buf_t out;
@@ -546,7 +551,7 @@ static int handshake_step(mn_ctl_t *c, mn_conn_t *k) {
                    k->host, k->port, (long long)new_pid, (long long)k->info_pid);
           msgpack_zone_destroy(&zone);
           mn_ctl_disconnect(c, k->id, err);
-          return -1;
+          return MN_EPEER;
         }
         if (w.host != NULL) snprintf(k->info_host, sizeof(k->info_host), "%.*s", (int)w.host_len, w.host);
         k->info_pid = new_pid;
@@ -563,7 +568,7 @@ static int handshake_step(mn_ctl_t *c, mn_conn_t *k) {
     if (rc != 0) {
       /* A refusal is final: a wrong token does not get better by retrying. */
       mn_ctl_disconnect(c, k->id, err);
-      return -1;
+      return rc;
     }
   }
   return 0;
@@ -915,13 +920,13 @@ int mn_ctl_start_agent(mn_ctl_t *c, const char *exe, const char *token, char *er
   free(env);
   if (rc != 0) {
     snprintf(err, errlen, "cannot start host agent %s: %s", exe, uv_strerror(rc));
-    return MN_EPROTO;
+    return rc; /* libuv's codes are -errno */
   }
   c->agent_running = 1;
   c->agent_port = 0;
   uv_read_start((uv_stream_t *)&c->agent_pipe, agent_alloc, agent_read);
-  uint64_t deadline = uv_hrtime() + 10ull * 1000000000ull;
-  while (c->agent_port == 0 && c->agent_running && uv_hrtime() < deadline) {
+  int64_t deadline = mn_now_ms() + 10000;
+  while (c->agent_port == 0 && c->agent_running && mn_now_ms() < deadline) {
     uv_timer_start(&c->timer, on_timer, 100, 0);
     uv_run(&c->loop, UV_RUN_ONCE);
   }
@@ -930,7 +935,7 @@ int mn_ctl_start_agent(mn_ctl_t *c, const char *exe, const char *token, char *er
   if (c->agent_port <= 0) {
     snprintf(err, errlen, "host agent %s did not start (%s)", exe,
              c->agent_running ? "no port reported in 10 s" : "it exited");
-    return MN_EPROTO;
+    return c->agent_running ? MN_ETIMEDOUT : MN_EPEER;
   }
   return c->agent_port;
 }

@@ -96,6 +96,7 @@ struct mn_ctl_s {
   int closing;
 };
 
+/* 0, or MN_EAUTH (a bad token) or MN_ENOMEM. */
 int mn_ctl_init(mn_ctl_t *c, const char *token, size_t toklen);
 /* Closes every connection, stops the local agent and frees everything. */
 void mn_ctl_close(mn_ctl_t *c);
@@ -114,6 +115,7 @@ int mn_ctl_send(mn_ctl_t *c, mn_conn_t *conn, const char *frame, size_t n);
  * Queues a CALL frame for a proc (built by mn_msg_call_head): gives it the
  * next sequence number (mn_msg_set_seq), keeps a copy until its RESULT
  * arrives and records (call, slot) as pending. Works while reconnecting too.
+ * Returns 0 or MN_ENOMEM.
  */
 int mn_ctl_call(mn_ctl_t *c, mn_conn_t *conn, char *frame, size_t n, double call, int32_t slot);
 /*
@@ -122,7 +124,8 @@ int mn_ctl_call(mn_ctl_t *c, mn_conn_t *conn, char *frame, size_t n, double call
  * a bin header, from mn_msg_put_head) is copied, `payload` is referenced until written, then
  * `ref` is reported by mn_ctl_take_released(). Needs a ready connection.
  * A reconnect cannot resend the payload: its CALL is replaced by one that
- * fails with kind "lost" unless the proc already ran it.
+ * fails with kind "lost" unless the proc already ran it. Returns 0, or
+ * MN_ECLOSED (conn is not ready) or MN_ENOMEM.
  */
 int mn_ctl_call_bulk(mn_ctl_t *c, mn_conn_t *conn, char *head, size_t n, const char *payload, size_t plen,
                      int ref, double call, int32_t slot);
@@ -152,7 +155,7 @@ int mn_ctl_take_result(mn_conn_t *conn, uint64_t seq, mn_pending_t *out);
 int mn_ctl_cancel(mn_ctl_t *c, mn_conn_t *conn, double call);
 /* The oldest unanswered call (the one the proc runs now) into *out: 0, or MN_ENOTFOUND when none. */
 int mn_ctl_oldest(const mn_conn_t *conn, mn_pending_t *out);
-/* Pops the oldest unanswered call into *out; returns 1, or 0 when none is left. */
+/* Pops the oldest unanswered call into *out; returns 1, or 0 when none is left (never fails). */
 int mn_ctl_take_pending(mn_conn_t *conn, mn_pending_t *out);
 
 /*
@@ -181,12 +184,16 @@ int mn_ctl_agent_pid(const mn_ctl_t *c);
 void mn_ctl_flush(mn_ctl_t *c);
 /*
  * Runs the loop until something arrives or timeout_ms passes (<0: no limit,
- * 0: just poll). Returns 1 if frames or events are waiting to be drained.
+ * 0: just poll). Returns 1 if frames or events are waiting to be drained, else 0 (never fails).
  */
 int mn_ctl_wait(mn_ctl_t *c, int timeout_ms);
 int mn_ctl_has_work(const mn_ctl_t *c);
 
-/* Starts `exe --listen 127.0.0.1:0 --once --parent <us> --port-fd 3`; returns its port or <0. */
+/*
+ * Starts `exe --listen 127.0.0.1:0 --once --parent <us> --port-fd 3`; returns
+ * its port (> 0), or a negative code with err: -errno from spawning it,
+ * MN_ETIMEDOUT (no port in 10 s), MN_EPEER (it exited first) or MN_ENOMEM.
+ */
 int mn_ctl_start_agent(mn_ctl_t *c, const char *exe, const char *token, char *err, size_t errlen);
 
 #endif

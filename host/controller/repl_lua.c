@@ -89,26 +89,30 @@ static void run_idle(editor_t *ed) {
   if (printed) redisplay(ed);
 }
 
-/* Waits until stdin is readable: 1, or 0 after a Ctrl-C, or -1 on error. Runs the idle function meanwhile. */
+/*
+ * Waits until stdin is readable: 0, or MN_ECANCELED after a Ctrl-C, or
+ * -errno from poll. Runs the idle function meanwhile.
+ */
 static int wait_key(editor_t *ed) {
   for (;;) {
     if (mn_lua_interrupted(1)) {
       ed->interrupted = 1;
-      return 0;
+      return MN_ECANCELED;
     }
     struct pollfd p = {STDIN_FILENO, POLLIN, 0};
     int r = poll(&p, 1, MN_LE_IDLE_MS);
-    if (r > 0) return 1;
+    int e = errno;
+    if (r > 0) return 0;
     if (r == 0) run_idle(ed);
-    else if (errno != EINTR) return -1;
+    else if (e != EINTR) return -e;
   }
 }
 
-/* Reads one byte of input: 1, 0 at end of input, -1 on error or Ctrl-C. */
+/* Reads one byte of input: the count read (1, or 0 at end of input), or wait_key's code (error or Ctrl-C). */
 static int read_byte(editor_t *ed, char *c) {
   for (;;) {
     int w = wait_key(ed);
-    if (w <= 0) return -1;
+    if (w < 0) return w;
     ssize_t n = read(STDIN_FILENO, c, 1);
     if (n == 1) return 1;
     if (n == 0 || (errno != EINTR && errno != EAGAIN)) return 0; /* a hung-up terminal ends the input */
@@ -133,7 +137,7 @@ static struct {
 } le;
 static int le_loaded; /* 1 loaded, -1 unavailable, 0 not tried */
 
-/* Loads libedit once; 0 or -1 when it is not installed. */
+/* Loads libedit once; 0, or MN_ENOTFOUND when it is not installed (or MONARCH_NO_LIBEDIT=1). */
 static int load_libedit(void) {
   static const char *const names[] = {"el_init", "el_end", "el_set", "el_wset", "el_get", "el_gets", "el_line",
                                       "el_insertstr", "el_source", "history_init", "history_end", "history"};
@@ -141,15 +145,15 @@ static int load_libedit(void) {
                     (void **)&le.el_get, (void **)&le.el_gets, (void **)&le.el_line, (void **)&le.el_insertstr,
                     (void **)&le.el_source, (void **)&le.history_init, (void **)&le.history_end,
                     (void **)&le.history};
-  if (le_loaded != 0) return le_loaded > 0 ? 0 : -1;
+  if (le_loaded != 0) return le_loaded > 0 ? 0 : MN_ENOTFOUND;
   le_loaded = -1;
   const char *off = getenv("MONARCH_NO_LIBEDIT");
-  if (off != NULL && strcmp(off, "1") == 0) return -1;
+  if (off != NULL && strcmp(off, "1") == 0) return MN_ENOTFOUND;
   void *h = dlopen("libedit.so.2", RTLD_NOW | RTLD_LOCAL);
   if (h == NULL) h = dlopen("libedit.so", RTLD_NOW | RTLD_LOCAL);
-  if (h == NULL) return -1;
+  if (h == NULL) return MN_ENOTFOUND;
   for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
-    if ((*slots[i] = dlsym(h, names[i])) == NULL) return -1; /* h stays open: harmless, and rare */
+    if ((*slots[i] = dlsym(h, names[i])) == NULL) return MN_ENOTFOUND; /* h stays open: harmless, and rare */
   le_loaded = 1;
   return 0;
 }
@@ -165,13 +169,15 @@ static const char *prompt_cb(EditLine *el) {
   return ed ? ed->prompt : "> ";
 }
 
-/* libedit's character source: one wide character decoded from stdin's bytes. */
+/* libedit's character source: one wide character decoded from stdin's bytes.
+ * libedit's convention: 1 for a character, 0 at end of input, -1 on error. */
 static int getc_cb(EditLine *el, wchar_t *wc) {
   editor_t *ed = editor_of(el);
   char c;
   for (;;) {
     int r = read_byte(ed, &c);
-    if (r <= 0) return r;
+    if (r < 0) return -1;
+    if (r == 0) return 0;
     size_t k = mbrtowc(wc, &c, 1, &ed->mb);
     if (k == (size_t)-2) continue; /* the middle of a multibyte character */
     if (k == (size_t)-1) {
@@ -222,12 +228,14 @@ static void redisplay(editor_t *ed) {
   if (ed->el != NULL && isatty(STDIN_FILENO)) le.el_set(ed->el, EL_REFRESH);
 }
 
+/* Sets up line editing for ed; 0, or load_libedit's MN_ENOTFOUND, or MN_ENOMEM. */
 static int open_libedit(editor_t *ed) {
   HistEvent ev;
-  if (load_libedit() != 0) return -1;
+  int rc = load_libedit();
+  if (rc != 0) return rc;
   ed->el = le.el_init("monarch", stdin, stdout, stderr);
   ed->hist = le.history_init();
-  if (ed->el == NULL || ed->hist == NULL) return -1;
+  if (ed->el == NULL || ed->hist == NULL) return MN_ENOMEM;
   le.history(ed->hist, &ev, H_SETSIZE, MN_LE_HISTORY);
   le.history(ed->hist, &ev, H_SETUNIQUE, 1);
   if (ed->history_path[0] != '\0' && le.history(ed->hist, &ev, H_LOAD, ed->history_path) < 0) {
@@ -251,7 +259,11 @@ static int open_libedit(editor_t *ed) {
 static void redisplay(editor_t *ed) {}
 #endif
 
-/* Reads a line without libedit into b (no newline): 1, 0 at end of input, -1 on Ctrl-C. */
+/*
+ * Reads a line without libedit into b (no newline): the count of lines read
+ * (1, or 0 at end of input), or a negative code: read_byte's (MN_ECANCELED
+ * on Ctrl-C) or MN_ENOMEM.
+ */
 static int read_plain(editor_t *ed, mn_buf_t *b) {
   if (isatty(STDIN_FILENO)) {
     fputs(ed->prompt, stdout);
@@ -260,10 +272,10 @@ static int read_plain(editor_t *ed, mn_buf_t *b) {
   for (;;) {
     char c;
     int r = read_byte(ed, &c);
-    if (r < 0) return -1;
+    if (r < 0) return r;
     if (r == 0) return b->len > 0 ? 1 : 0;
     if (c == '\n') return 1;
-    if (mn_buf_append(b, &c, 1) != 0) return -1;
+    if (mn_buf_append(b, &c, 1) != 0) return MN_ENOMEM;
   }
 }
 

@@ -21,6 +21,7 @@ const char *mn_strerror(int code) {
   case MN_EPEER: return "a peer failed";
   case MN_ECANCELED: return "cancelled";
   case MN_EKERNEL: return "kernel error";
+  case MN_EDEVICE: return "device error";
   default: return code < 0 && code > -1000 ? strerror(-code) : "unknown error";
   }
 }

@@ -28,6 +28,7 @@ enum {
   MN_EPEER = -1013,       /* a peer failed, gave up or disagreed; err names it */
   MN_ECANCELED = -1014,   /* the caller's cancel flag was set */
   MN_EKERNEL = -1015,     /* a kernel (or actor endpoint) reported an error of its own */
+  MN_EDEVICE = -1016,     /* a CUDA or NCCL call failed, or the device reported an error; err has its text */
 };
 
 /* A message for any code: MN_E* names, strerror for -errno. */

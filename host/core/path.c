@@ -1,7 +1,10 @@
 /* path.c - see path.h. */
 #include "path.h"
 
+#include "err.h"
+
 #include <dlfcn.h>
+#include <errno.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,13 +26,13 @@ int mn_prefix(const void *self, char *out, size_t len) {
     snprintf(out, len, "%s", env);
     return 0;
   }
-  if (dladdr(self, &info) == 0 || info.dli_fname == NULL) return -1;
+  if (dladdr(self, &info) == 0 || info.dli_fname == NULL) return MN_ENOTFOUND;
   /* For the main executable dladdr may give argv[0]; /proc/self/exe is exact. */
   const char *src = info.dli_fname;
   if (strstr(src, ".so") == NULL) src = "/proc/self/exe";
-  if (realpath(src, real) == NULL) return -1;
+  if (realpath(src, real) == NULL) return -errno;
   char *dir = strrchr(real, '/');
-  if (dir == NULL) return -1;
+  if (dir == NULL) return MN_ENOTFOUND;
   *dir = '\0';
   size_t dl = strlen(real);
   if (dl >= 4 && strcmp(real + dl - 4, "/bin") == 0) strip(real, 1);

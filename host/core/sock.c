@@ -1,6 +1,8 @@
 /* sock.c - see sock.h. */
 #include "sock.h"
 
+#include "clock.h"
+
 #include <errno.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -11,7 +13,6 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
-#include <time.h>
 #include <unistd.h>
 
 void mn_sock_nodelay(int fd) {
@@ -95,12 +96,6 @@ int mn_write_all(int fd, const void *p, size_t n) {
   return 0;
 }
 
-static int64_t now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 int mn_write2_all(int fd, const void *a, size_t an, const void *b, size_t bn) {
   struct iovec iov[2] = {{(void *)a, an}, {(void *)b, bn}};
   struct msghdr mh;
@@ -129,13 +124,13 @@ int mn_write2_all(int fd, const void *a, size_t an, const void *b, size_t bn) {
 }
 
 int64_t mn_read_frame(int fd, mn_buf_t *in, const char **body, size_t max, int timeout_ms) {
-  int64_t deadline = timeout_ms >= 0 ? now_ms() + timeout_ms : 0;
+  int64_t deadline = timeout_ms >= 0 ? mn_now_ms() + timeout_ms : 0;
   for (;;) {
     int64_t n = mn_frame_peek(in->data, in->len, max, body);
     if (n != MN_EAGAIN) return n;
     if (timeout_ms >= 0) {
       struct pollfd pfd = {.fd = fd, .events = POLLIN};
-      int64_t left = deadline - now_ms();
+      int64_t left = deadline - mn_now_ms();
       if (left <= 0) return MN_ETIMEDOUT;
       int r = poll(&pfd, 1, (int)left);
       if (r == 0) return MN_ETIMEDOUT;

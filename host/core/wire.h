@@ -41,7 +41,11 @@ int mn_buf_reserve(mn_buf_t *b, size_t extra);
 int mn_buf_append(mn_buf_t *b, const void *p, size_t n);
 /* Drops the first n bytes. */
 void mn_buf_consume(mn_buf_t *b, size_t n);
-/* msgpack_packer write callback whose data is an mn_buf_t*. */
+/*
+ * msgpack_packer write callback whose data is an mn_buf_t*. It keeps
+ * msgpack-c's callback convention (0, or -1 when memory runs out), which
+ * msgpack_pack_* hand on to kernels through the mk_return_* helpers.
+ */
 int mn_buf_write_cb(void *data, const char *p, size_t n);
 
 /* ---- framing ------------------------------------------------------------ */

@@ -102,6 +102,7 @@ static void pack_value(lua_State *L, msgpack_packer *pk, int idx, int depth, con
 
 static actor_state_t *K(mk_ctx_t *c) { return (actor_state_t *)c->host; }
 
+/* The kret_* and kerror below are the kernel ABI (monarch_kernel.h), not err.h: they fail with -1. */
 static kresult_t *kslot(mk_ctx_t *c) {
   actor_state_t *s = K(c);
   if (s->nkres == MN_ACTOR_MAX_KRESULTS) {
@@ -176,7 +177,8 @@ static const mk_api_t kapi = {kret_nil, kret_bool, kret_int, kret_number, kret_s
  * Converts Lua argument at idx to what signature letter `want` asks for,
  * with the executor's rules: an integral number arrives as an integer, as if
  * it had come from the controller. Strings point into the Lua stack, which
- * holds them for the whole call. Returns 0 or -1 with err.
+ * holds them for the whole call. Returns 0, or with err MN_ENOTFOUND (no
+ * such tensor) or MN_EINVAL.
  */
 static int arg_from_lua(lua_State *L, actor_state_t *s, int idx, char want, int argn, mk_arg_t *a, char *err,
                    size_t errlen) {
@@ -201,34 +203,34 @@ static int arg_from_lua(lua_State *L, actor_state_t *s, int idx, char want, int 
     lua_pop(L, 1);
     if (!is_tensor) {
       snprintf(err, errlen, "argument %d: a table cannot be passed to a kernel (pass tensors as proc.tensor views)", argn);
-      return -1;
+      return MN_EINVAL;
     }
     a->type = MK_ARG_TENSOR;
     a->v.tensor = mn_tensor_get(&s->x->reg, id);
     if (a->v.tensor == NULL) {
       snprintf(err, errlen, "argument %d: tensor %llu does not exist on this proc (freed?)", argn, (unsigned long long)id);
-      return -1;
+      return MN_ENOTFOUND;
     }
     got = "tensor";
     break;
   }
   default:
     snprintf(err, errlen, "argument %d: a %s cannot be passed to a kernel", argn, got);
-    return -1;
+    return MN_EINVAL;
   }
   return mn_sig_coerce(a, want, argn, got, err, errlen);
 }
 
 /* Checks the Lua arguments first..first+n-1 against k's signature (the
- * rules of monarch_kernel.h) and converts them; 0 or -1 with err. */
+ * rules of monarch_kernel.h) and converts them; 0, or arg_from_lua's or mn_sig_*'s code with err. */
 static int bind_lua_args(lua_State *L, actor_state_t *s, const mk_kernel_t *k, int first, int n, mk_arg_t *argv,
                     char *err, size_t errlen) {
   mn_sig_t sig;
   mn_sig_parse(&sig, k->signature);
-  if (mn_sig_check_count(&sig, n, err, errlen) != 0) return -1;
-  for (int i = 0; i < n; i++)
-    if (arg_from_lua(L, s, first + i, mn_sig_letter(&sig, i), i + 1, &argv[i], err, errlen) != 0) return -1;
-  return 0;
+  int rc = mn_sig_check_count(&sig, n, err, errlen);
+  for (int i = 0; rc == 0 && i < n; i++)
+    rc = arg_from_lua(L, s, first + i, mn_sig_letter(&sig, i), i + 1, &argv[i], err, errlen);
+  return rc;
 }
 
 static actor_state_t *upstate(lua_State *L) { return lua_touserdata(L, lua_upvalueindex(1)); }
@@ -384,18 +386,18 @@ static int open_state(lua_State *L) {
   return 0;
 }
 
-/* Makes x's state; NULL with err if it cannot. */
-static actor_state_t *make_state(mn_exec_t *x, char *err, size_t errlen) {
+/* Makes x's state into *out; 0, or with err MN_ELIMIT, MN_ENOMEM or MN_EKERNEL (the Lua host failed to start). */
+static int make_state(mn_exec_t *x, actor_state_t **out, char *err, size_t errlen) {
   actor_state_t *s = state_of(NULL);
   if (s == NULL) {
     snprintf(err, errlen, "more than MN_ACTOR_MAX_STATES (%d) executors host actors in this process", MN_ACTOR_MAX_STATES);
-    return NULL;
+    return MN_ELIMIT;
   }
   memset(s, 0, sizeof(*s));
   s->L = luaL_newstate();
   if (s->L == NULL) {
     snprintf(err, errlen, "cannot create a Lua state for actors (out of memory)");
-    return NULL;
+    return MN_ENOMEM;
   }
   s->x = x;
   s->limit = mem_limit();
@@ -409,9 +411,10 @@ static actor_state_t *make_state(mn_exec_t *x, char *err, size_t errlen) {
     lua_close(s->L);
     mn_buf_free(&s->kstr);
     memset(s, 0, sizeof(*s));
-    return NULL;
+    return MN_EKERNEL;
   }
-  return s;
+  *out = s;
+  return 0;
 }
 
 void mn_actor_close(mn_exec_t *x) {
@@ -522,13 +525,14 @@ static int run_op(lua_State *L) {
 static int run_actor_op(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, const msgpack_object *args, char *err,
                         size_t errlen) {
   actor_state_t *s = state_of(x);
-  if (s == NULL && (s = make_state(x, err, errlen)) == NULL) {
+  int rc = s == NULL ? make_state(x, &s, err, errlen) : 0;
+  if (rc != 0) {
     x->err_kind = "actor";
-    return -1;
+    return rc;
   }
   job_t j = {s, b->name + sizeof(MN_ACTOR_PREFIX) - 1, args, NULL, err, errlen, 0};
   size_t rstart = x->rbuf.len;
-  int rc = lua_cpcall(s->L, run_op, &j);
+  rc = lua_cpcall(s->L, run_op, &j);
   if (rc == LUA_ERRMEM) {
     oom(&j);
   } else if (rc != 0) {
@@ -540,7 +544,7 @@ static int run_actor_op(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, cons
   x->rbuf.len = rstart;
   x->nresults = 0;
   x->err_kind = j.kind;
-  return -1;
+  return MN_EKERNEL; /* the actor (or the Lua host) reported it; j.kind says how */
 }
 
 /* Names after the first are listed without "__actor": "__actor_define, _has, ...". */

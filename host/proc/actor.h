@@ -31,7 +31,7 @@
 #define MN_ACTOR_TENSOR_BASE (1ull << 48) /* first id of tensors actors create; the controller counts up from 1 */
 #define MN_ACTOR_HOST_LUA "/share/monarch/lua/monarch/proc/actor_host.lua" /* under the install prefix */
 
-/* Registers the "__actor_" built-ins with the executor; 0, or -1 if the table of modules is full. */
+/* Registers the "__actor_" built-ins with the executor; 0, or MN_ELIMIT if the table of modules is full. */
 int mn_actor_register(void);
 
 /*

@@ -20,7 +20,7 @@ static int arg_u64(const msgpack_object *args, uint32_t i, const char *name, con
                    char *err, size_t errlen) {
   if (mn_get_u64(args, i, v) == 0) return 0;
   snprintf(err, errlen, "%s: argument %u (%s) must be a non-negative integer", what, i + 1, name);
-  return -1;
+  return MN_EINVAL;
 }
 
 static int arg_op(const msgpack_object *args, uint32_t i, const char *what, int *op, char *err, size_t errlen) {
@@ -31,7 +31,7 @@ static int arg_op(const msgpack_object *args, uint32_t i, const char *what, int 
       snprintf(err, errlen, "%s: unknown op '%.*s' (sum, max, min, avg)", what, (int)(n > 32 ? 32 : n), s);
     else
       snprintf(err, errlen, "%s: argument %u (op) must be one of \"sum\", \"max\", \"min\", \"avg\"", what, i + 1);
-    return -1;
+    return MN_EINVAL;
   }
   return 0;
 }
@@ -48,7 +48,7 @@ static int arg_count(const msgpack_object *args, uint32_t lo, uint32_t hi, const
   uint32_t n = args->via.array.size;
   if (n >= lo && n <= hi) return 0;
   snprintf(err, errlen, "%s takes %s, got %u argument%s", what, sig, n, n == 1 ? "" : "s");
-  return -1;
+  return MN_EINVAL;
 }
 
 static int builtin_recv_local(mn_exec_t *x, mk_tensor_t *t, uint64_t tag, int *found, char *err, size_t errlen) {
@@ -61,12 +61,12 @@ static int builtin_recv_local(mn_exec_t *x, mk_tensor_t *t, uint64_t tag, int *f
     if (s == NULL) {
       snprintf(err, errlen, "copy: the source tensor %llu was freed before the copy ran",
                (unsigned long long)local_sends[i].id);
-      return -1;
+      return MN_ENOTFOUND;
     }
     if (s->nbytes != t->nbytes || s->dtype != t->dtype) {
       snprintf(err, errlen, "copy: the source is %s of %zu bytes but the destination on rank %d is %s of %zu bytes",
                mn_dtype_name(s->dtype), s->nbytes, x->rank, mn_dtype_name(t->dtype), t->nbytes);
-      return -1;
+      return MN_EINVAL;
     }
     if (s != t) memcpy(t->data, s->data, t->nbytes);
     return 0;
@@ -74,10 +74,10 @@ static int builtin_recv_local(mn_exec_t *x, mk_tensor_t *t, uint64_t tag, int *f
   return 0;
 }
 
-/* Checks the argument count and reads the group id that starts every group built-in; 0 or -1 with err. */
+/* Checks the argument count and reads the group id that starts every group built-in; 0 or MN_EINVAL with err. */
 static int group_args(const mn_builtin_t *b, const msgpack_object *args, uint32_t n, uint64_t *gid, char *err,
                       size_t errlen) {
-  if (arg_count(args, n, n, b->name, b->usage, err, errlen) != 0) return -1;
+  if (arg_count(args, n, n, b->name, b->usage, err, errlen) != 0) return MN_EINVAL;
   return arg_u64(args, 0, "group id", b->name, gid, err, errlen);
 }
 
@@ -93,7 +93,7 @@ static int ran(mn_exec_t *x, int rc, int mismatch) {
 /* __coll_port() -> this proc's data port */
 static int b_port(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, const msgpack_object *args, char *err,
                   size_t errlen) {
-  return mk_return_int(ctx, mn_coll_port(inst(x))) == 0 ? 0 : -1;
+  return mn_exec_returned(x, mk_return_int(ctx, mn_coll_port(inst(x))));
 }
 
 /* __coll_group(gid, my_index, {"host:port", ...} [, {rank, ...}]) */
@@ -104,25 +104,25 @@ static int b_group(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, const msg
   if (arg_count(args, 3, 4, what, b->usage, err, errlen) != 0 ||
       arg_u64(args, 0, "group id", what, &gid, err, errlen) != 0 ||
       arg_u64(args, 1, "my index", what, &me, err, errlen) != 0)
-    return -1;
+    return MN_EINVAL;
   const msgpack_object *a = &args->via.array.ptr[2];
   const msgpack_object *r = args->via.array.size > 3 ? &args->via.array.ptr[3] : NULL;
   if (a->type != MSGPACK_OBJECT_ARRAY || a->via.array.size < 1 || a->via.array.size > MN_COLL_MAX_MEMBERS) {
     snprintf(err, errlen, "%s: argument 3 must be a list of 1..%d \"host:port\" addresses", what,
              MN_COLL_MAX_MEMBERS);
-    return -1;
+    return MN_EINVAL;
   }
   int n = (int)a->via.array.size;
   if (r != NULL && r->type != MSGPACK_OBJECT_NIL && (r->type != MSGPACK_OBJECT_ARRAY || (int)r->via.array.size != n)) {
     snprintf(err, errlen, "%s: argument 4 must be a list of %d ranks", what, n);
-    return -1;
+    return MN_EINVAL;
   }
   if (me >= (uint64_t)n) {
     snprintf(err, errlen, "%s: my index %llu is outside 0..%d", what, (unsigned long long)me, n - 1);
-    return -1;
+    return MN_EINVAL;
   }
   char **addrs = calloc((size_t)n, sizeof(char *));
-  int *ranks = malloc(sizeof(int) * (size_t)n), rc = -1;
+  int *ranks = malloc(sizeof(int) * (size_t)n), rc = MN_ENOMEM;
   if (addrs == NULL || ranks == NULL) {
     snprintf(err, errlen, "%s: out of memory", what);
     goto done;
@@ -134,6 +134,7 @@ static int b_group(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, const msg
     if (mn_get_str(a, (uint32_t)i, &s, &sl) != 0 || sl == 0 || sl > MN_COLL_MAX_ADDR) {
       snprintf(err, errlen, "%s: address %d must be a \"host:port\" string of at most %d bytes", what, i + 1,
                MN_COLL_MAX_ADDR);
+      rc = MN_EINVAL;
       goto done;
     }
     if ((addrs[i] = strndup(s, sl)) == NULL) {
@@ -142,6 +143,7 @@ static int b_group(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, const msg
     }
     if (r != NULL && r->type == MSGPACK_OBJECT_ARRAY && (mn_get_i64(r, (uint32_t)i, &rk) != 0 || rk < -1 || rk > INT32_MAX)) {
       snprintf(err, errlen, "%s: rank %d must be an integer", what, i + 1);
+      rc = MN_EINVAL;
       goto done;
     }
     ranks[i] = (int)rk;
@@ -158,7 +160,7 @@ done:
 static int b_free(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, const msgpack_object *args, char *err,
                   size_t errlen) {
   uint64_t gid;
-  if (group_args(b, args, 1, &gid, err, errlen) != 0) return -1;
+  if (group_args(b, args, 1, &gid, err, errlen) != 0) return MN_EINVAL;
   return mn_coll_group_free(inst(x), gid);
 }
 
@@ -167,20 +169,20 @@ static int b_layout(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, const ms
                     size_t errlen) {
   static const char *const names[] = {"flat", "one host", "hosts"};
   uint64_t gid;
-  if (group_args(b, args, 1, &gid, err, errlen) != 0) return -1;
+  if (group_args(b, args, 1, &gid, err, errlen) != 0) return MN_EINVAL;
   mn_coll_t *c = inst(x);
   int l = mn_coll_group_layout(c, gid);
   if (l < 0) {
     snprintf(err, errlen, "__coll_layout: rank %d has no group %llu", mn_coll_rank(c), (unsigned long long)gid);
-    return -1;
+    return l;
   }
-  return mk_return_string(ctx, names[l], strlen(names[l])) == 0 ? 0 : -1;
+  return mn_exec_returned(x, mk_return_string(ctx, names[l], strlen(names[l])));
 }
 
-/* The other members are (or will be) in this collective: tell them why this one is not. */
+/* The other members are (or will be) in this collective: tell them why this one is not. MN_EINVAL. */
 static int abort_on_bad_args(mn_coll_t *c, uint64_t gid, const char *err) {
   mn_coll_group_abort(c, gid, err);
-  return -1;
+  return MN_EINVAL;
 }
 
 /* __coll_all_reduce(group_id, tensor, op) */
@@ -189,7 +191,7 @@ static int b_all_reduce(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, cons
   uint64_t gid;
   int op, mismatch = 0;
   mk_tensor_t *t;
-  if (group_args(b, args, 3, &gid, err, errlen) != 0) return -1;
+  if (group_args(b, args, 3, &gid, err, errlen) != 0) return MN_EINVAL;
   mn_coll_t *c = inst(x);
   if ((t = mn_exec_tensor_arg(x, args, 1, err, errlen)) == NULL || arg_op(args, 2, b->name, &op, err, errlen) != 0)
     return abort_on_bad_args(c, gid, err);
@@ -204,7 +206,7 @@ static int b_reduce_scatter(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, 
   uint64_t gid;
   int op, mismatch = 0;
   mk_tensor_t *t, *t2;
-  if (group_args(b, args, 4, &gid, err, errlen) != 0) return -1;
+  if (group_args(b, args, 4, &gid, err, errlen) != 0) return MN_EINVAL;
   mn_coll_t *c = inst(x);
   if ((t = mn_exec_tensor_arg(x, args, 1, err, errlen)) == NULL ||
       (t2 = mn_exec_tensor_arg(x, args, 2, err, errlen)) == NULL || arg_op(args, 3, b->name, &op, err, errlen) != 0)
@@ -220,7 +222,7 @@ static int b_broadcast(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, const
   uint64_t gid, root;
   int mismatch = 0;
   mk_tensor_t *t;
-  if (group_args(b, args, 3, &gid, err, errlen) != 0) return -1;
+  if (group_args(b, args, 3, &gid, err, errlen) != 0) return MN_EINVAL;
   mn_coll_t *c = inst(x);
   if ((t = mn_exec_tensor_arg(x, args, 1, err, errlen)) == NULL ||
       arg_u64(args, 2, "root index", b->name, &root, err, errlen) != 0)
@@ -236,7 +238,7 @@ static int b_all_gather(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, cons
   uint64_t gid;
   int mismatch = 0;
   mk_tensor_t *t, *t2;
-  if (group_args(b, args, 3, &gid, err, errlen) != 0) return -1;
+  if (group_args(b, args, 3, &gid, err, errlen) != 0) return MN_EINVAL;
   mn_coll_t *c = inst(x);
   if ((t = mn_exec_tensor_arg(x, args, 1, err, errlen)) == NULL ||
       (t2 = mn_exec_tensor_arg(x, args, 2, err, errlen)) == NULL)
@@ -251,7 +253,7 @@ static int b_barrier(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, const m
                      size_t errlen) {
   uint64_t gid;
   int mismatch = 0;
-  if (group_args(b, args, 1, &gid, err, errlen) != 0) return -1;
+  if (group_args(b, args, 1, &gid, err, errlen) != 0) return MN_EINVAL;
   x->err_kind = "collective";
   int rc = mn_coll_barrier(inst(x), gid, err, errlen, &mismatch);
   return ran(x, rc, mismatch);
@@ -269,7 +271,7 @@ static int send_local(const mk_tensor_t *t, uint64_t tag, char *err, size_t errl
   }
   snprintf(err, errlen, "copy: %d local copies are already waiting for their recv (MN_COLL_MAX_LOCAL)",
            MN_COLL_MAX_LOCAL);
-  return -1;
+  return MN_ELIMIT;
 }
 
 /* __coll_send(tensor, "host:port" or "local", tag) */
@@ -283,10 +285,10 @@ static int b_send(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, const msgp
   if (arg_count(args, 3, 3, b->name, b->usage, err, errlen) != 0 ||
       (t = mn_exec_tensor_arg(x, args, 0, err, errlen)) == NULL ||
       arg_u64(args, 2, "tag", b->name, &tag, err, errlen) != 0)
-    return -1;
+    return MN_EINVAL;
   if (mn_get_str(args, 1, &s, &sl) != 0 || sl == 0 || sl > MN_COLL_MAX_ADDR) {
     snprintf(err, errlen, "__coll_send: argument 2 must be the receiver's data address \"host:port\" or \"local\"");
-    return -1;
+    return MN_EINVAL;
   }
   memcpy(addr, s, sl);
   addr[sl] = '\0';
@@ -304,7 +306,7 @@ static int b_recv(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, const msgp
   if (arg_count(args, 2, 2, b->name, b->usage, err, errlen) != 0 ||
       (t = mn_exec_tensor_arg(x, args, 0, err, errlen)) == NULL ||
       arg_u64(args, 1, "tag", b->name, &tag, err, errlen) != 0)
-    return -1;
+    return MN_EINVAL;
   x->err_kind = "collective";
   int rc = builtin_recv_local(x, t, tag, &found, err, errlen);
   return found ? rc : mn_coll_recv(inst(x), t, tag, err, errlen);
@@ -345,7 +347,7 @@ int mn_coll_start(const char *bind_host, const mn_auth_t *auth, int rank) {
   }
   if (mn_exec_register(&module) != 0) {
     fprintf(stderr, "monarch-worker --proc: cannot register the collective built-ins (MN_MAX_BUILTIN_MODULES)\n");
-    return -1;
+    return MN_ELIMIT;
   }
   return 0;
 }

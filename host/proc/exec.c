@@ -11,6 +11,7 @@
 #define MN_EXT_TENSOR 1 /* msgpack ext type of a tensor handle: 8-byte big-endian id */
 
 /* ---- the mk_api_t kernels see -------------------------------------------- */
+/* These are the kernel ABI (monarch_kernel.h), not err.h: they fail with -1, or msgpack-c's nonzero. */
 
 static mn_exec_t *X(mk_ctx_t *ctx) { return (mn_exec_t *)ctx->host; }
 
@@ -19,35 +20,35 @@ static int count_result(mn_exec_t *x) {
     snprintf(x->errmsg, sizeof(x->errmsg), "kernel returned more than MN_MAX_RESULTS (%d) values",
              MN_MAX_RESULTS);
     x->failed = 1;
-    return -1;
+    return MN_ELIMIT;
   }
   x->nresults++;
   return 0;
 }
 
 static int api_nil(mk_ctx_t *c) {
-  if (count_result(X(c))) return -1;
+  if (count_result(X(c)) != 0) return -1;
   return msgpack_pack_nil(&X(c)->rpk);
 }
 static int api_bool(mk_ctx_t *c, int b) {
-  if (count_result(X(c))) return -1;
+  if (count_result(X(c)) != 0) return -1;
   return b ? msgpack_pack_true(&X(c)->rpk) : msgpack_pack_false(&X(c)->rpk);
 }
 static int api_int(mk_ctx_t *c, int64_t i) {
-  if (count_result(X(c))) return -1;
+  if (count_result(X(c)) != 0) return -1;
   return msgpack_pack_int64(&X(c)->rpk, i);
 }
 static int api_number(mk_ctx_t *c, double d) {
-  if (count_result(X(c))) return -1;
+  if (count_result(X(c)) != 0) return -1;
   return msgpack_pack_double(&X(c)->rpk, d);
 }
 static int api_string(mk_ctx_t *c, const char *s, size_t n) {
-  if (count_result(X(c))) return -1;
+  if (count_result(X(c)) != 0) return -1;
   msgpack_pack_str(&X(c)->rpk, n);
   return msgpack_pack_str_body(&X(c)->rpk, s, n);
 }
 static int api_bytes(mk_ctx_t *c, const void *p, size_t n) {
-  if (count_result(X(c))) return -1;
+  if (count_result(X(c)) != 0) return -1;
   msgpack_pack_bin(&X(c)->rpk, n);
   return msgpack_pack_bin_body(&X(c)->rpk, p, n);
 }
@@ -64,7 +65,8 @@ static void *api_scratch(mk_ctx_t *c, size_t n) { return mn_scratch_get(&X(c)->s
 static int api_cancelled(mk_ctx_t *c) { return atomic_load(X(c)->cancel) != 0; }
 
 int mn__exec_return_ref(mn_exec_t *x, const void *p, size_t n) {
-  if (count_result(x)) return -1;
+  int rc = count_result(x);
+  if (rc != 0) return rc;
   /* Only the bin header is packed; reply_ok writes the bytes from p itself. */
   msgpack_pack_bin(&x->rpk, n);
   x->ref_ptr = (const char *)p;
@@ -140,7 +142,7 @@ static const char *obj_type_name(const msgpack_object *o) {
 }
 
 int mn__exec_tensor_id(const msgpack_object *o, uint64_t *id) {
-  if (o->type != MSGPACK_OBJECT_EXT || o->via.ext.type != MN_EXT_TENSOR || o->via.ext.size != 8) return -1;
+  if (o->type != MSGPACK_OBJECT_EXT || o->via.ext.type != MN_EXT_TENSOR || o->via.ext.size != 8) return MN_EINVAL;
   const unsigned char *p = (const unsigned char *)o->via.ext.ptr;
   uint64_t v = 0;
   for (int i = 0; i < 8; i++) v = (v << 8) | p[i];
@@ -150,7 +152,8 @@ int mn__exec_tensor_id(const msgpack_object *o, uint64_t *id) {
 
 /*
  * Converts argument i from msgpack, then to what signature letter `want`
- * asks for (sig.c). Returns 0, or -1 with a message in err naming the argument.
+ * asks for (sig.c). Returns 0, or with a message in err naming the argument:
+ * MN_ENOTFOUND for a tensor this proc does not hold, else MN_EINVAL.
  */
 static int convert_arg(mn_exec_t *x, const msgpack_object *o, char want, int i, mk_arg_t *a,
                        char *err, size_t errlen) {
@@ -175,33 +178,33 @@ static int convert_arg(mn_exec_t *x, const msgpack_object *o, char want, int i, 
   case MSGPACK_OBJECT_EXT:
     if (mn__exec_tensor_id(o, &id) != 0) {
       snprintf(err, errlen, "argument %d: unknown extension value", i + 1);
-      return -1;
+      return MN_EINVAL;
     }
     a->type = MK_ARG_TENSOR;
     a->v.tensor = mn_tensor_get(&x->reg, id);
     if (a->v.tensor == NULL) {
       snprintf(err, errlen, "argument %d: tensor %llu does not exist on this proc (freed?)", i + 1,
                (unsigned long long)id);
-      return -1;
+      return MN_ENOTFOUND;
     }
     break;
   default:
     snprintf(err, errlen, "argument %d: a %s cannot be passed to a kernel", i + 1, obj_type_name(o));
-    return -1;
+    return MN_EINVAL;
   }
   return mn_sig_coerce(a, want, i + 1, obj_type_name(o), err, errlen);
 }
 
-/* Checks args against a signature and converts them; 0 or -1 with err. */
+/* Checks args against a signature and converts them; 0, or convert_arg's or mn_sig_*'s code with err. */
 static int bind_args(mn_exec_t *x, const mk_kernel_t *k, const msgpack_object *args, mk_arg_t *argv,
                      char *err, size_t errlen) {
   mn_sig_t sig;
   int n = (int)args->via.array.size;
   mn_sig_parse(&sig, k->signature);
-  if (mn_sig_check_count(&sig, n, err, errlen) != 0) return -1;
-  for (int i = 0; i < n; i++)
-    if (convert_arg(x, &args->via.array.ptr[i], mn_sig_letter(&sig, i), i, &argv[i], err, errlen) != 0) return -1;
-  return 0;
+  int rc = mn_sig_check_count(&sig, n, err, errlen);
+  for (int i = 0; rc == 0 && i < n; i++)
+    rc = convert_arg(x, &args->via.array.ptr[i], mn_sig_letter(&sig, i), i, &argv[i], err, errlen);
+  return rc;
 }
 
 /* ---- built-ins: one table per module, looked up by name ------------------------ */
@@ -213,7 +216,7 @@ static struct {
 static int nmodules;
 
 int mn_exec_register(const mn_builtin_module_t *m) {
-  if (nmodules == MN_MAX_BUILTIN_MODULES) return -1;
+  if (nmodules == MN_MAX_BUILTIN_MODULES) return MN_ELIMIT;
   modules[nmodules].m = m;
   modules[nmodules].plen = strlen(m->prefix);
   nmodules++;
@@ -241,7 +244,7 @@ static const mn_builtin_module_t *module_of(const char *name, size_t nl) {
   return &mn__exec_builtins;
 }
 
-/* Runs a "__" built-in; returns 0 or -1 with err. Results go to rbuf. */
+/* Runs a "__" built-in; returns 0, or its code (MN_ENOTFOUND: no such built-in) with err. Results go to rbuf. */
 static int run_builtin(mn_exec_t *x, mk_ctx_t *ctx, const char *name, size_t nl,
                        const msgpack_object *args, char *err, size_t errlen) {
   const mn_builtin_module_t *m = module_of(name, nl);
@@ -253,7 +256,7 @@ static int run_builtin(mn_exec_t *x, mk_ctx_t *ctx, const char *name, size_t nl,
     m->unknown(m, name, nl, err, errlen);
   else
     snprintf(err, errlen, "unknown built-in '%.*s'", (int)nl, name);
-  return -1;
+  return MN_ENOTFOUND;
 }
 
 /* ---- the CALL path --------------------------------------------------------- */
@@ -281,6 +284,16 @@ void mn_exec_close(mn_exec_t *x) {
 static int protocol_error(mn_exec_t *x, int code, const char *msg) {
   mn_msg_pack_error(&x->out, code, msg);
   return code;
+}
+
+/* Empties the results and error of the previous call. */
+static void reset_results(mn_exec_t *x) {
+  x->rbuf.len = 0;
+  x->nresults = 0;
+  x->failed = 0;
+  x->ref_ptr = NULL;
+  x->ref_len = 0;
+  x->errmsg[0] = '\0';
 }
 
 int mn_exec_frame(mn_exec_t *x, const char *body, size_t len) {
@@ -328,12 +341,7 @@ int mn_exec_frame(mn_exec_t *x, const char *body, size_t len) {
   if (kl > 0) memcpy(namebuf, kname, kl); /* an empty str may come with a NULL pointer */
   namebuf[kl] = '\0';
   ctx.kernel = namebuf;
-  x->rbuf.len = 0;
-  x->nresults = 0;
-  x->failed = 0;
-  x->ref_ptr = NULL;
-  x->ref_len = 0;
-  x->errmsg[0] = '\0';
+  reset_results(x);
   err[0] = '\0';
   if (kl >= 2 && kname[0] == '_' && kname[1] == '_') {
     x->err_kind = "bad_args";

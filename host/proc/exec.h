@@ -45,8 +45,11 @@ typedef struct {
  * Built-ins: calls whose names start with "__", answered by the proc itself.
  * Each module (the executor's own, collectives, GPU, actors) is a table of
  * entries; a handler reads raw msgpack args, writes results through ctx->api
- * (the mk_return_* helpers) and returns 0, or -1 with a message in err. It
- * may set x->err_kind (default "bad_args"). ctx->kernel is the NUL-terminated
+ * (the mk_return_* helpers) and returns 0, or a negative code (err.h) with a
+ * message in err: MN_EINVAL for bad arguments, MN_ENOTFOUND for a tensor,
+ * library or kernel that is not there, the code of what failed otherwise.
+ * The code picks nothing on the wire: the reply's kind is x->err_kind, which
+ * the handler may set (default "bad_args"). ctx->kernel is the NUL-terminated
  * name that was called.
  */
 typedef struct mn_builtin_s mn_builtin_t;
@@ -71,9 +74,19 @@ struct mn_builtin_module_s {
 /*
  * Registers a module of built-ins; m (and its entries) must outlive every
  * executor. Call before executors start: the table is not locked. Returns 0,
- * or -1 if MN_MAX_BUILTIN_MODULES are registered already.
+ * or MN_ELIMIT if MN_MAX_BUILTIN_MODULES are registered already.
  */
 int mn_exec_register(const mn_builtin_module_t *m);
+
+/*
+ * A built-in's code for r, what its mk_return_* calls returned (the kernel
+ * ABI says only "nonzero" on failure): 0 for 0, else MN_ELIMIT past
+ * MN_MAX_RESULTS or MN_ENOMEM.
+ */
+static inline int mn_exec_returned(const mn_exec_t *x, int r) {
+  if (r == 0) return 0;
+  return x->nresults >= MN_MAX_RESULTS ? MN_ELIMIT : MN_ENOMEM;
+}
 
 /*
  * Writes m's names into buf, separated by ", ", for an "unknown built-in"
@@ -82,17 +95,22 @@ int mn_exec_register(const mn_builtin_module_t *m);
  */
 const char *mn_exec_builtin_names(const mn_builtin_module_t *m, size_t strip, char *buf, size_t len);
 
-/* Resolves a tensor argument (ext handle or integer id); NULL with err if absent. */
+/*
+ * Resolves a tensor argument (ext handle or integer id); NULL with err if it
+ * is no tensor or absent (callers fail with MN_EINVAL: a bad argument).
+ */
 mk_tensor_t *mn_exec_tensor_arg(mn_exec_t *x, const msgpack_object *args, uint32_t i, char *err,
                                 size_t errlen);
 
+/* 0, or MN_ENOMEM. */
 int mn_exec_init(mn_exec_t *x, const char *prefix, int rank, int world, atomic_int *cancel);
 void mn_exec_close(mn_exec_t *x);
 /*
  * Executes one frame. Appends a RESULT (or, for a protocol violation, an
- * ERROR) frame to x->out. Returns 0, 1 for a CALL that already ran (its
- * seq in x->dup_seq; nothing appended), or a negative MN_E* code when the
- * connection should be closed after the ERROR is written.
+ * ERROR) frame to x->out. Returns 0, the documented non-negative 1 for a
+ * CALL that already ran (its seq in x->dup_seq; nothing appended), or a
+ * negative MN_E* code (the decoder's, or MN_EPROTO) when the connection
+ * should be closed after the ERROR is written.
  */
 int mn_exec_frame(mn_exec_t *x, const char *body, size_t len);
 /* Starts a new controller session: CALL sequence numbers restart at 1. */

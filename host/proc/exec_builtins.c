@@ -9,9 +9,9 @@
 #include <string.h>
 #include <unistd.h>
 
-/* An integer id or a tensor handle at argument i; 0, or -1 if neither. */
+/* An integer id or a tensor handle at argument i; 0, or MN_EINVAL if neither. */
 static int arg_id(const msgpack_object *args, uint32_t i, uint64_t *v) {
-  if (i >= args->via.array.size) return -1;
+  if (i >= args->via.array.size) return MN_EINVAL;
   const msgpack_object *o = &args->via.array.ptr[i];
   if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER) {
     *v = o->via.u64;
@@ -40,14 +40,14 @@ static int b_load(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, const msgp
   size_t sl;
   if (mn_get_str(args, 0, &s, &sl) != 0 || sl == 0 || sl > MN_MAX_NAME) {
     snprintf(err, errlen, "__load takes a library name of 1..%d bytes", MN_MAX_NAME);
-    return -1;
+    return MN_EINVAL;
   }
   memcpy(lname, s, sl);
   lname[sl] = '\0';
   const mk_library_t *lib = mn_registry_load(&x->reg, lname, err, errlen);
-  if (lib == NULL) return -1;
+  if (lib == NULL) return MN_ENOTFOUND; /* not found, or not a usable library: err says which */
   const char *name = lib->name ? lib->name : lname;
-  return mk_return_string(ctx, name, strlen(name)) || mk_return_int(ctx, lib->count) ? -1 : 0;
+  return mn_exec_returned(x, mk_return_string(ctx, name, strlen(name)) || mk_return_int(ctx, lib->count));
 }
 
 /* __tensor_new(id, dtype, shape) */
@@ -61,24 +61,25 @@ static int b_tensor_new(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, cons
   if (arg_id(args, 0, &id) != 0 || mn_get_str(args, 1, &s, &sl) != 0 || sh == NULL ||
       sh->type != MSGPACK_OBJECT_ARRAY) {
     snprintf(err, errlen, "%s takes %s", b->name, b->usage);
-    return -1;
+    return MN_EINVAL;
   }
   int dt = mn_dtype_parse(s, sl);
   if (dt < 0) {
     snprintf(err, errlen, "unknown dtype '%.*s' (f32, f64, f16, bf16, i32, i64, u8)", (int)sl, s);
-    return -1;
+    return MN_EINVAL;
   }
   if (sh->via.array.size > MK_MAX_DIMS) {
     snprintf(err, errlen, "tensor has %u dimensions; MK_MAX_DIMS is %d", sh->via.array.size, MK_MAX_DIMS);
-    return -1;
+    return MN_EINVAL;
   }
   for (uint32_t i = 0; i < sh->via.array.size; i++) {
     if (mn_get_i64(sh, i, &shape[i]) != 0) {
       snprintf(err, errlen, "tensor shape entry %u is not an integer", i + 1);
-      return -1;
+      return MN_EINVAL;
     }
   }
-  return mn_tensor_new(&x->reg, id, (mk_dtype_t)dt, (int)sh->via.array.size, shape, err, errlen) ? 0 : -1;
+  /* NULL for a bad shape, a taken id, a limit or memory: err says which, the reply's kind is bad_args. */
+  return mn_tensor_new(&x->reg, id, (mk_dtype_t)dt, (int)sh->via.array.size, shape, err, errlen) ? 0 : MN_EINVAL;
 }
 
 /* __tensor_free(t) -> true, or false if there was none */
@@ -87,15 +88,15 @@ static int b_tensor_free(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, con
   uint64_t id;
   if (arg_id(args, 0, &id) != 0) {
     snprintf(err, errlen, "__tensor_free takes a tensor id");
-    return -1;
+    return MN_EINVAL;
   }
-  return mk_return_bool(ctx, mn_tensor_free(&x->reg, id) == 0) ? -1 : 0;
+  return mn_exec_returned(x, mk_return_bool(ctx, mn_tensor_free(&x->reg, id) == 0));
 }
 
 /*
  * The CPU tensor and byte range of __tensor_fetch(t [, offset, len]) or
  * __tensor_put(t [, offset], bytes): the whole tensor unless three arguments
- * name an offset (and, to fetch, a length). NULL with err.
+ * name an offset (and, to fetch, a length). NULL with err (a bad argument).
  */
 static mk_tensor_t *tensor_range(mn_exec_t *x, const mn_builtin_t *b, const msgpack_object *args, int fetch,
                                  int64_t *off, int64_t *len, char *err, size_t errlen) {
@@ -135,11 +136,11 @@ static int b_tensor_fetch(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, co
                           char *err, size_t errlen) {
   int64_t off, len;
   mk_tensor_t *t = tensor_range(x, b, args, 1, &off, &len, err, errlen);
-  if (t == NULL) return -1;
+  if (t == NULL) return MN_EINVAL;
   if ((uint64_t)len > MN_MAX_FRAME - 64) {
     snprintf(err, errlen, "fetch of %lld bytes is larger than one frame (MN_MAX_FRAME): fetch in ranges",
              (long long)len);
-    return -1;
+    return MN_ELIMIT;
   }
   return mn__exec_return_ref(x, (const char *)t->data + off, (size_t)len);
 }
@@ -151,20 +152,20 @@ static int b_tensor_put(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, cons
   const char *s;
   size_t sl;
   mk_tensor_t *t = tensor_range(x, b, args, 0, &off, &len, err, errlen);
-  if (t == NULL) return -1;
+  if (t == NULL) return MN_EINVAL;
   uint32_t data_at = args->via.array.size >= 3 ? 2 : 1;
   if (mn_get_bin(args, data_at, &s, &sl) != 0 && mn_get_str(args, data_at, &s, &sl) != 0) {
     snprintf(err, errlen, "__tensor_put takes %s", b->usage);
-    return -1;
+    return MN_EINVAL;
   }
   if (data_at == 1 && sl != t->nbytes) {
     snprintf(err, errlen, "put of %zu bytes into a tensor of %zu bytes", sl, t->nbytes);
-    return -1;
+    return MN_EINVAL;
   }
   if ((size_t)off + sl > t->nbytes) {
     snprintf(err, errlen, "put of %zu bytes at offset %lld runs past the tensor's %zu bytes", sl, (long long)off,
              t->nbytes);
-    return -1;
+    return MN_EINVAL;
   }
   memcpy((char *)t->data + off, s, sl);
   return 0;
@@ -175,7 +176,7 @@ static int b_lost(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, const msgp
                   size_t errlen) {
   x->err_kind = "lost";
   snprintf(err, errlen, "the call's payload was lost in a reconnect before the proc ran it; send it again");
-  return -1;
+  return MN_EPEER; /* the connection to the controller lost it */
 }
 
 /* __kernels() -> the name of every loaded kernel, in load order (at most MN_MAX_RESULTS) */
@@ -184,7 +185,7 @@ static int b_kernels(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, const m
   for (int l = 0; l < x->reg.nlibs; l++) {
     const mk_library_t *lib = x->reg.libs[l];
     for (int k = 0; k < lib->count && x->nresults < MN_MAX_RESULTS; k++)
-      if (mk_return_string(ctx, lib->kernels[k].name, strlen(lib->kernels[k].name)) != 0) return -1;
+      if (mk_return_string(ctx, lib->kernels[k].name, strlen(lib->kernels[k].name)) != 0) return MN_ENOMEM;
   }
   return 0;
 }
@@ -198,7 +199,7 @@ static int b_info(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, const msgp
   int bad = mk_return_int(ctx, x->rank) || mk_return_int(ctx, x->world) || mk_return_int(ctx, getpid()) ||
             mk_return_string(ctx, h, strlen(h)) || mk_return_int(ctx, (int64_t)x->reg.ntensors) ||
             mk_return_int(ctx, (int64_t)x->reg.tensor_bytes);
-  return bad ? -1 : 0;
+  return mn_exec_returned(x, bad);
 }
 
 static const mn_builtin_t entries[] = {

@@ -1,18 +1,19 @@
 /* gpu.c - CUDA device memory and NCCL collectives for a proc; see gpu.h. */
 #include "gpu.h"
 
+#include "clock.h"
 #include "collective.h"
 
 #include "exec.h"
 #include "registry.h"
 
 #include <dlfcn.h>
+#include <errno.h>
 #include <limits.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #define MN_GPU_WHY 512             /* longest reason CUDA or NCCL cannot be used */
 #define MN_GPU_PROPS_BYTES 16384   /* room for any CUDA version's cudaDeviceProp */
@@ -111,13 +112,14 @@ static void resolve(void *h, const char *name, void *slot, char *missing, size_t
   memcpy(slot, &p, sizeof(p)); /* object to function pointer, as dlsym's contract allows */
 }
 
+/* 0, or MN_ENOTFOUND with the reason in G.rt_why (no runtime, or one lacking entry points). */
 static int load_cudart(void) {
   static const char *const names[] = {"libcudart.so.13", "libcudart.so.12", "libcudart.so",
                                       "/usr/local/cuda/lib64/libcudart.so"};
   char missing[256] = "";
   void *h = open_first("no CUDA runtime on this host", "MONARCH_CUDART", names, 4, G.rt_why,
                        sizeof(G.rt_why));
-  if (h == NULL) return -1;
+  if (h == NULL) return MN_ENOTFOUND;
   mn_cudart_t *r = &G.rt;
   resolve(h, "cudaGetDeviceCount", &r->GetDeviceCount, missing, sizeof(missing));
   resolve(h, "cudaSetDevice", &r->SetDevice, missing, sizeof(missing));
@@ -140,13 +142,13 @@ static int load_cudart(void) {
     resolve(h, "cudaGetDeviceProperties", &r->GetDeviceProperties, missing, sizeof(missing));
   if (missing[0] != '\0') {
     snprintf(G.rt_why, sizeof(G.rt_why), "no usable CUDA runtime: the loaded libcudart lacks %s", missing);
-    return -1;
+    return MN_ENOTFOUND;
   }
   return 0;
 }
 
-/* Loads the runtime and counts devices, once. Returns 0, or -1 with err set
- * (the same reason every time) and x->err_kind "no_gpu". */
+/* Loads the runtime and counts devices, once. Returns 0, or MN_ENOTFOUND with
+ * err set (the same reason every time) and x->err_kind "no_gpu". */
 static int cuda_ready(mn_exec_t *x, char *err, size_t errlen) {
   if (!G.rt_tried) {
     G.rt_tried = 1;
@@ -171,41 +173,43 @@ static int cuda_ready(mn_exec_t *x, char *err, size_t errlen) {
   if (G.rt_ok) return 0;
   if (x != NULL) x->err_kind = "no_gpu";
   snprintf(err, errlen, "%s", G.rt_why);
-  return -1;
+  return MN_ENOTFOUND;
 }
 
-/* Makes `dev` current on this thread; 0 or -1 with err. */
+/* Makes `dev` current on this thread; 0, or with err cuda_ready's code, MN_EINVAL (no such device) or MN_EDEVICE. */
 static int use_device(mn_exec_t *x, int dev, char *err, size_t errlen) {
-  if (cuda_ready(x, err, errlen) != 0) return -1;
+  int rc = cuda_ready(x, err, errlen);
+  if (rc != 0) return rc;
   if (dev < 0 || dev >= G.ndev) {
     snprintf(err, errlen, "device %d does not exist: this proc sees %d CUDA device%s (0..%d)", dev, G.ndev,
              G.ndev == 1 ? "" : "s", G.ndev - 1);
-    return -1;
+    return MN_EINVAL;
   }
   /* Set every time: a kernel library may have switched this thread's device. */
-  int rc = G.rt.SetDevice(dev);
+  rc = G.rt.SetDevice(dev);
   if (rc != CUDA_SUCCESS) {
     if (x != NULL) x->err_kind = "gpu";
     snprintf(err, errlen, "cudaSetDevice(%d) failed: %s", dev, G.rt.GetErrorString(rc));
-    return -1;
+    return MN_EDEVICE;
   }
   G.cur = dev;
   return 0;
 }
 
-/* Reports a failed CUDA call: "what failed: <CUDA's message>". */
+/* Reports a failed CUDA call: "what failed: <CUDA's message>". Returns MN_EDEVICE. */
 static int cuda_fail(mn_exec_t *x, int rc, const char *what, char *err, size_t errlen) {
   x->err_kind = "gpu";
   snprintf(err, errlen, "%s failed: %s", what, G.rt.GetErrorString(rc));
-  return -1;
+  return MN_EDEVICE;
 }
 
+/* 0, or MN_ENOTFOUND with the reason in G.nccl_why. */
 static int load_nccl(void) {
   static const char *const names[] = {"libnccl.so.2", "libnccl.so", "/usr/local/cuda/lib64/libnccl.so.2"};
   char missing[256] = "";
   void *h = open_first("NCCL is not available on this host", "MONARCH_NCCL", names, 3, G.nccl_why,
                        sizeof(G.nccl_why));
-  if (h == NULL) return -1;
+  if (h == NULL) return MN_ENOTFOUND;
   mn_nccl_t *n = &G.nccl;
   resolve(h, "ncclGetVersion", &n->GetVersion, missing, sizeof(missing));
   resolve(h, "ncclGetUniqueId", &n->GetUniqueId, missing, sizeof(missing));
@@ -222,13 +226,15 @@ static int load_nccl(void) {
   resolve(h, "ncclGetLastError", &n->GetLastError, unused, sizeof(unused));
   if (missing[0] != '\0') {
     snprintf(G.nccl_why, sizeof(G.nccl_why), "NCCL is not usable: the loaded libnccl lacks %s", missing);
-    return -1;
+    return MN_ENOTFOUND;
   }
   return 0;
 }
 
+/* Loads NCCL, once. Returns 0, or MN_ENOTFOUND with err and x->err_kind "no_gpu". */
 static int nccl_ready(mn_exec_t *x, char *err, size_t errlen) {
-  if (cuda_ready(x, err, errlen) != 0) return -1;
+  int rc = cuda_ready(x, err, errlen);
+  if (rc != 0) return rc;
   if (!G.nccl_tried) {
     G.nccl_tried = 1;
     if (G.fake_nccl != NULL) G.nccl = *G.fake_nccl;
@@ -237,16 +243,16 @@ static int nccl_ready(mn_exec_t *x, char *err, size_t errlen) {
   if (G.nccl_ok) return 0;
   x->err_kind = "no_gpu";
   snprintf(err, errlen, "%s", G.nccl_why);
-  return -1;
+  return MN_ENOTFOUND;
 }
 
-/* "what failed: ncclInvalidUsage text (NCCL's last error)". */
+/* "what failed: ncclInvalidUsage text (NCCL's last error)". Returns MN_EDEVICE. */
 static int nccl_fail(mn_exec_t *x, int rc, void *comm, const char *what, char *err, size_t errlen) {
   const char *last = G.nccl.GetLastError ? G.nccl.GetLastError(comm) : NULL;
   x->err_kind = "gpu";
   snprintf(err, errlen, "%s failed: %s%s%s%s", what, G.nccl.GetErrorString(rc), last && *last ? " (" : "",
            last && *last ? last : "", last && *last ? ")" : "");
-  return -1;
+  return MN_EDEVICE;
 }
 
 /* ---- device memory for the registry ----------------------------------------- */
@@ -337,6 +343,7 @@ static comm_t *comm_arg(mn_exec_t *x, const msgpack_object *args, const char *wh
   return c;
 }
 
+/* NCCL's number for d (>= 0), or MN_EINVAL for a dtype NCCL lacks. */
 static int nccl_dtype(mk_dtype_t d) {
   switch (d) {
   case MK_U8: return 1;
@@ -346,11 +353,11 @@ static int nccl_dtype(mk_dtype_t d) {
   case MK_F32: return 7;
   case MK_F64: return 8;
   case MK_BF16: return 9;
-  default: return -1;
+  default: return MN_EINVAL;
   }
 }
 
-/* The reduction named by argument i: sum, max, min, avg; -1 with err. */
+/* The reduction named by argument i: sum, max, min, avg as NCCL numbers them (>= 0); MN_EINVAL with err. */
 static int nccl_op(const msgpack_object *args, uint32_t i, const char *who, char *err, size_t errlen) {
   static const struct { const char *name; int op; } ops[] = {{"sum", 0}, {"max", 2}, {"min", 3}, {"avg", 4}};
   const char *s;
@@ -359,13 +366,7 @@ static int nccl_op(const msgpack_object *args, uint32_t i, const char *who, char
     for (size_t k = 0; k < sizeof(ops) / sizeof(ops[0]); k++)
       if (strlen(ops[k].name) == n && memcmp(ops[k].name, s, n) == 0) return ops[k].op;
   snprintf(err, errlen, "%s: argument %u must be a reduction: \"sum\", \"max\", \"min\" or \"avg\"", who, i + 1);
-  return -1;
-}
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+  return MN_EINVAL;
 }
 
 static double coll_timeout(void) {
@@ -381,36 +382,43 @@ static double coll_timeout(void) {
  * Waits for the collective just enqueued on the default stream. A peer that
  * never joins would block a plain cudaStreamSynchronize forever; polling
  * lets a cancel, an NCCL error or the timeout abort the communicator
- * instead, so the proc stays usable. Returns 0 or -1 with err; an aborted
- * communicator is dropped.
+ * instead, so the proc stays usable. Returns 0, or with err MN_EDEVICE (the
+ * device or NCCL reported an error), the watch's code (a member died),
+ * MN_ECANCELED or MN_ETIMEDOUT; an aborted communicator is dropped.
  */
 static int coll_wait(mn_exec_t *x, mk_ctx_t *ctx, comm_t *c, const char *who, char *err, size_t errlen) {
-  double deadline = now_s() + coll_timeout();
+  double deadline = mn_now_s() + coll_timeout();
   const char *why = NULL;
+  int rc = MN_EDEVICE;
   for (unsigned i = 1;; i++) {
     int q = G.rt.StreamQuery(NULL);
     if (q == CUDA_SUCCESS) return 0;
     if (q != CUDA_NOT_READY) {
       x->err_kind = "gpu";
       snprintf(err, errlen, "%s: the device reported an error: %s", who, G.rt.GetErrorString(q));
-      return -1;
+      return MN_EDEVICE;
     }
     if (i % MN_GPU_POLL_EVERY == 0) {
       int async = NCCL_SUCCESS;
       if (G.nccl.CommGetAsyncError(c->comm, &async) == NCCL_SUCCESS && async != NCCL_SUCCESS &&
           async != NCCL_IN_PROGRESS) {
-        nccl_fail(x, async, c->comm, who, err, errlen);
+        rc = nccl_fail(x, async, c->comm, who, err, errlen);
         break;
       }
-      if (c->watch != 0 && mn_coll_watch(c->watch, who, err, errlen) != 0) {
+      if (c->watch != 0 && (rc = mn_coll_watch(c->watch, who, err, errlen)) != 0) {
         /* NCCL does not notice a dead peer on its own: it would wait for the timeout. */
         x->err_kind = "gpu";
         size_t l = strlen(err);
         snprintf(err + l, errlen - l, "; communicator %llu aborted", (unsigned long long)c->id);
         break;
       }
-      if (mk_cancelled(ctx)) why = "cancelled";
-      else if (now_s() > deadline) why = "timed out";
+      if (mk_cancelled(ctx)) {
+        why = "cancelled";
+        rc = MN_ECANCELED;
+      } else if (mn_now_s() > deadline) {
+        why = "timed out";
+        rc = MN_ETIMEDOUT;
+      }
       if (why != NULL) {
         x->err_kind = "gpu";
         snprintf(err, errlen, "%s on communicator %llu %s after %.0f s (did every rank join?); communicator aborted",
@@ -423,7 +431,7 @@ static int coll_wait(mn_exec_t *x, mk_ctx_t *ctx, comm_t *c, const char *who, ch
   if (G.nccl.CommAbort(c->comm) != NCCL_SUCCESS)
     fprintf(stderr, "monarch proc: ncclCommAbort of communicator %llu failed\n", (unsigned long long)c->id);
   drop_comm(c);
-  return -1;
+  return rc;
 }
 
 /* ---- built-ins --------------------------------------------------------------- */
@@ -434,7 +442,7 @@ static int b_info(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, const msgp
   int dev = proc_device(x), major = 0, minor = 0, rtv = 0, drv = 0, rc;
   size_t fb = 0, tb = 0;
   char *props, cc[32];
-  if (use_device(x, dev, err, errlen) != 0) return -1;
+  if ((rc = use_device(x, dev, err, errlen)) != 0) return rc;
   if ((rc = G.rt.MemGetInfo(&fb, &tb)) != CUDA_SUCCESS) return cuda_fail(x, rc, "cudaMemGetInfo", err, errlen);
   if ((rc = G.rt.DeviceGetAttribute(&major, CUDA_ATTR_CC_MAJOR, dev)) != CUDA_SUCCESS ||
       (rc = G.rt.DeviceGetAttribute(&minor, CUDA_ATTR_CC_MINOR, dev)) != CUDA_SUCCESS)
@@ -444,7 +452,7 @@ static int b_info(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, const msgp
   props = calloc(1, MN_GPU_PROPS_BYTES);
   if (props == NULL) {
     snprintf(err, errlen, "__gpu_info: out of memory");
-    return -1;
+    return MN_ENOMEM;
   }
   rc = G.rt.GetDeviceProperties(props, dev);
   if (rc != CUDA_SUCCESS) {
@@ -458,7 +466,7 @@ static int b_info(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, const msgp
             mk_return_string(ctx, cc, strlen(cc)) || mk_return_int(ctx, rtv) || mk_return_int(ctx, drv) ||
             mk_return_int(ctx, dev);
   free(props);
-  return bad ? -1 : 0;
+  return mn_exec_returned(x, bad);
 }
 
 /* __gpu_tensor_new(id, dtype, shape, device?) */
@@ -472,39 +480,40 @@ static int b_tensor_new(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, cons
   if (mn_get_u64(args, 0, &id) != 0 || mn_get_str(args, 1, &s, &sl) != 0 || sh == NULL ||
       sh->type != MSGPACK_OBJECT_ARRAY || (d != NULL && d->type != MSGPACK_OBJECT_NIL && mn_get_i64(args, 3, &dev) != 0)) {
     snprintf(err, errlen, "%s takes %s", b->name, b->usage);
-    return -1;
+    return MN_EINVAL;
   }
   int dt = mn_dtype_parse(s, sl);
   if (dt < 0) {
     snprintf(err, errlen, "unknown dtype '%.*s' (f32, f64, f16, bf16, i32, i64, u8)", (int)sl, s);
-    return -1;
+    return MN_EINVAL;
   }
   if (sh->via.array.size > MK_MAX_DIMS) {
     snprintf(err, errlen, "tensor has %u dimensions; MK_MAX_DIMS is %d", sh->via.array.size, MK_MAX_DIMS);
-    return -1;
+    return MN_EINVAL;
   }
   for (uint32_t i = 0; i < sh->via.array.size; i++) {
     if (mn_get_i64(sh, i, &shape[i]) != 0) {
       snprintf(err, errlen, "tensor shape entry %u is not an integer", i + 1);
-      return -1;
+      return MN_EINVAL;
     }
   }
   if (dev < 0) dev = proc_device(x);
   if (dev > INT_MAX) dev = INT_MAX; /* use_device names the valid range */
-  if (use_device(x, (int)dev, err, errlen) != 0) return -1;
+  int rc = use_device(x, (int)dev, err, errlen);
+  if (rc != 0) return rc;
 #ifdef MN_DEVICE_HOOKS
   G.alloc_failed = 0;
   if (mn_tensor_new_on(&x->reg, id, (mk_dtype_t)dt, (int)sh->via.array.size, shape, (int)dev, err, errlen) != NULL)
     return 0;
   if (G.alloc_failed) x->err_kind = "gpu";
-  return -1;
+  return G.alloc_failed ? MN_EDEVICE : MN_EINVAL;
 #else
   snprintf(err, errlen, "GPU tensors need the registry's device hooks (MN_DEVICE_HOOKS), which this proc lacks");
-  return -1;
+  return MN_EINVAL;
 #endif
 }
 
-/* The GPU tensor that __gpu_fetch and __gpu_put copy, on a ready device; NULL with err. */
+/* The GPU tensor that __gpu_fetch and __gpu_put copy, on a ready device; NULL with err (and x->err_kind). */
 static mk_tensor_t *copy_tensor(mn_exec_t *x, const mn_builtin_t *b, const msgpack_object *args, char *err,
                                 size_t errlen) {
   if (cuda_ready(x, err, errlen) != 0) return NULL;
@@ -517,15 +526,15 @@ static mk_tensor_t *copy_tensor(mn_exec_t *x, const mn_builtin_t *b, const msgpa
 static int b_fetch(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, const msgpack_object *args, char *err,
                    size_t errlen) {
   mk_tensor_t *t = copy_tensor(x, b, args, err, errlen);
-  if (t == NULL) return -1;
+  if (t == NULL) return MN_EINVAL;
   if (t->nbytes > MN_MAX_FRAME - 64) {
     snprintf(err, errlen, "__gpu_fetch: tensor of %zu bytes is larger than one frame (MN_MAX_FRAME)", t->nbytes);
-    return -1;
+    return MN_ELIMIT;
   }
   void *host = malloc(t->nbytes ? t->nbytes : 1);
   if (host == NULL) {
     snprintf(err, errlen, "__gpu_fetch: out of host memory for %zu bytes", t->nbytes);
-    return -1;
+    return MN_ENOMEM;
   }
   int rc = G.rt.Memcpy(host, t->data, t->nbytes, CUDA_D2H);
   if (rc != CUDA_SUCCESS) {
@@ -534,7 +543,7 @@ static int b_fetch(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, const msg
   }
   int bad = mk_return_bytes(ctx, host, t->nbytes);
   free(host);
-  return bad ? -1 : 0;
+  return mn_exec_returned(x, bad);
 }
 
 /* __gpu_put(t, bytes): host to device, exactly t's size */
@@ -543,14 +552,14 @@ static int b_put(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, const msgpa
   const char *s;
   size_t sl;
   mk_tensor_t *t = copy_tensor(x, b, args, err, errlen);
-  if (t == NULL) return -1;
+  if (t == NULL) return MN_EINVAL;
   if (mn_get_bin(args, 1, &s, &sl) != 0 && mn_get_str(args, 1, &s, &sl) != 0) {
     snprintf(err, errlen, "%s takes %s", b->name, b->usage);
-    return -1;
+    return MN_EINVAL;
   }
   if (sl != t->nbytes) {
     snprintf(err, errlen, "__gpu_put: %zu bytes into a tensor of %zu bytes", sl, t->nbytes);
-    return -1;
+    return MN_EINVAL;
   }
   int rc = G.rt.Memcpy(t->data, s, sl, CUDA_H2D);
   return rc == CUDA_SUCCESS ? 0 : cuda_fail(x, rc, "__gpu_put: cudaMemcpy host to device", err, errlen);
@@ -563,21 +572,22 @@ static int b_free(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, const msgp
   const msgpack_object *a = arg(args, 0);
   if (a == NULL || (a->type != MSGPACK_OBJECT_POSITIVE_INTEGER && a->type != MSGPACK_OBJECT_EXT)) {
     snprintf(err, errlen, "__gpu_free takes a tensor (or tensor id)");
-    return -1;
+    return MN_EINVAL;
   }
   mk_tensor_t *t = mn_exec_tensor_arg(x, args, 0, e, sizeof(e));
   if (t != NULL && t->device < 0) {
     snprintf(err, errlen, "__gpu_free: tensor %llu is on the CPU (free it with __tensor_free)", (unsigned long long)t->id);
-    return -1;
+    return MN_EINVAL;
   }
-  return mk_return_bool(ctx, t != NULL && mn_tensor_free(&x->reg, t->id) == 0);
+  return mn_exec_returned(x, mk_return_bool(ctx, t != NULL && mn_tensor_free(&x->reg, t->id) == 0));
 }
 
 /* __gpu_sync() */
 static int b_sync(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, const msgpack_object *args, char *err,
                   size_t errlen) {
-  if (use_device(x, proc_device(x), err, errlen) != 0) return -1;
-  int rc = G.rt.DeviceSynchronize();
+  int rc = use_device(x, proc_device(x), err, errlen);
+  if (rc != 0) return rc;
+  rc = G.rt.DeviceSynchronize();
   return rc == CUDA_SUCCESS ? 0 : cuda_fail(x, rc, "cudaDeviceSynchronize", err, errlen);
 }
 
@@ -585,16 +595,17 @@ static int b_sync(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, const msgp
 static int b_nccl_id(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, const msgpack_object *args, char *err,
                      size_t errlen) {
   mn_nccl_id_t id;
-  if (nccl_ready(x, err, errlen) != 0) return -1;
-  int rc = G.nccl.GetUniqueId(&id);
+  int rc = nccl_ready(x, err, errlen);
+  if (rc != 0) return rc;
+  rc = G.nccl.GetUniqueId(&id);
   if (rc != NCCL_SUCCESS) return nccl_fail(x, rc, NULL, "ncclGetUniqueId", err, errlen);
-  return mk_return_bytes(ctx, id.internal, sizeof(id.internal));
+  return mn_exec_returned(x, mk_return_bytes(ctx, id.internal, sizeof(id.internal)));
 }
 
-/* A communicator that was not made does not keep its watch group. */
-static int fail_watch(uint64_t watch) {
+/* A communicator that was not made does not keep its watch group. Returns rc. */
+static int fail_watch(uint64_t watch, int rc) {
   if (watch != 0) mn_coll_watch_free(watch);
-  return -1;
+  return rc;
 }
 
 /* __gpu_nccl_init(comm, id, nranks, rank [, watch group]) */
@@ -609,34 +620,32 @@ static int b_nccl_init(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, const
       mn_get_i64(args, 2, &nranks) != 0 || mn_get_i64(args, 3, &rank) != 0 ||
       (args->via.array.size > 4 && mn_get_u64(args, 4, &watch) != 0)) {
     snprintf(err, errlen, "%s takes %s", b->name, b->usage);
-    return -1;
+    return MN_EINVAL;
   }
   if (sl != sizeof(id.internal)) {
     snprintf(err, errlen, "__gpu_nccl_init: the NCCL id must be %d bytes, got %zu", MN_GPU_NCCL_ID_BYTES, sl);
-    return fail_watch(watch);
+    return fail_watch(watch, MN_EINVAL);
   }
   if (nranks < 1 || nranks > 1 << 20 || rank < 0 || rank >= nranks) {
     snprintf(err, errlen, "__gpu_nccl_init: rank %lld is outside 0..nranks-1 (nranks %lld)", (long long)rank,
              (long long)nranks);
-    return fail_watch(watch);
+    return fail_watch(watch, MN_EINVAL);
   }
-  if (nccl_ready(x, err, errlen) != 0 || use_device(x, proc_device(x), err, errlen) != 0) return fail_watch(watch);
+  int rc = nccl_ready(x, err, errlen);
+  if (rc != 0 || (rc = use_device(x, proc_device(x), err, errlen)) != 0) return fail_watch(watch, rc);
   if (find_comm(cid) != NULL) {
     snprintf(err, errlen, "__gpu_nccl_init: communicator %llu already exists on this proc", (unsigned long long)cid);
-    return fail_watch(watch);
+    return fail_watch(watch, MN_EINVAL);
   }
   if (G.ncomms == MN_GPU_MAX_COMMS) {
     snprintf(err, errlen, "__gpu_nccl_init: MN_GPU_MAX_COMMS (%d) communicators already live on this proc",
              MN_GPU_MAX_COMMS);
-    return fail_watch(watch);
+    return fail_watch(watch, MN_ELIMIT);
   }
   memcpy(id.internal, s, sizeof(id.internal));
   void *comm = NULL;
-  int rc = G.nccl.CommInitRank(&comm, (int)nranks, id, (int)rank);
-  if (rc != NCCL_SUCCESS) {
-    nccl_fail(x, rc, NULL, "ncclCommInitRank", err, errlen);
-    return fail_watch(watch);
-  }
+  rc = G.nccl.CommInitRank(&comm, (int)nranks, id, (int)rank);
+  if (rc != NCCL_SUCCESS) return fail_watch(watch, nccl_fail(x, rc, NULL, "ncclCommInitRank", err, errlen));
   G.comms[G.ncomms++] = (comm_t){cid, comm, (int)nranks, (int)rank, G.cur, watch};
   return 0;
 }
@@ -647,26 +656,26 @@ static int b_nccl_free(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, const
   uint64_t cid;
   if (mn_get_u64(args, 0, &cid) != 0) {
     snprintf(err, errlen, "__gpu_nccl_free takes a communicator id");
-    return -1;
+    return MN_EINVAL;
   }
   comm_t *c = find_comm(cid);
-  if (c == NULL) return mk_return_bool(ctx, 0);
+  if (c == NULL) return mn_exec_returned(x, mk_return_bool(ctx, 0));
   int rc = G.nccl.CommDestroy(c->comm);
   drop_comm(c);
   if (rc != NCCL_SUCCESS) return nccl_fail(x, rc, NULL, "ncclCommDestroy", err, errlen);
-  return mk_return_bool(ctx, 1);
+  return mn_exec_returned(x, mk_return_bool(ctx, 1));
 }
 
-/* Checks a collective's tensor against its communicator; 0 or -1 with err. */
+/* Checks a collective's tensor against its communicator; 0 or MN_EINVAL with err. */
 static int coll_tensor(const comm_t *c, const mk_tensor_t *t, const char *who, char *err, size_t errlen) {
   if (t->device != c->device) {
     snprintf(err, errlen, "%s: tensor %llu is on cuda:%d but communicator %llu is on cuda:%d", who,
              (unsigned long long)t->id, t->device, (unsigned long long)c->id, c->device);
-    return -1;
+    return MN_EINVAL;
   }
   if (nccl_dtype(t->dtype) < 0) {
     snprintf(err, errlen, "%s: dtype %s has no NCCL type", who, mn_dtype_name(t->dtype));
-    return -1;
+    return MN_EINVAL;
   }
   return 0;
 }
@@ -682,30 +691,30 @@ static int b_collective(mn_exec_t *x, mk_ctx_t *ctx, gpu_coll_t kind, const char
   int op = 0, root = 0, rc;
   int64_t r64;
   comm_t *c = comm_arg(x, args, who, err, errlen);
-  if (c == NULL) return -1;
+  if (c == NULL) return MN_EINVAL; /* also when NCCL is missing: x->err_kind says "no_gpu" */
   mk_tensor_t *a = gpu_tensor_arg(x, args, 1, who, err, errlen), *b = a;
-  if (a == NULL || coll_tensor(c, a, who, err, errlen) != 0) return -1;
+  if (a == NULL || coll_tensor(c, a, who, err, errlen) != 0) return MN_EINVAL;
   if (is_ag || is_rs) {
     b = gpu_tensor_arg(x, args, 2, who, err, errlen);
-    if (b == NULL || coll_tensor(c, b, who, err, errlen) != 0) return -1;
+    if (b == NULL || coll_tensor(c, b, who, err, errlen) != 0) return MN_EINVAL;
     /* The gathered (or scattered-from) side holds one part per rank. */
     const mk_tensor_t *part = is_ag ? a : b, *whole = is_ag ? b : a;
     if (a == b || a->dtype != b->dtype || whole->numel != part->numel * c->nranks) {
       snprintf(err, errlen, "%s: %s must be a separate %s tensor of %d x %lld elements (%d ranks), got %s of %lld",
                who, is_ag ? "recv" : "send", mn_dtype_name(part->dtype), c->nranks, (long long)part->numel,
                c->nranks, mn_dtype_name(whole->dtype), (long long)whole->numel);
-      return -1;
+      return MN_EINVAL;
     }
   }
-  if ((is_ar || is_rs) && (op = nccl_op(args, is_ar ? 2 : 3, who, err, errlen)) < 0) return -1;
+  if ((is_ar || is_rs) && (op = nccl_op(args, is_ar ? 2 : 3, who, err, errlen)) < 0) return op;
   if (is_bc) {
     if (mn_get_i64(args, 2, &r64) != 0 || r64 < 0 || r64 >= c->nranks) {
       snprintf(err, errlen, "%s: argument 3 must be the root rank, 0..%d", who, c->nranks - 1);
-      return -1;
+      return MN_EINVAL;
     }
     root = (int)r64;
   }
-  if (use_device(x, c->device, err, errlen) != 0) return -1;
+  if ((rc = use_device(x, c->device, err, errlen)) != 0) return rc;
   int dt = nccl_dtype(a->dtype);
   if (is_ar) rc = G.nccl.AllReduce(a->data, a->data, (size_t)a->numel, dt, op, c->comm, NULL);
   else if (is_bc) rc = G.nccl.Broadcast(a->data, a->data, (size_t)a->numel, dt, root, c->comm, NULL);
@@ -762,7 +771,8 @@ static const mn_builtin_module_t module = {"__gpu_", entries, (int)(sizeof(entri
 int mn_gpu_register(void) {
   static int registered;
   if (registered) return 0;
-  if (mn_exec_register(&module) != 0) return -1;
+  int rc = mn_exec_register(&module);
+  if (rc != 0) return rc;
 #ifdef MN_DEVICE_HOOKS
   mn_registry_set_device_ops(&device_ops);
 #endif
@@ -775,7 +785,7 @@ int mn_gpu_pin(int device, char *err, size_t errlen) {
   char one[MN_GPU_MAX_VISIBLE];
   if (device < 0) {
     snprintf(err, errlen, "cannot pin to GPU %d: devices are numbered from 0", device);
-    return -1;
+    return MN_EINVAL;
   }
   if (vis == NULL || vis[0] == '\0') {
     snprintf(one, sizeof(one), "%d", device);
@@ -789,14 +799,15 @@ int mn_gpu_pin(int device, char *err, size_t errlen) {
     size_t n = p ? strcspn(p, ",") : 0;
     if (p == NULL || n == 0 || n >= sizeof(one)) {
       snprintf(err, errlen, "cannot pin to GPU %d: CUDA_VISIBLE_DEVICES=%.200s lists fewer devices", device, vis);
-      return -1;
+      return MN_EINVAL;
     }
     memcpy(one, p, n);
     one[n] = '\0';
   }
   if (setenv("CUDA_VISIBLE_DEVICES", one, 1) != 0) {
+    int e = errno;
     snprintf(err, errlen, "cannot pin to GPU %d: setenv failed", device);
-    return -1;
+    return -e;
   }
   return 0;
 }

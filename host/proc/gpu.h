@@ -41,7 +41,7 @@
 #define MN_GPU_COLL_TIMEOUT_S 300.0  /* default wait for a collective before aborting its communicator */
 
 /* Registers the "__gpu_" built-ins (once; later calls do nothing). Returns 0
- * or -1 if the executor has no room for another module. Loads nothing. */
+ * or MN_ELIMIT if the executor has no room for another module. Loads nothing. */
 int mn_gpu_register(void);
 
 /*
@@ -50,8 +50,8 @@ int mn_gpu_register(void);
  * an inherited CUDA_VISIBLE_DEVICES, such as "2,3" or GPU UUIDs from a
  * scheduler; otherwise physical device `device`), which CUDA then calls
  * device 0. Call it before any thread starts and before CUDA is loaded.
- * Returns 0, or -1 with err set (a negative device, or an inherited list
- * with too few entries).
+ * Returns 0, or with err set MN_EINVAL (a negative device, or an inherited
+ * list with too few entries) or -errno from setenv.
  */
 int mn_gpu_pin(int device, char *err, size_t errlen);
 #define MN_GPU_MAX_VISIBLE 4096 /* longest CUDA_VISIBLE_DEVICES value handled */

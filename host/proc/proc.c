@@ -19,6 +19,7 @@
 #include "proc.h"
 
 #include "actor.h"
+#include "clock.h"
 #include "coll_builtins.h"
 #include "collective.h"
 #include "exec.h"
@@ -40,7 +41,6 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
-#include <time.h>
 #include <unistd.h>
 
 #define MN_SPIN_NS_DEFAULT 0 /* executor busy-wait before sleeping; the agent sets MONARCH_SPIN_US, knowing how many procs share the host */
@@ -87,12 +87,6 @@ typedef struct {
   mn_buf_t in; /* bytes that arrived right behind AUTH */
 } conn_t;
 
-static int64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
 /* Writes bytes to `session`'s connection, if it is the one being served. Caller holds wlock. */
 static void write_locked(proc_t *p, uint64_t session, const char *data, size_t n) {
   if (p->fd >= 0 && p->session == session && n > 0 && mn_write_all(p->fd, data, n) != 0) {
@@ -111,8 +105,8 @@ static void send_bytes(proc_t *p, uint64_t session, const char *data, size_t n) 
 
 /* Takes the whole queue; waits (spinning briefly first) until non-empty or stopped. */
 static item_t *take_all(proc_t *p) {
-  int64_t until = now_ns() + p->spin_ns;
-  while (atomic_load_explicit(&p->nitems, memory_order_acquire) == 0 && now_ns() < until)
+  int64_t until = mn_now_ns() + p->spin_ns;
+  while (atomic_load_explicit(&p->nitems, memory_order_acquire) == 0 && mn_now_ns() < until)
     sched_yield();
   pthread_mutex_lock(&p->lock);
   while (p->head == NULL && !p->stop) pthread_cond_wait(&p->cond, &p->lock);
@@ -335,7 +329,7 @@ static int persist_builtin(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, c
                            char *err, size_t errlen) {
   if (args->via.array.size != 1 || args->via.array.ptr[0].type != MSGPACK_OBJECT_BOOLEAN) {
     snprintf(err, errlen, "__persist takes one boolean");
-    return -1;
+    return MN_EINVAL;
   }
   atomic_store(&persistent, args->via.array.ptr[0].via.boolean ? 1 : 0);
   return 0;
@@ -351,7 +345,7 @@ static const mn_builtin_module_t persist_module = {"__persist", &persist_entry, 
 
 /* ---- the I/O thread ------------------------------------------------------------ */
 
-/* Answers a PING inline: body is [5, id]. */
+/* Answers a PING inline: body is [5, id]. 1 when it was a PING (answered), else 0; never fails. */
 static int try_pong(proc_t *p, uint64_t session, const char *body, size_t len) {
   char frame[MN_MSG_PONG_MAX];
   size_t n = mn_msg_pong_from_ping(frame, body, len);
@@ -411,11 +405,13 @@ static void open_session(proc_t *p, conn_t *c, const mn_msg_session_t *s) {
 }
 
 /*
- * Handles SESSION and ACK, which the I/O thread owns. Returns 1 if handled,
- * 0 if the frame is for the executor, -1 on a protocol error (conn dropped).
+ * Handles SESSION, ACK and CANCEL, which the I/O thread owns. Returns 0 with
+ * *handled 1 if it took the frame, 0 if the frame is for the executor; or
+ * MN_EPROTO after sending an ERROR, or MN_ENOMEM (the caller drops the conn).
  */
-static int control_frame(proc_t *p, conn_t *c, const char *body, size_t len, int *has_session) {
+static int control_frame(proc_t *p, conn_t *c, const char *body, size_t len, int *has_session, int *handled) {
   unsigned char t = len >= 2 ? (unsigned char)body[1] : 0;
+  *handled = 0;
   if (t != MN_MSG_SESSION && t != MN_MSG_ACK && t != MN_MSG_CANCEL && *has_session) return 0;
   msgpack_zone zone;
   msgpack_object m;
@@ -423,28 +419,29 @@ static int control_frame(proc_t *p, conn_t *c, const char *body, size_t len, int
   mn_msg_session_t sess;
   const msgpack_object *seqs;
   uint64_t acked;
-  int rc = -1;
-  if (!msgpack_zone_init(&zone, 256)) return -1;
+  int rc = MN_EPROTO;
+  if (!msgpack_zone_init(&zone, 256)) return MN_ENOMEM;
   if (mn_decode(body, len, &zone, &m, err, sizeof(err)) == 0) {
     int type = mn_msg_type(&m);
     if (type == MN_MSG_SESSION && mn_msg_parse_session(&m, &sess, err, sizeof(err)) == 0) {
       open_session(p, c, &sess);
       *has_session = 1;
-      rc = 1;
+      rc = 0;
     } else if (type == MN_MSG_ACK && *has_session && mn_msg_parse_ack(&m, &acked, err, sizeof(err)) == 0) {
       pthread_mutex_lock(&p->wlock);
       mn_replay_trim(&p->replay, acked);
       pthread_mutex_unlock(&p->wlock);
-      rc = 1;
+      rc = 0;
     } else if (type == MN_MSG_CANCEL && *has_session && mn_msg_parse_cancel(&m, &seqs, err, sizeof(err)) == 0) {
       cancel_calls(p, seqs);
-      rc = 1;
+      rc = 0;
     } else if (!*has_session && type != MN_MSG_SESSION) {
       snprintf(err, sizeof(err), "expected SESSION as the first message after WELCOME, got type %d", type);
     }
   }
   msgpack_zone_destroy(&zone);
   if (rc < 0) send_error(c, MN_EPROTO, err);
+  else *handled = 1;
   return rc;
 }
 
@@ -506,7 +503,11 @@ static int big_frame_starts(const char *at, size_t n) {
 }
 
 
-/* Splits the bytes buffered for c into frames; returns -1 when c must be dropped. */
+/*
+ * Splits the bytes buffered for c into frames. Returns 0, or a negative code
+ * when c must be dropped: MN_EPEER (a bulk frame stalled or was cut off),
+ * MN_EFRAME, control_frame's code, or MN_ENOMEM.
+ */
 static int parse_frames(proc_t *p, conn_t *c, int *has_session) {
   mn_buf_t *in = &c->in;
   size_t off = 0;
@@ -520,7 +521,7 @@ static int parse_frames(proc_t *p, conn_t *c, int *has_session) {
       item_t *it = receive_big(c, in->data + off + MN_FRAME_HEADER, in->len - off - MN_FRAME_HEADER,
                                mn_be32(in->data + off));
       if (it == NULL) {
-        rc = -1;
+        rc = MN_EPEER; /* or memory ran out: receive_big does not say */
         break;
       }
       it->session = session;
@@ -533,23 +534,20 @@ static int parse_frames(proc_t *p, conn_t *c, int *has_session) {
       char msg[128];
       snprintf(msg, sizeof(msg), "frame length exceeds MN_MAX_FRAME (%u bytes) or is zero", MN_MAX_FRAME);
       send_error(c, MN_EFRAME, msg);
-      rc = -1;
+      rc = MN_EFRAME;
       break;
     }
     off += MN_FRAME_HEADER + (size_t)len;
-    int cf = control_frame(p, c, body, (size_t)len, has_session);
-    if (cf < 0) {
-      rc = -1;
-      break;
-    }
-    if (cf == 1) {
+    int handled;
+    if ((rc = control_frame(p, c, body, (size_t)len, has_session, &handled)) != 0) break;
+    if (handled) {
       session = current_session(p);
       continue;
     }
     if (try_pong(p, session, body, (size_t)len)) continue;
     item_t *it = malloc(sizeof(*it) + (size_t)len);
     if (it == NULL) {
-      rc = -1;
+      rc = MN_ENOMEM;
       break;
     }
     it->session = session;
@@ -562,13 +560,19 @@ static int parse_frames(proc_t *p, conn_t *c, int *has_session) {
   return rc;
 }
 
-/* Reads what the current connection has; returns -1 when it is finished. */
+/*
+ * Reads what the current connection has. Returns 0, or a negative code when
+ * it is finished: MN_ECLOSED, -errno from recv, MN_ENOMEM or parse_frames's.
+ */
 static int read_conn(proc_t *p, conn_t *c, int *has_session) {
   mn_buf_t *in = &c->in;
-  if (mn_buf_reserve(in, 256 * 1024) != 0) return -1;
+  if (mn_buf_reserve(in, 256 * 1024) != 0) return MN_ENOMEM;
   ssize_t r = recv(c->fd, in->data + in->len, in->cap - in->len, MSG_DONTWAIT);
-  if (r == 0) return -1;
-  if (r < 0) return errno == EINTR || errno == EAGAIN ? 0 : -1;
+  if (r == 0) return MN_ECLOSED;
+  if (r < 0) {
+    int e = errno;
+    return e == EINTR || e == EAGAIN ? 0 : -e;
+  }
   in->len += (size_t)r;
   return parse_frames(p, c, has_session);
 }
@@ -576,7 +580,7 @@ static int read_conn(proc_t *p, conn_t *c, int *has_session) {
 /* About once a second, tells the agent "S queued executed running" over the
  * port pipe, for `monarch-run --status`; skipped if the pipe is full. */
 static void report_status(proc_t *p, int64_t *next) {
-  int64_t now = now_ns();
+  int64_t now = mn_now_ns();
   if (p->status_fd < 0 || now < *next) return;
   *next = now + 1000000000;
   const char *running = p->exec.running; /* a kernel's static name, or NULL */
@@ -593,22 +597,22 @@ static void report_status(proc_t *p, int64_t *next) {
 static void io_loop(proc_t *p, int lfd, double orphan_timeout) {
   conn_t *cur = NULL;
   int has_session = 0;
-  int64_t last_rx = now_ns(), next_status = 0;
+  int64_t last_rx = mn_now_ns(), next_status = 0;
   /* 0 means never: procs of the local agent die with it (PDEATHSIG) instead,
    * so a controller that computes for a while does not lose them. */
   const int64_t orphan_ns = orphan_timeout > 0 ? (int64_t)(orphan_timeout * 1e9) : INT64_MAX / 4;
   for (;;) {
     report_status(p, &next_status);
     struct pollfd pfd[3] = {{lfd, POLLIN, 0}, {p->hs_pipe[0], POLLIN, 0}, {cur ? cur->fd : -1, POLLIN, 0}};
-    int64_t left = last_rx + orphan_ns - now_ns();
+    int64_t left = last_rx + orphan_ns - mn_now_ns();
     if (left <= 0 && !atomic_load(&persistent)) break; /* orphaned: no controller traffic for orphan_timeout */
     if (left <= 0) {
-      last_rx = now_ns(); /* persistent: keep waiting for a controller to attach */
+      last_rx = mn_now_ns(); /* persistent: keep waiting for a controller to attach */
       continue;
     }
     /* Like the executor: yield briefly before sleeping, so the next frame finds this thread awake. */
     int r = 0;
-    for (int64_t until = now_ns() + p->spin_ns; r == 0 && now_ns() < until; sched_yield()) r = poll(pfd, 3, 0);
+    for (int64_t until = mn_now_ns() + p->spin_ns; r == 0 && mn_now_ns() < until; sched_yield()) r = poll(pfd, 3, 0);
     if (r == 0) r = poll(pfd, 3, (int)((left < 1000000000 ? left : 1000000000) / 1000000) + 1);
     if (r < 0 && errno != EINTR) break;
     if (r <= 0) continue;
@@ -626,14 +630,14 @@ static void io_loop(proc_t *p, int lfd, double orphan_timeout) {
         drop_conn(p, &cur);
         cur = c;
         has_session = 0;
-        last_rx = now_ns();
+        last_rx = mn_now_ns();
         atomic_store(&p->cancel, 0);
         /* Frames that arrived right behind AUTH. */
         if (cur->in.len > 0 && parse_frames(p, cur, &has_session) < 0) drop_conn(p, &cur);
       }
     }
     if (cur != NULL && (pfd[2].revents & (POLLIN | POLLHUP | POLLERR))) {
-      last_rx = now_ns();
+      last_rx = mn_now_ns();
       if (read_conn(p, cur, &has_session) < 0) drop_conn(p, &cur);
     }
   }

@@ -63,11 +63,12 @@ void mn_registry_close(mn_registry_t *r) {
 
 /* ---- kernels ------------------------------------------------------------ */
 
+/* 0, or MN_ENOMEM. */
 static int add_kernel(mn_registry_t *r, const mk_kernel_t *k) {
   if (r->nkernels + 1 > r->nbuckets) {
     size_t nb = r->nbuckets ? r->nbuckets * 2 : 64;
     mn_kentry_t **b = calloc(nb, sizeof(*b));
-    if (b == NULL) return -1;
+    if (b == NULL) return MN_ENOMEM;
     for (size_t i = 0; i < r->nbuckets; i++) {
       mn_kentry_t *e = r->buckets[i];
       while (e != NULL) {
@@ -83,7 +84,7 @@ static int add_kernel(mn_registry_t *r, const mk_kernel_t *k) {
     r->nbuckets = nb;
   }
   mn_kentry_t *e = malloc(sizeof(*e));
-  if (e == NULL) return -1;
+  if (e == NULL) return MN_ENOMEM;
   e->k = k;
   e->len = strlen(k->name);
   size_t j = hash_name(k->name, e->len) & (r->nbuckets - 1);
@@ -191,12 +192,12 @@ const mk_library_t *mn_registry_load(mn_registry_t *r, const char *name, char *e
 
 static size_t slot_of(uint64_t id, size_t cap) { return (size_t)(id * 0x9E3779B97F4A7C15ull) & (cap - 1); }
 
-/* Rehashes into a table sized for the live tensors, dropping freed slots. */
+/* Rehashes into a table sized for the live tensors, dropping freed slots; 0 or MN_ENOMEM. */
 static int grow_tensors(mn_registry_t *r) {
   size_t cap = 256;
   while (cap < (r->ntensors + 1) * 4) cap *= 2;
   mk_tensor_t **s = calloc(cap, sizeof(*s));
-  if (s == NULL) return -1;
+  if (s == NULL) return MN_ENOMEM;
   for (size_t i = 0; i < r->tcap; i++) {
     mk_tensor_t *t = r->tslots[i];
     if (t == NULL || t == TOMB(r)) continue;
@@ -290,10 +291,10 @@ nomem:
 }
 
 int mn_tensor_free(mn_registry_t *r, uint64_t id) {
-  if (r->tcap == 0) return -1;
+  if (r->tcap == 0) return MN_ENOTFOUND;
   for (size_t j = slot_of(id, r->tcap), n = 0; n < r->tcap; j = (j + 1) & (r->tcap - 1), n++) {
     mk_tensor_t *t = r->tslots[j];
-    if (t == NULL) return -1;
+    if (t == NULL) return MN_ENOTFOUND;
     if (t != TOMB(r) && t->id == id) {
       r->tensor_bytes -= t->nbytes;
       tensor_release(t);
@@ -303,5 +304,5 @@ int mn_tensor_free(mn_registry_t *r, uint64_t id) {
       return 0;
     }
   }
-  return -1;
+  return MN_ENOTFOUND;
 }

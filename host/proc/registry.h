@@ -6,6 +6,7 @@
 #define MN_REGISTRY_H
 
 #include "dtype.h"
+#include "err.h"
 #include "monarch_kernel.h"
 
 #include <stddef.h>
@@ -66,7 +67,7 @@ void mn_registry_set_device_ops(const mn_device_ops_t *ops);
 mk_tensor_t *mn_tensor_new_on(mn_registry_t *r, uint64_t id, mk_dtype_t dtype, int ndim,
                               const int64_t *shape, int device, char *err, size_t errlen);
 mk_tensor_t *mn_tensor_get(const mn_registry_t *r, uint64_t id);
-/* Frees a tensor; returns 0, or -1 if there was none with that id. */
+/* Frees a tensor; returns 0, or MN_ENOTFOUND if there was none with that id. */
 int mn_tensor_free(mn_registry_t *r, uint64_t id);
 
 #endif

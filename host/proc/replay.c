@@ -27,7 +27,7 @@ int mn_replay_add(mn_replay_t *r, uint64_t seq, const char *frame, size_t len) {
   if (r->count == r->cap) {
     size_t cap = r->cap ? r->cap * 2 : 1024;
     mn_replay_ent_t *ring = malloc(cap * sizeof(*ring));
-    if (ring == NULL) return -1;
+    if (ring == NULL) return MN_ENOMEM;
     for (size_t i = 0; i < r->count; i++) ring[i] = r->ring[(r->head + i) % r->cap];
     free(r->ring);
     r->ring = ring;
@@ -35,7 +35,7 @@ int mn_replay_add(mn_replay_t *r, uint64_t seq, const char *frame, size_t len) {
     r->head = 0;
   }
   char *copy = malloc(len);
-  if (copy == NULL) return -1;
+  if (copy == NULL) return MN_ENOMEM;
   memcpy(copy, frame, len);
   r->ring[(r->head + r->count) % r->cap] = (mn_replay_ent_t){seq, copy, len};
   r->count++;

@@ -8,6 +8,8 @@
 #ifndef MN_REPLAY_H
 #define MN_REPLAY_H
 
+#include "err.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -28,7 +30,7 @@ typedef struct {
 } mn_replay_t;
 
 void mn_replay_init(mn_replay_t *r, size_t max_bytes);
-/* Copies a frame in; seqs must arrive in increasing order. 0 or -1 (no memory). */
+/* Copies a frame in; seqs must arrive in increasing order. 0 or MN_ENOMEM. */
 int mn_replay_add(mn_replay_t *r, uint64_t seq, const char *frame, size_t len);
 /* Drops entries with seq <= acked. */
 void mn_replay_trim(mn_replay_t *r, uint64_t acked);

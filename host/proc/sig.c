@@ -29,7 +29,7 @@ int mn_sig_check_count(const mn_sig_t *s, int n, char *err, size_t errlen) {
              s->text);
   else
     snprintf(err, errlen, "expected %d to %d arguments, got %d (signature \"%s\")", s->min, s->max, n, s->text);
-  return -1;
+  return MN_EINVAL;
 }
 
 const char *mn_sig_want_name(char letter) {
@@ -74,5 +74,5 @@ int mn_sig_coerce(mk_arg_t *a, char want, int argn, const char *got, char *err, 
   }
   if (ok) return 0;
   snprintf(err, errlen, "argument %d: expected %s, got %s", argn, mn_sig_want_name(want), got);
-  return -1;
+  return MN_EINVAL;
 }

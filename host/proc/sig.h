@@ -29,7 +29,7 @@ typedef struct {
  */
 void mn_sig_parse(mn_sig_t *s, const char *sig);
 
-/* Checks an argument count against s. Returns 0, or -1 with err saying what
+/* Checks an argument count against s. Returns 0, or MN_EINVAL with err saying what
  * was expected ("expected 2 arguments, got 3 (signature \"nn\")"). */
 int mn_sig_check_count(const mn_sig_t *s, int n, char *err, size_t errlen);
 
@@ -43,7 +43,7 @@ const char *mn_sig_want_name(char letter);
  * Makes argument a (already converted from its wire or Lua form) what letter
  * `want` asks for: an integer where a number is wanted becomes a number, an
  * integral number where an integer is wanted becomes an integer, a string
- * where bytes are wanted becomes bytes. Returns 0, or -1 with err naming the
+ * where bytes are wanted becomes bytes. Returns 0, or MN_EINVAL with err naming the
  * argument (argn is 1-based) and `got`, the name of what was passed.
  */
 int mn_sig_coerce(mk_arg_t *a, char want, int argn, const char *got, char *err, size_t errlen);

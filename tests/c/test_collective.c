@@ -20,6 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "collective.h"
 #include "coll_shm.h"
 #include "registry.h"
@@ -200,12 +201,6 @@ static mn_coll_t *inst[MAXM];
 static char addr[MAXM][64];
 static uint64_t next_gid = 1000;
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
 static int open_all(void **state) {
   (void)state;
   mn_auth_t auth;
@@ -230,9 +225,9 @@ static int close_all(void **state) {
 
 static void *member_main(void *arg) {
   member_t *m = arg;
-  double t0 = now_s();
+  double t0 = mn_now_s();
   m->body(m);
-  m->seconds = now_s() - t0;
+  m->seconds = mn_now_s() - t0;
   return NULL;
 }
 
@@ -505,9 +500,9 @@ static void test_reduce_scatter_leaves_src_alone(void **state) {
 static void body_barrier(member_t *m) {
   if (join(m) != 0) return;
   if (m->me == 0) usleep(200 * 1000);
-  double t0 = now_s();
+  double t0 = mn_now_s();
   m->rc = mn_coll_barrier(m->c, m->gid, m->err, sizeof(m->err), &m->mismatch);
-  m->seconds = now_s() - t0;
+  m->seconds = mn_now_s() - t0;
 }
 
 static void test_barrier_waits_for_the_last_member(void **state) {

@@ -1002,7 +1002,7 @@ static void test_registry_tensors(void **state) {
   char err[256];
   mn_registry_init(&reg, prefix());
   assert_null(mn_tensor_get(&reg, 1));
-  assert_int_equal(mn_tensor_free(&reg, 1), -1);
+  assert_int_equal(mn_tensor_free(&reg, 1), MN_ENOTFOUND);
 
   /* dtypes. */
   assert_int_equal(mn_dtype_parse("f32", 3), MK_F32);
@@ -1013,10 +1013,10 @@ static void test_registry_tensors(void **state) {
   assert_int_equal(mn_dtype_parse("i64", 3), MK_I64);
   assert_int_equal(mn_dtype_parse("u8", 2), MK_U8);
   assert_int_equal(mn_dtype_parse("f32x", 3), MK_F32); /* only n bytes count */
-  assert_int_equal(mn_dtype_parse("f3", 2), -1);
-  assert_int_equal(mn_dtype_parse("f32x", 4), -1);
-  assert_int_equal(mn_dtype_parse("", 0), -1);
-  assert_int_equal(mn_dtype_parse("F32", 3), -1);
+  assert_int_equal(mn_dtype_parse("f3", 2), MN_EINVAL);
+  assert_int_equal(mn_dtype_parse("f32x", 4), MN_EINVAL);
+  assert_int_equal(mn_dtype_parse("", 0), MN_EINVAL);
+  assert_int_equal(mn_dtype_parse("F32", 3), MN_EINVAL);
   for (int d = 0; d < MK_DTYPE_COUNT; d++)
     assert_int_equal(mn_dtype_parse(mn_dtype_name((mk_dtype_t)d), strlen(mn_dtype_name((mk_dtype_t)d))), d);
   assert_string_equal(mn_dtype_name((mk_dtype_t)99), "?");
@@ -1073,7 +1073,7 @@ static void test_registry_tensors(void **state) {
       assert_non_null(mn_tensor_new(&reg, k, MK_I32, 1, one, err, sizeof(err)));
     }
     assert_int_equal(mn_tensor_free(&reg, id), 0);
-    assert_int_equal(mn_tensor_free(&reg, id), -1);
+    assert_int_equal(mn_tensor_free(&reg, id), MN_ENOTFOUND);
     assert_null(mn_tensor_get(&reg, id));
     assert_int_equal(reg.ntensors, 1 + KEEP);
   }
@@ -1105,7 +1105,7 @@ static void test_registry_tensors(void **state) {
     mk_tensor_t *u = mn_tensor_get(&reg, k << 32);
     if (k % 3 == 1) {
       assert_null(u);
-      assert_int_equal(mn_tensor_free(&reg, k << 32), -1);
+      assert_int_equal(mn_tensor_free(&reg, k << 32), MN_ENOTFOUND);
     } else {
       assert_non_null(u);
       assert_true(u->id == k << 32);
@@ -1233,19 +1233,19 @@ static void test_sig_coerce(void **state) {
 
   /* The message names the argument, what its letter wants and what came. */
   a = (mk_arg_t){.type = MK_ARG_NUMBER, .v.num = 2.5};
-  assert_int_equal(mn_sig_coerce(&a, 'i', 2, "number", err, sizeof(err)), -1);
+  assert_int_equal(mn_sig_coerce(&a, 'i', 2, "number", err, sizeof(err)), MN_EINVAL);
   assert_string_equal(err, "argument 2: expected integer, got number");
   a = (mk_arg_t){.type = MK_ARG_NUMBER, .v.num = NAN};
-  assert_int_equal(mn_sig_coerce(&a, 'i', 1, "number", err, sizeof(err)), -1);
+  assert_int_equal(mn_sig_coerce(&a, 'i', 1, "number", err, sizeof(err)), MN_EINVAL);
   a = (mk_arg_t){.type = MK_ARG_NUMBER, .v.num = 1e19}; /* integral, but no int64 holds it */
-  assert_int_equal(mn_sig_coerce(&a, 'i', 1, "number", err, sizeof(err)), -1);
+  assert_int_equal(mn_sig_coerce(&a, 'i', 1, "number", err, sizeof(err)), MN_EINVAL);
   a = (mk_arg_t){.type = MK_ARG_STRING, .v.str = {"x", 1}};
-  assert_int_equal(mn_sig_coerce(&a, 't', 1, "string", err, sizeof(err)), -1);
+  assert_int_equal(mn_sig_coerce(&a, 't', 1, "string", err, sizeof(err)), MN_EINVAL);
   assert_string_equal(err, "argument 1: expected tensor, got string");
   a = (mk_arg_t){.type = MK_ARG_INT, .v.i = 1};
-  assert_int_equal(mn_sig_coerce(&a, 'B', 3, "integer", err, sizeof(err)), -1);
+  assert_int_equal(mn_sig_coerce(&a, 'B', 3, "integer", err, sizeof(err)), MN_EINVAL);
   assert_string_equal(err, "argument 3: expected boolean, got integer");
-  assert_int_equal(mn_sig_coerce(&a, 's', 4, "integer", err, sizeof(err)), -1);
+  assert_int_equal(mn_sig_coerce(&a, 's', 4, "integer", err, sizeof(err)), MN_EINVAL);
   assert_string_equal(err, "argument 4: expected string, got integer");
 }
 
@@ -1356,7 +1356,7 @@ static void test_builtin_table(void **state) {
   int n = 1;
   while (mn_exec_register(&test_module) == 0) n++;
   assert_true(n <= MN_MAX_BUILTIN_MODULES);
-  assert_int_equal(mn_exec_register(&test_module), -1);
+  assert_int_equal(mn_exec_register(&test_module), MN_ELIMIT);
   seq = call0(f, "__test_names", &r);
   expect_ok(&r, seq);
   reply_free(&r);

@@ -413,9 +413,9 @@ static void test_pin_narrows_the_visible_devices(void **state) {
   assert_int_equal(mn_gpu_pin(1, err, sizeof(err)), 0);
   assert_string_equal(getenv("CUDA_VISIBLE_DEVICES"), "GPU-5b2e");
   setenv("CUDA_VISIBLE_DEVICES", "4,6", 1);
-  assert_int_equal(mn_gpu_pin(2, err, sizeof(err)), -1);
+  assert_int_equal(mn_gpu_pin(2, err, sizeof(err)), MN_EINVAL);
   assert_string_equal(err, "cannot pin to GPU 2: CUDA_VISIBLE_DEVICES=4,6 lists fewer devices");
-  assert_int_equal(mn_gpu_pin(-1, err, sizeof(err)), -1);
+  assert_int_equal(mn_gpu_pin(-1, err, sizeof(err)), MN_EINVAL);
   assert_string_equal(getenv("CUDA_VISIBLE_DEVICES"), "4,6");
   unsetenv("CUDA_VISIBLE_DEVICES");
 }

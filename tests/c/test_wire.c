@@ -635,7 +635,8 @@ static void test_pack_error(void **state) {
 static void test_strerror(void **state) {
   (void)state;
   static const int codes[] = {MN_OK, MN_EAGAIN, MN_EFRAME, MN_EMSGPACK, MN_ELIMIT, MN_EPROTO,
-                              MN_EAUTH, MN_EVERSION, MN_ENOMEM, MN_ECLOSED, MN_ETIMEDOUT};
+                              MN_EAUTH, MN_EVERSION, MN_ENOMEM, MN_ECLOSED, MN_ETIMEDOUT, MN_EINVAL,
+                              MN_ENOTFOUND, MN_EPEER, MN_ECANCELED, MN_EKERNEL, MN_EDEVICE};
   size_t nc = sizeof(codes) / sizeof(codes[0]);
   for (size_t i = 0; i < nc; i++) {
     const char *a = mn_strerror(codes[i]);
