@@ -886,7 +886,10 @@ int mn_ctl_start_agent(mn_ctl_t *c, const char *exe, const char *token, char *er
   size_t ne = 0;
   while (environ[ne]) ne++;
   char **env = calloc(ne + 2, sizeof(char *));
-  if (env == NULL) return MN_ENOMEM;
+  if (env == NULL) {
+    snprintf(err, errlen, "out of memory starting the local host agent");
+    return MN_ENOMEM;
+  }
   size_t j = 0;
   for (size_t i = 0; i < ne; i++)
     if (strncmp(environ[i], "MONARCH_TOKEN", 13) != 0) env[j++] = environ[i];

@@ -437,6 +437,9 @@ static int control_frame(proc_t *p, conn_t *c, const char *body, size_t len, int
       rc = 0;
     } else if (!*has_session && type != MN_MSG_SESSION) {
       snprintf(err, sizeof(err), "expected SESSION as the first message after WELCOME, got type %d", type);
+    } else if (type != MN_MSG_SESSION && type != MN_MSG_ACK && type != MN_MSG_CANCEL) {
+      /* The first bytes looked like one of these, but the message is another (a non-fixarray head). */
+      snprintf(err, sizeof(err), "proc does not accept message type %d here", type);
     }
   }
   msgpack_zone_destroy(&zone);
