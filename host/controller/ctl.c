@@ -1,5 +1,6 @@
 /* ctl.c - controller connections; see ctl.h. */
 #include "ctl.h"
+#include "ctl_int.h"
 
 #include "clock.h"
 #include "handshake.h"
@@ -60,8 +61,7 @@ struct mn_conn_s {
   void *data;
 };
 
-
-static int push_event(mn_ctl_t *c, mn_ev_kind_t k, int conn, int64_t a, int64_t b) {
+int mn__ctl_push_event(mn_ctl_t *c, mn_ev_kind_t k, int conn, int64_t a, int64_t b) {
   if (c->nevents == c->evcap) {
     size_t cap = c->evcap ? c->evcap * 2 : 64;
     mn_event_t *e = realloc(c->events, cap * sizeof(*e));
@@ -147,7 +147,7 @@ void mn_ctl_disconnect(mn_ctl_t *c, int id, const char *reason) {
   k->out.len = 0;
   mn_buf_free(&k->unacked);
   k->unacked_off = 0;
-  push_event(c, MN_EV_CLOSED, id, 0, 0);
+  mn__ctl_push_event(c, MN_EV_CLOSED, id, 0, 0);
 }
 
 static void free_conn(mn_conn_t *k) {
@@ -477,7 +477,7 @@ static void conn_lost(mn_conn_t *k, const char *why) {
     k->lost_at = uv_now(&c->loop);
     k->attempt = 0;
     snprintf(k->reason, sizeof(k->reason), "connection lost: %s", why);
-    push_event(c, MN_EV_RECONNECTING, k->id, 0, 0);
+    mn__ctl_push_event(c, MN_EV_RECONNECTING, k->id, 0, 0);
   }
   k->state = MN_CS_RECONNECTING;
   schedule_retry(k, why);
@@ -560,7 +560,7 @@ static int handshake_step(mn_ctl_t *c, mn_conn_t *k) {
         k->ever_ready = 1;
         k->attempt = 0;
         rc = open_session(c, k);
-        push_event(c, again ? MN_EV_RECONNECTED : MN_EV_CONNECTED, k->id, k->info_pid, 0);
+        mn__ctl_push_event(c, again ? MN_EV_RECONNECTED : MN_EV_CONNECTED, k->id, k->info_pid, 0);
       }
     }
     msgpack_zone_destroy(&zone);
@@ -837,7 +837,7 @@ int mn_ctl_agent_pid(const mn_ctl_t *c) { return c->agent.pid; }
 
 int mn_ctl_has_work(const mn_ctl_t *c) { return c->nreadable > 0 || c->nevents > 0; }
 
-static void on_timer(uv_timer_t *t) { (void)t; }
+void mn__ctl_on_timer(uv_timer_t *t) { (void)t; }
 
 int mn_ctl_wait(mn_ctl_t *c, int timeout_ms) {
   mn_ctl_flush(c);
@@ -846,99 +846,9 @@ int mn_ctl_wait(mn_ctl_t *c, int timeout_ms) {
     mn_ctl_flush(c);
     return mn_ctl_has_work(c);
   }
-  if (timeout_ms > 0) uv_timer_start(&c->timer, on_timer, (uint64_t)timeout_ms, 0);
+  if (timeout_ms > 0) uv_timer_start(&c->timer, mn__ctl_on_timer, (uint64_t)timeout_ms, 0);
   uv_run(&c->loop, UV_RUN_ONCE);
   if (timeout_ms > 0) uv_timer_stop(&c->timer);
   mn_ctl_flush(c);
   return mn_ctl_has_work(c);
-}
-
-/* ---- the embedded local agent ----------------------------------------------------- */
-
-static void on_agent_exit(uv_process_t *p, int64_t status, int sig) {
-  mn_ctl_t *c = p->data;
-  c->agent_running = 0;
-  if (!c->closing) push_event(c, MN_EV_AGENT_EXIT, 0, status, sig);
-}
-
-static void agent_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf) {
-  mn_ctl_t *c = h->data;
-  (void)hint;
-  *buf = uv_buf_init(c->agent_buf + c->agent_blen, (unsigned)(sizeof(c->agent_buf) - 1 - c->agent_blen));
-}
-
-static void agent_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
-  mn_ctl_t *c = s->data;
-  (void)buf;
-  if (n > 0) c->agent_blen += (size_t)n;
-  c->agent_buf[c->agent_blen] = '\0';
-  if (n < 0 || strchr(c->agent_buf, '\n') != NULL || c->agent_blen >= sizeof(c->agent_buf) - 1) {
-    c->agent_port = atoi(c->agent_buf) > 0 ? atoi(c->agent_buf) : -1;
-    uv_read_stop(s);
-  }
-}
-
-int mn_ctl_start_agent(mn_ctl_t *c, const char *exe, const char *token, char *err, size_t errlen) {
-  char parent[16], envtok[MN_MAX_TOKEN + 32];
-  extern char **environ;
-  snprintf(parent, sizeof(parent), "%d", (int)getpid());
-  snprintf(envtok, sizeof(envtok), "MONARCH_TOKEN=%s", token);
-  size_t ne = 0;
-  while (environ[ne]) ne++;
-  char **env = calloc(ne + 2, sizeof(char *));
-  if (env == NULL) {
-    snprintf(err, errlen, "out of memory starting the local host agent");
-    return MN_ENOMEM;
-  }
-  size_t j = 0;
-  for (size_t i = 0; i < ne; i++)
-    if (strncmp(environ[i], "MONARCH_TOKEN", 13) != 0) env[j++] = environ[i];
-  env[j++] = envtok;
-  /* --orphan-timeout 0: its procs die with it (PDEATHSIG), never of a quiet controller. */
-  char *args[] = {(char *)exe, "--listen", "127.0.0.1:0", "--once", "--parent", parent, "--port-fd", "3",
-                  "--orphan-timeout", "0", NULL};
-  uv_pipe_init(&c->loop, &c->agent_pipe, 0);
-  c->agent_pipe.data = c;
-  uv_stdio_container_t stdio[4];
-  stdio[0].flags = UV_IGNORE;
-  stdio[1].flags = UV_INHERIT_FD;
-  stdio[1].data.fd = 1;
-  stdio[2].flags = UV_INHERIT_FD;
-  stdio[2].data.fd = 2;
-  stdio[3].flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE;
-  stdio[3].data.stream = (uv_stream_t *)&c->agent_pipe;
-  uv_process_options_t po;
-  memset(&po, 0, sizeof(po));
-  po.file = exe;
-  po.args = args;
-  po.env = env;
-  po.exit_cb = on_agent_exit;
-  /* Its own process group: a Ctrl-C at the terminal (which the REPL turns into
-   * "stop waiting") must not reach the agent and its procs. It still dies with us (--parent). */
-  po.flags = UV_PROCESS_DETACHED;
-  po.stdio = stdio;
-  po.stdio_count = 4;
-  c->agent.data = c;
-  int rc = uv_spawn(&c->loop, &c->agent, &po);
-  free(env);
-  if (rc != 0) {
-    snprintf(err, errlen, "cannot start host agent %s: %s", exe, uv_strerror(rc));
-    return rc; /* libuv's codes are -errno */
-  }
-  c->agent_running = 1;
-  c->agent_port = 0;
-  uv_read_start((uv_stream_t *)&c->agent_pipe, agent_alloc, agent_read);
-  int64_t deadline = mn_now_ms() + 10000;
-  while (c->agent_port == 0 && c->agent_running && mn_now_ms() < deadline) {
-    uv_timer_start(&c->timer, on_timer, 100, 0);
-    uv_run(&c->loop, UV_RUN_ONCE);
-  }
-  uv_timer_stop(&c->timer);
-  uv_close((uv_handle_t *)&c->agent_pipe, NULL);
-  if (c->agent_port <= 0) {
-    snprintf(err, errlen, "host agent %s did not start (%s)", exe,
-             c->agent_running ? "no port reported in 10 s" : "it exited");
-    return c->agent_running ? MN_ETIMEDOUT : MN_EPEER;
-  }
-  return c->agent_port;
 }
