@@ -96,6 +96,14 @@ static inline int mn_exec_returned(const mn_exec_t *x, int r) {
 const char *mn_exec_builtin_names(const mn_builtin_module_t *m, size_t strip, char *buf, size_t len);
 
 /*
+ * A new tensor's dtype name (s, sl) and shape (an array of integers) from
+ * a built-in's arguments, as __tensor_new and __gpu_tensor_new take them:
+ * sets *dt and shape[0 .. sh's size). 0, or MN_EINVAL with err naming what
+ * is wrong.
+ */
+int mn_exec_dtype_shape(const char *s, size_t sl, const msgpack_object *sh, int *dt, int64_t shape[MK_MAX_DIMS],
+                        char *err, size_t errlen);
+/*
  * Resolves a tensor argument (ext handle or integer id); NULL with err if it
  * is no tensor or absent (callers fail with MN_EINVAL: a bad argument).
  */

@@ -50,21 +50,9 @@ static int b_load(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, const msgp
   return mn_exec_returned(x, mk_return_string(ctx, name, strlen(name)) || mk_return_int(ctx, lib->count));
 }
 
-/* __tensor_new(id, dtype, shape) */
-static int b_tensor_new(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, const msgpack_object *args,
+int mn_exec_dtype_shape(const char *s, size_t sl, const msgpack_object *sh, int *dt, int64_t shape[MK_MAX_DIMS],
                         char *err, size_t errlen) {
-  int64_t shape[MK_MAX_DIMS];
-  uint64_t id;
-  const char *s;
-  size_t sl;
-  const msgpack_object *sh = args->via.array.size > 2 ? &args->via.array.ptr[2] : NULL;
-  if (arg_id(args, 0, &id) != 0 || mn_get_str(args, 1, &s, &sl) != 0 || sh == NULL ||
-      sh->type != MSGPACK_OBJECT_ARRAY) {
-    snprintf(err, errlen, "%s takes %s", b->name, b->usage);
-    return MN_EINVAL;
-  }
-  int dt = mn_dtype_parse(s, sl);
-  if (dt < 0) {
+  if ((*dt = mn_dtype_parse(s, sl)) < 0) {
     snprintf(err, errlen, "unknown dtype '%.*s' (f32, f64, f16, bf16, i32, i64, u8)", (int)sl, s);
     return MN_EINVAL;
   }
@@ -78,6 +66,25 @@ static int b_tensor_new(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, cons
       return MN_EINVAL;
     }
   }
+  return 0;
+}
+
+/* __tensor_new(id, dtype, shape) */
+static int b_tensor_new(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, const msgpack_object *args,
+                        char *err, size_t errlen) {
+  int64_t shape[MK_MAX_DIMS];
+  uint64_t id;
+  const char *s;
+  size_t sl;
+  const msgpack_object *sh = args->via.array.size > 2 ? &args->via.array.ptr[2] : NULL;
+  if (arg_id(args, 0, &id) != 0 || mn_get_str(args, 1, &s, &sl) != 0 || sh == NULL ||
+      sh->type != MSGPACK_OBJECT_ARRAY) {
+    snprintf(err, errlen, "%s takes %s", b->name, b->usage);
+    return MN_EINVAL;
+  }
+  int dt;
+  int rc = mn_exec_dtype_shape(s, sl, sh, &dt, shape, err, errlen);
+  if (rc != 0) return rc;
   /* NULL for a bad shape, a taken id, a limit or memory: err says which, the reply's kind is bad_args. */
   return mn_tensor_new(&x->reg, id, (mk_dtype_t)dt, (int)sh->via.array.size, shape, err, errlen) ? 0 : MN_EINVAL;
 }

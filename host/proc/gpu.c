@@ -482,24 +482,12 @@ static int b_tensor_new(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, cons
     snprintf(err, errlen, "%s takes %s", b->name, b->usage);
     return MN_EINVAL;
   }
-  int dt = mn_dtype_parse(s, sl);
-  if (dt < 0) {
-    snprintf(err, errlen, "unknown dtype '%.*s' (f32, f64, f16, bf16, i32, i64, u8)", (int)sl, s);
-    return MN_EINVAL;
-  }
-  if (sh->via.array.size > MK_MAX_DIMS) {
-    snprintf(err, errlen, "tensor has %u dimensions; MK_MAX_DIMS is %d", sh->via.array.size, MK_MAX_DIMS);
-    return MN_EINVAL;
-  }
-  for (uint32_t i = 0; i < sh->via.array.size; i++) {
-    if (mn_get_i64(sh, i, &shape[i]) != 0) {
-      snprintf(err, errlen, "tensor shape entry %u is not an integer", i + 1);
-      return MN_EINVAL;
-    }
-  }
+  int dt, rc;
+  rc = mn_exec_dtype_shape(s, sl, sh, &dt, shape, err, errlen);
+  if (rc != 0) return rc;
   if (dev < 0) dev = proc_device(x);
   if (dev > INT_MAX) dev = INT_MAX; /* use_device names the valid range */
-  int rc = use_device(x, (int)dev, err, errlen);
+  rc = use_device(x, (int)dev, err, errlen);
   if (rc != 0) return rc;
 #ifdef MN_DEVICE_HOOKS
   G.alloc_failed = 0;
