@@ -207,7 +207,7 @@ static void handle_spawn(aconn_t *c, const msgpack_object *m) {
   }
   uint64_t req = sp.req;
   const msgpack_object *base = mn_map_get(sp.spec, "rank_base"), *world = mn_map_get(sp.spec, "world"),
-                       *dev = mn_map_get(sp.spec, "device_base");
+                       *dev = mn_map_get(sp.spec, "device_base"), *hang = mn_map_get(sp.spec, "hang_ms");
   if (sp.count > MN_MAX_SPAWN) {
     mn__agent_send_spawn_failed(c->session, req, 0, "SPAWN count exceeds MN_MAX_SPAWN (4096)");
     return;
@@ -221,6 +221,11 @@ static void handle_spawn(aconn_t *c, const msgpack_object *m) {
   else if (dev != NULL && dev->type != MSGPACK_OBJECT_NIL) {
     mn__agent_send_spawn_failed(c->session, req, 0, "SPAWN device_base must be a GPU number 0..4096");
     return;
+  }
+  /* hang_ms: report a proc whose I/O thread is silent that long (the controller's heartbeat timeout). */
+  if (hang != NULL && hang->type == MSGPACK_OBJECT_POSITIVE_INTEGER && hang->via.u64 > 0) {
+    c->session->hang_ms = hang->via.u64;
+    mn__agent_watch_hangs(c->a, hang->via.u64);
   }
   /* The cores shared out among this host's procs, these included (earlier procs keep theirs). */
   long cpus = sysconf(_SC_NPROCESSORS_ONLN);
@@ -470,6 +475,7 @@ int mn_agent_main(const mn_agent_opts_t *o) {
   while (a->sessions) session_end(a->sessions);
   uv_walk(a->loop, walk_kill_parked, NULL);
   uv_close((uv_handle_t *)&a->tick, NULL);
+  if (a->hang_period != 0) uv_close((uv_handle_t *)&a->hang_timer, NULL);
   uv_close((uv_handle_t *)&a->server, NULL);
   uv_close((uv_handle_t *)&sigterm, NULL);
   uv_close((uv_handle_t *)&sigint, NULL);

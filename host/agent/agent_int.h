@@ -29,6 +29,8 @@
 #define MN_MAX_LOG_LINE (64u << 10) /* a longer unterminated line is forwarded in pieces */
 #define MN_MAX_PERSISTED 256      /* most persistent meshes one agent keeps */
 #define MN_AGENT_SPIN_US 50       /* a proc's executor busy-wait while the host has a core per proc */
+#define MN_STATUS_MS_MAX 1000     /* longest interval between a proc's status lines */
+#define MN_STATUS_MS_MIN 20       /* shortest, however short the hang timeout */
 
 typedef struct aconn_s aconn_t;
 typedef struct asession_s asession_t;
@@ -54,6 +56,8 @@ typedef struct {
   apersist_t *persisted;
   int npersisted;
   uv_timer_t tick;
+  uv_timer_t hang_timer;  /* checks procs' status lines (hang_check), every hang_period ms */
+  uint64_t hang_period;   /* 0 while no session asked for hang checks */
   uint64_t grace_ms;
   uint64_t silence_ms;
   int nprocs;
@@ -76,6 +80,7 @@ struct asession_s {
   uint64_t left_at;   /* uv_now when it went away */
   mn_buf_t backlog;   /* events to deliver when it comes back */
   int ended;          /* GOODBYE or grace expired: procs are being killed */
+  uint64_t hang_ms;   /* a proc silent this long is reported (PROC_HUNG); 0: not watched */
   asession_t *next;
 };
 
@@ -112,6 +117,8 @@ typedef struct {
   int queued;          /* the proc's last status report */
   uint64_t executed;
   char running[104];
+  uint64_t last_status; /* uv_now of its last status line (or of its spawn) */
+  int hung;             /* reported by PROC_HUNG, and no line since */
 } aproc_t;
 
 /* ---- agent.c ------------------------------------------------------------------------------ */
@@ -133,6 +140,8 @@ void mn__agent_send_spawn_failed(asession_t *c, uint64_t req, int index, const c
  */
 int mn__agent_spawn_one(asession_t *c, uint64_t req, int index, int rank, int world, int device, int threads,
                         int spin_us);
+/* Starts (or speeds up) the check of procs' status lines for a session whose hang_ms is set. */
+void mn__agent_watch_hangs(agent_t *a, uint64_t hang_ms);
 
 /* ---- agent_persist.c ---------------------------------------------------------------------- */
 

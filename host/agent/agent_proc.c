@@ -65,6 +65,8 @@ static void take_status(aproc_t *p) {
     int q;
     char run[104];
     if (sscanf(p->buf, "S %d %llu %103s", &q, &e, run) == 3) {
+      p->last_status = uv_now(p->a->loop);
+      p->hung = 0;
       p->queued = q;
       p->executed = e;
       snprintf(p->running, sizeof(p->running), "%s", run);
@@ -143,7 +145,47 @@ static void log_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
   if (n < 0) uv_close((uv_handle_t *)s, proc_handle_closed);
 }
 
-#define PROC_ENV_VARS 3 /* what proc_env may add */
+/* ---- hangs: a proc's I/O thread writes a status line every MONARCH_STATUS_MS ---- */
+
+static void walk_hang(uv_handle_t *h, void *arg) {
+  uint64_t now = *(uint64_t *)arg;
+  if (h->type != UV_PROCESS || uv_is_closing(h) || h->data == NULL) return;
+  aproc_t *p = h->data;
+  asession_t *s = p->owner;
+  if (s == NULL || s->ended || s->hang_ms == 0 || !p->reported || p->hung || now - p->last_status <= s->hang_ms) return;
+  p->hung = 1;
+  mn_buf_t b;
+  mn_buf_init(&b);
+  if (mn_msg_pack_proc_hung(&b, ((uv_process_t *)h)->pid, p->rank, now - p->last_status) == 0)
+    mn__agent_session_send(s, &b);
+  mn_buf_free(&b);
+}
+
+static void on_hang_check(uv_timer_t *t) {
+  agent_t *a = t->data;
+  uint64_t now = uv_now(a->loop);
+  uv_walk(a->loop, walk_hang, &now);
+}
+
+/* The interval of status lines (and of the check) for a hang timeout: a quarter of it, within bounds. */
+static uint64_t status_ms(uint64_t hang_ms) {
+  uint64_t ms = hang_ms / 4;
+  return ms < MN_STATUS_MS_MIN ? MN_STATUS_MS_MIN : ms > MN_STATUS_MS_MAX ? MN_STATUS_MS_MAX : ms;
+}
+
+void mn__agent_watch_hangs(agent_t *a, uint64_t hang_ms) {
+  uint64_t period = status_ms(hang_ms) / 2; /* a hang is seen at most hang_ms plus half a line late */
+  if (a->hang_period != 0 && a->hang_period <= period) return;
+  if (a->hang_period == 0) {
+    uv_timer_init(a->loop, &a->hang_timer);
+    a->hang_timer.data = a;
+  }
+  a->hang_period = period;
+  uv_timer_start(&a->hang_timer, on_hang_check, period, period);
+  uv_unref((uv_handle_t *)&a->hang_timer);
+}
+
+#define PROC_ENV_VARS 4 /* what proc_env may add */
 
 /*
  * The proc's environment: the agent's, plus what the user left unset of
@@ -154,13 +196,16 @@ static void log_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
  *    sleeping core takes tens of microseconds to wake on a VM: call_one
  *    about 20 us instead of 60), 0 when procs outnumber cores (waiting
  *    then takes a core another proc needs: 8 procs on 2 cores gathered
- *    2.4x slower). bench/core.lua.
+ *    2.4x slower). bench/core.lua;
+ *  - MONARCH_STATUS_MS, how often its I/O thread writes a status line: a
+ *    quarter of the session's hang timeout, so the agent sees a hang in time.
  * Fills env (room for environ, PROC_ENV_VARS more and the NULL) from bufs.
  */
-static void proc_env(char **env, size_t room, char bufs[PROC_ENV_VARS][48], int threads, int spin_us) {
+static void proc_env(char **env, size_t room, char bufs[PROC_ENV_VARS][48], int threads, int spin_us, int st_ms) {
   extern char **environ;
-  static const char *const vars[PROC_ENV_VARS] = {"OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MONARCH_SPIN_US"};
-  int vals[PROC_ENV_VARS] = {threads, threads, spin_us};
+  static const char *const vars[PROC_ENV_VARS] = {"OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MONARCH_SPIN_US",
+                                                  "MONARCH_STATUS_MS"};
+  int vals[PROC_ENV_VARS] = {threads, threads, spin_us, st_ms};
   size_t n = 0;
   int have[PROC_ENV_VARS] = {0};
   for (char **e = environ; *e != NULL && n + PROC_ENV_VARS + 1 < room; e++) {
@@ -190,7 +235,8 @@ int mn__agent_spawn_one(asession_t *c, uint64_t req, int index, int rank, int wo
     free(env);
     return UV_ENOMEM;
   }
-  proc_env(env, nenv + PROC_ENV_VARS + 1, bufs, threads, spin_us);
+  proc_env(env, nenv + PROC_ENV_VARS + 1, bufs, threads, spin_us,
+           c->hang_ms > 0 ? (int)status_ms(c->hang_ms) : -1);
   p->a = a;
   p->owner = c;
   p->req = req;
@@ -210,7 +256,7 @@ int mn__agent_spawn_one(asession_t *c, uint64_t req, int index, int rank, int wo
   uv_pipe_init(a->loop, &p->err, 0);
   p->pipe.data = p->out.data = p->err.data = p;
   p->proc.data = p;
-  p->started = uv_now(a->loop);
+  p->started = p->last_status = uv_now(a->loop);
   snprintf(p->running, sizeof(p->running), "-");
   uv_stdio_container_t stdio[4];
   stdio[0].flags = UV_IGNORE;

@@ -91,6 +91,9 @@ int mn_ctl_init(mn_ctl_t *c, const char *token, size_t toklen) {
   c->hb_ms = MN_HEARTBEAT_MS;
   c->hb_timeout_ms = MN_HEARTBEAT_TIMEOUT_MS;
   c->reconnect_ms = MN_RECONNECT_MS;
+  /* MONARCH_PROC_HEARTBEAT=1: PING every proc too, as before agents watched them (to measure the difference). */
+  const char *phb = getenv("MONARCH_PROC_HEARTBEAT");
+  c->proc_heartbeats = phb && strcmp(phb, "1") == 0;
   const char *noack = getenv("MONARCH_NO_ACK");
   c->no_acks = noack && strcmp(noack, "1") == 0;
   uv_timer_start(&c->heartbeat, on_heartbeat, c->hb_ms, c->hb_ms);
@@ -680,6 +683,15 @@ int mn_ctl_connect(mn_ctl_t *c, const char *host, int port, mn_conn_kind_t kind)
 /* ---- heartbeats ------------------------------------------------------------------ */
 
 /* Every interval: declare silent connections lost, end stalled handshakes, send PING (and ACK to procs). */
+/* Tells a proc the highest seq whose RESULT arrived, if that moved: it drops those from its replay cache. */
+static void send_ack(mn_ctl_t *c, mn_conn_t *k) {
+  if (k->acked <= k->ack_sent) return;
+  char f[16];
+  mn_buf_t b = {f, 0, sizeof(f)}; /* an ACK is at most 14 bytes: the buffer never grows */
+  if (mn_msg_pack_ack(&b, k->acked) == 0) mn_ctl_send(c, k, b.data, b.len);
+  k->ack_sent = k->acked;
+}
+
 static void on_heartbeat(uv_timer_t *t) {
   mn_ctl_t *c = t->data;
   uint64_t now = uv_now(&c->loop);
@@ -703,6 +715,10 @@ static void on_heartbeat(uv_timer_t *t) {
       continue;
     }
     if (k->state != MN_CS_READY) continue;
+    if (k->kind == MN_CONN_PROC && !c->proc_heartbeats) {
+      send_ack(c, k); /* procs are watched by their agents (PROC_HUNG); they only hear how far we got */
+      continue;
+    }
     if (now - k->last_rx > c->hb_timeout_ms) {
       char msg[96];
       snprintf(msg, sizeof(msg), "no heartbeat for %.1f s", (double)(now - k->last_rx) / 1e3);
@@ -712,11 +728,7 @@ static void on_heartbeat(uv_timer_t *t) {
     char f[32];
     mn_buf_t b = {f, 0, sizeof(f)}; /* PING and ACK are at most 14 bytes each: the buffer never grows */
     if (mn_msg_pack_ping(&b, MN_HB_PING_BASE + c->hb_count) == 0) mn_ctl_send(c, k, b.data, b.len);
-    if (k->kind == MN_CONN_PROC && k->acked > k->ack_sent) {
-      b.len = 0;
-      if (mn_msg_pack_ack(&b, k->acked) == 0) mn_ctl_send(c, k, b.data, b.len);
-      k->ack_sent = k->acked;
-    }
+    if (k->kind == MN_CONN_PROC) send_ack(c, k);
   }
   mn_ctl_flush(c);
 }

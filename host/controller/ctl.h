@@ -87,6 +87,7 @@ struct mn_ctl_s {
   int *released;        /* payload refs whose writes are over */
   int nreleased, released_cap;
   int no_acks;          /* MONARCH_NO_ACK=1: no unacked copies (to measure their cost) */
+  int proc_heartbeats;  /* MONARCH_PROC_HEARTBEAT=1: PING procs too (their agents watch them otherwise) */
   uv_process_t agent;   /* the embedded local agent, when started */
   int agent_running;
   int agent_port;

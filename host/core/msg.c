@@ -47,6 +47,7 @@ static const spec_t specs[] = {
     [MN_MSG_LOG] = {"LOG", 4, 0, BY_SERVER, "[26, rank, stream, text]"},
     [MN_MSG_STATUS] = {"STATUS", 2, 0, BY_CTL | BY_SCRIPT, "[27, req]"},
     [MN_MSG_CANCEL] = {"CANCEL", 2, 1, BY_CTL, "[28, [seq, ...]]"},
+    [MN_MSG_PROC_HUNG] = {"PROC_HUNG", 4, 0, BY_SERVER, "[29, pid, rank, silent_ms]"},
 };
 
 #define NSPECS (sizeof(specs) / sizeof(specs[0]))
@@ -185,6 +186,14 @@ int mn_msg_pack_cancel(mn_buf_t *b, const uint64_t *seqs, size_t n) {
   int f = head(b, &pk, &s, 2, MN_MSG_CANCEL);
   f |= msgpack_pack_array(&pk, n);
   for (size_t i = 0; i < n; i++) f |= msgpack_pack_uint64(&pk, seqs[i]);
+  return finish(b, s, f);
+}
+
+int mn_msg_pack_proc_hung(mn_buf_t *b, int64_t pid, int rank, uint64_t silent_ms) {
+  msgpack_packer pk;
+  size_t s;
+  int f = head(b, &pk, &s, 4, MN_MSG_PROC_HUNG);
+  f |= msgpack_pack_int64(&pk, pid) | msgpack_pack_int(&pk, rank) | msgpack_pack_uint64(&pk, silent_ms);
   return finish(b, s, f);
 }
 

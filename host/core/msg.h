@@ -45,6 +45,7 @@ typedef enum {
   MN_MSG_GOODBYE = 25,    /* controller -> agent: clean exit, stop my procs now */
   MN_MSG_LOG = 26,        /* agent -> controller: rank, stream (1 stdout, 2 stderr), text of whole lines */
   MN_MSG_STATUS = 27,     /* controller -> agent: req; answered by REPLY with the agent's procs and recent exits */
+  MN_MSG_PROC_HUNG = 29,  /* agent -> controller: pid, rank, ms: its I/O thread sent no status for that long */
   MN_MSG_CANCEL = 28,     /* controller -> proc: [seq, ...]: stop these calls (queued: skip; running: cancel flag) */
 } mn_msg_t;
 
@@ -79,6 +80,8 @@ int mn_msg_pack_ping(mn_buf_t *b, uint64_t id);
 int mn_msg_pack_pong(mn_buf_t *b, const msgpack_object *id);
 int mn_msg_pack_session(mn_buf_t *b, uint64_t session, uint64_t acked);
 int mn_msg_pack_ack(mn_buf_t *b, uint64_t acked);
+/* PROC_HUNG [29, pid, rank, silent_ms]: a proc's I/O thread went quiet (agent -> controller). */
+int mn_msg_pack_proc_hung(mn_buf_t *b, int64_t pid, int rank, uint64_t silent_ms);
 /* CANCEL [28, [seq, ...]]: stop these calls of the session (controller -> proc). */
 int mn_msg_pack_cancel(mn_buf_t *b, const uint64_t *seqs, size_t n);
 int mn_msg_pack_goodbye(mn_buf_t *b);

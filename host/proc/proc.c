@@ -44,6 +44,7 @@
 #include <unistd.h>
 
 #define MN_SPIN_NS_DEFAULT 0 /* executor busy-wait before sleeping; the agent sets MONARCH_SPIN_US, knowing how many procs share the host */
+#define MN_STATUS_MS_DEFAULT 1000 /* status lines to the agent; the agent sets MONARCH_STATUS_MS from its hang timeout */
 #define MN_MAX_QUEUED (256u << 20) /* bytes of calls queued before the reader stops reading */
 #define MN_MAX_HANDSHAKES 16       /* concurrent unauthenticated connections accepted */
 #define MN_BIG_FRAME (256u << 10)  /* frames this large are received straight into their queue item */
@@ -79,6 +80,7 @@ typedef struct {
   atomic_ullong executed;   /* calls run, for the agent's status report */
   atomic_ullong received;   /* calls queued by the I/O thread; received - executed are in flight */
   int status_fd;            /* the port pipe, kept for status lines to the agent (-1: none) */
+  int64_t status_ms;        /* interval of status lines (MONARCH_STATUS_MS) */
 } proc_t;
 
 typedef struct {
@@ -580,12 +582,14 @@ static int read_conn(proc_t *p, conn_t *c, int *has_session) {
   return parse_frames(p, c, has_session);
 }
 
-/* About once a second, tells the agent "S queued executed running" over the
- * port pipe, for `monarch-run --status`; skipped if the pipe is full. */
+/* Every status_ms (MONARCH_STATUS_MS, a second by default), tells the agent
+ * "S queued executed running" over the port pipe: for `monarch-run --status`,
+ * and the sign of life by which the agent tells a hung proc (its I/O thread
+ * writes it); skipped if the pipe is full. */
 static void report_status(proc_t *p, int64_t *next) {
   int64_t now = mn_now_ns();
   if (p->status_fd < 0 || now < *next) return;
-  *next = now + 1000000000;
+  *next = now + p->status_ms * 1000000;
   const char *running = p->exec.running; /* a kernel's static name, or NULL */
   char line[160];
   unsigned long long done = atomic_load(&p->executed), got = atomic_load(&p->received);
@@ -604,11 +608,15 @@ static void io_loop(proc_t *p, int lfd, double orphan_timeout) {
   /* 0 means never: procs of the local agent die with it (PDEATHSIG) instead,
    * so a controller that computes for a while does not lose them. */
   const int64_t orphan_ns = orphan_timeout > 0 ? (int64_t)(orphan_timeout * 1e9) : INT64_MAX / 4;
+  const int64_t slice_ns = p->status_ms * 1000000; /* longest sleep: status lines keep their pace */
   for (;;) {
     report_status(p, &next_status);
+    /* The orphan clock runs only without a controller: while one is connected, a
+     * quiet one is only busy; if it vanishes, its agent ends the session (silence, grace). */
+    if (cur != NULL && has_session) last_rx = mn_now_ns();
     struct pollfd pfd[3] = {{lfd, POLLIN, 0}, {p->hs_pipe[0], POLLIN, 0}, {cur ? cur->fd : -1, POLLIN, 0}};
     int64_t left = last_rx + orphan_ns - mn_now_ns();
-    if (left <= 0 && !atomic_load(&persistent)) break; /* orphaned: no controller traffic for orphan_timeout */
+    if (left <= 0 && !atomic_load(&persistent)) break; /* orphaned: no controller for orphan_timeout */
     if (left <= 0) {
       last_rx = mn_now_ns(); /* persistent: keep waiting for a controller to attach */
       continue;
@@ -616,7 +624,7 @@ static void io_loop(proc_t *p, int lfd, double orphan_timeout) {
     /* Like the executor: yield briefly before sleeping, so the next frame finds this thread awake. */
     int r = 0;
     for (int64_t until = mn_now_ns() + p->spin_ns; r == 0 && mn_now_ns() < until; sched_yield()) r = poll(pfd, 3, 0);
-    if (r == 0) r = poll(pfd, 3, (int)((left < 1000000000 ? left : 1000000000) / 1000000) + 1);
+    if (r == 0) r = poll(pfd, 3, (int)((left < slice_ns ? left : slice_ns) / 1000000) + 1);
     if (r < 0 && errno != EINTR) break;
     if (r <= 0) continue;
     if (pfd[0].revents & POLLIN) {
@@ -706,6 +714,8 @@ int mn_proc_main(const mn_proc_opts_t *o) {
   int ln = snprintf(line, sizeof(line), "%d\n", port);
   if (mn_write_all(o->port_fd >= 0 ? o->port_fd : 1, line, (size_t)ln) != 0) return 2;
   p->status_fd = -1;
+  const char *st = getenv("MONARCH_STATUS_MS");
+  p->status_ms = st && atoi(st) > 0 ? atoi(st) : MN_STATUS_MS_DEFAULT;
   if (o->port_fd > 2) { /* the agent keeps reading it for status lines */
     p->status_fd = o->port_fd;
     if (fcntl(p->status_fd, F_SETFL, fcntl(p->status_fd, F_GETFL) | O_NONBLOCK) != 0) {

@@ -130,6 +130,8 @@ function M.configure(t)
   if type(t) ~= "table" then error("monarch.configure wants a table", 2) end
   if not runtime.initialized then error("monarch.configure: call monarch.hosts() first", 2) end
   core.configure(t)
+  -- Agents watch their procs with the same timeout (procs spawned from now on).
+  if type(t.heartbeat_timeout) == "number" then require("monarch.procs").hang_timeout = t.heartbeat_timeout end
 end
 
 --- Waits for every task, then stops all procs and host agents this script started.

@@ -185,6 +185,23 @@ runtime.on_message(MSG.PROC_EXIT, function(m, conn)
   end
 end)
 
+--- Seconds a proc's I/O thread may be silent before its agent reports it
+-- hung (PROC_HUNG): the heartbeat timeout (monarch.configure).
+M.hang_timeout = 3
+
+-- The agent saw no status line from a proc's I/O thread for m[4] ms: the
+-- proc is stopped or stuck (the agent still answers, so it is not the network).
+runtime.on_message(MSG.PROC_HUNG, function(m, conn)
+  local a = agent_at[conn]
+  local p = a and a.procs[m[2]]
+  if not p or (p.state ~= "ready" and p.state ~= "reconnecting") then return end
+  M.kill(p, 9) -- first: whatever happens below, a hung proc must not stay behind
+  p.unresponsive = string.format("unresponsive (no heartbeat from its I/O thread for %.1f s, seen by its host agent)",
+    m[4] / 1000)
+  mark_dying(p, p.unresponsive)
+  core.disconnect(p.conn, p.unresponsive)
+end)
+
 runtime.on_message(MSG.LOG, function(m, conn)
   local a = agent_at[conn]
   if a then log.proc_output(a.hostname or a.addr, m[2], m[3], m[4]) end
@@ -263,14 +280,29 @@ local function agent_handler(a)
           p.state = "dead"
           p.cause = "host agent lost while restarting: " .. tostring(reason)
           runtime.flush_queue(p)
+        elseif (p.state == "ready" or p.state == "reconnecting") and not M.shutting_down then
+          -- The host is gone for good: its procs with it (their own links may not have noticed).
+          local why = "connection lost: " .. tostring(reason)
+          core.disconnect(p.conn, why)
+          mark_dying(p, why)
         end
       end
     end,
     on_reconnecting = function(reason)
       a.state = "reconnecting"
       a.reason = reason
+      -- The agent watches its procs and is out of reach: so are they, as far as we know.
+      for _, p in pairs(a.procs) do
+        if p.state == "ready" then p.state, p.host_away = "reconnecting", true end
+      end
     end,
-    on_reconnected = function() a.state = "ready" end,
+    on_reconnected = function()
+      a.state = "ready"
+      for _, p in pairs(a.procs) do
+        if p.host_away and p.state == "reconnecting" and p.conn and core.info(p.conn) == "ready" then p.state = "ready" end
+        p.host_away = nil
+      end
+    end,
   }
 end
 
@@ -289,7 +321,8 @@ function M.request_spawn(a, n, base, world, on_done, device_base)
   next_req = next_req + 1
   local req = { id = next_req, results = {}, count = 0, n = n, on_done = on_done }
   a.requests[req.id] = req
-  core.send(a.conn, { MSG.SPAWN, req.id, { count = n, rank_base = base, world = world, device_base = device_base } })
+  core.send(a.conn, { MSG.SPAWN, req.id, { count = n, rank_base = base, world = world, device_base = device_base,
+    hang_ms = math.floor(M.hang_timeout * 1000) } })
   return req
 end
 

@@ -106,7 +106,7 @@ static void test_names(void **state) {
   (void)state;
   int n = 0;
   mn_msg_each(count_type, &n);
-  assert_int_equal(n, 24);
+  assert_int_equal(n, 25);
   assert_string_equal(mn_msg_name(MN_MSG_CALL), "CALL");
   assert_null(mn_msg_name(0));
   assert_null(mn_msg_name(23));
