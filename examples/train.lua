@@ -63,6 +63,7 @@ local OPTIONS = { -- name, default, kind, help
   { "snapshot-every", SNAPSHOT_EVERY, "int", "steps between in-memory copies of the weights, for recovery" },
   { "log-every", 20, "int", "steps between progress lines when stdout is not a terminal" },
   { "quiet", false, "flag", "print only the summary" },
+  { "fused", nil, "int", "run K steps per call (mlp_train: in-kernel all_reduce; CPU only)" },
   { "fail-at", nil, "int", "testing: fail step N once (simulated) to exercise recovery" },
   { "kill-at", nil, "int", "testing: kill the last proc at step N (needs restart support)" },
   { "help", false, "flag", "show this help" },
@@ -120,7 +121,7 @@ local function parse_args(argv)
     if opts[name] ~= nil and opts[name] < lo then error(string.format("train.lua: --%s must be at least %d", name, lo), 0) end
   end
   at_least("procs", 1); at_least("epochs", 1); at_least("steps", 1); at_least("batch", 1); at_least("hidden", 1)
-  at_least("every", 0); at_least("keep", 1); at_least("snapshot-every", 1); at_least("log-every", 1)
+  at_least("fused", 1); at_least("every", 0); at_least("keep", 1); at_least("snapshot-every", 1); at_least("log-every", 1)
   if not (opts.lr > 0) then die("--lr must be positive") end
   if opts.device ~= "auto" and opts.device ~= "cpu" and opts.device ~= "gpu" then
     die("--device must be auto, cpu or gpu, got '" .. opts.device .. "'")
@@ -407,6 +408,25 @@ local function train_step(s)
   metrics[s] = { loss, correct }
 end
 
+--- Runs steps s .. s+n-1 (0-based) in one call per proc: mlp_train does each
+-- step's gradient, an in-kernel all_reduce over the group and Adam, the same
+-- arithmetic in the same order as train_step, so the weights come out
+-- bitwise the same. A failure tears the group down; the next call makes a new one.
+local kgroup
+local function train_fused(s, n)
+  if not kgroup or kgroup._dead then kgroup = procs:group() end
+  local r = procs:call("mlp_train", kgroup, st.P, st.X, st.Y, st.G, hidden, classes, batch, st.S, seed, opts.lr, s, n,
+    steps_per_epoch):get()
+  for i = 0, n - 1 do
+    local loss, correct = 0, 0
+    for p = 1, r:size() do
+      loss = loss + r[p][2 * i + 1]
+      correct = correct + r[p][2 * i + 2]
+    end
+    metrics[s + i] = { loss, correct }
+  end
+end
+
 local function evaluate()
   local r = rank0:call_one("mlp_evaluate", st.P, st.Xt, st.Yt, hidden, classes):get()
   return r[1] / r[3], r[2] / r[3], r[2], r[3]
@@ -476,7 +496,7 @@ snapshot = fetch_state(start_step)
 say("digits: %d rows of %d features, %d classes; %d for training (%d per proc), %d held out",
   rows, features, classes, n_train, shard, n_test)
 say("model: %d -> %d (ReLU) -> %d, %d parameters; Adam lr %g", features, hidden, classes, nparams, opts.lr)
-say("%s", device_line)
+say("%s%s", device_line, opts.fused and not on_gpu and string.format("; %d steps per call (mlp_train)", opts.fused) or "")
 say("training on %d procs: batch %d per proc (%d global), %d steps per epoch, %d steps%s",
   world, batch, batch * world, steps_per_epoch, total_steps,
   have_all_reduce and "" or "; gradients summed on the controller (ProcMesh:all_reduce not available)")
@@ -521,12 +541,28 @@ end
 
 --- Runs step s and what follows it (progress, the epoch's evaluation, the
 -- snapshot and the checkpoint); returns s + 1. Raises if a proc fails.
+local function fused_count(s)
+  local n = math.min(opts.fused, total_steps - s, steps_per_epoch - s % steps_per_epoch,
+    opts["snapshot-every"] - s % opts["snapshot-every"])
+  if opts.every > 0 then n = math.min(n, opts.every - s % opts.every) end
+  for _, at in ipairs { opts["fail-at"], opts["kill-at"] } do -- the failure tests inject at a step
+    if at and at >= s and at < s + n then n = math.max(1, at - s) end
+  end
+  return n
+end
+
 local function advance(s)
   local t0 = monarch.now()
-  train_step(s)
+  local n = 1
+  if opts.fused and not on_gpu then
+    n = fused_count(s)
+    if n > 1 or not (opts["fail-at"] == s or opts["kill-at"] == s) then train_fused(s, n) else train_step(s) end
+  else
+    train_step(s)
+  end
   t_train = t_train + (monarch.now() - t0)
-  samples = samples + batch * world
-  s = s + 1
+  samples = samples + n * batch * world
+  s = s + n
   progress(s, samples / t_train)
   if s % steps_per_epoch == 0 or s == total_steps then
     local e = math.floor((s - 1) / steps_per_epoch)

@@ -25,7 +25,15 @@
 extern "C" {
 #endif
 
-#define MK_ABI_VERSION 1
+/*
+ * 2 added the collectives at the end of mk_api_t (and MK_ARG_GROUP). A proc
+ * accepts libraries of versions MK_ABI_VERSION_MIN..MK_ABI_VERSION, so one
+ * built against version 1 loads unchanged; a proc that predates version 2
+ * refuses a version-2 library instead of letting it call past the end of
+ * its shorter api struct.
+ */
+#define MK_ABI_VERSION 2
+#define MK_ABI_VERSION_MIN 1
 #define MK_MAX_DIMS 8 /* most dimensions a tensor may have */
 
 typedef enum {
@@ -46,8 +54,12 @@ typedef enum {
   MK_ARG_NUMBER, /* v.num */
   MK_ARG_STRING, /* v.str: not NUL-terminated, use len */
   MK_ARG_BYTES,  /* v.str */
-  MK_ARG_TENSOR  /* v.tensor */
+  MK_ARG_TENSOR, /* v.tensor */
+  MK_ARG_GROUP   /* v.group (ABI 2): a signature letter 'g' */
 } mk_arg_type_t;
+
+/* Reductions of mk_all_reduce and mk_reduce_scatter. MK_AVG truncates integers toward zero. */
+typedef enum { MK_SUM = 0, MK_MAX = 1, MK_MIN = 2, MK_AVG = 3 } mk_reduce_op_t;
 
 typedef struct mk_tensor_s {
   void *data;                  /* host memory, or device memory when device >= 0 */
@@ -60,6 +72,17 @@ typedef struct mk_tensor_s {
   uint64_t id;                 /* handle the controller knows it by */
 } mk_tensor_t;
 
+/*
+ * A group of procs this kernel may run collectives on (ABI 2): the script
+ * made it with mesh:group() and passed it for a 'g' argument. Every member
+ * of the group runs the same kernel call; valid until the kernel returns.
+ */
+typedef struct mk_group_s {
+  uint64_t id; /* the group's id, the same on every member */
+  int rank;    /* this proc's position in the group, 0..size-1 */
+  int size;    /* members of the group */
+} mk_group_t;
+
 typedef struct {
   mk_arg_type_t type;
   union {
@@ -71,6 +94,7 @@ typedef struct {
       size_t len;
     } str;
     mk_tensor_t *tensor;
+    const mk_group_t *group;
   } v;
 } mk_arg_t;
 
@@ -90,7 +114,27 @@ typedef struct {
   void *(*scratch)(mk_ctx_t *ctx, size_t nbytes);
   /* Nonzero once the controller has asked this call to stop (long kernels poll it). */
   int (*cancelled)(mk_ctx_t *ctx);
+  /*
+   * ABI 2: collectives on a group, run by every member in the same order
+   * (docs/kernels.md). Each returns 0, or a negative code (MK_COLL_E*) with
+   * the call's error message already set (return the code as it is, or
+   * replace the message with mk_errorf). After a failure the group is gone
+   * on every member and the call fails whatever the kernel returns.
+   */
+  int (*all_reduce)(mk_ctx_t *ctx, const mk_group_t *g, mk_tensor_t *t, int op);
+  int (*broadcast)(mk_ctx_t *ctx, const mk_group_t *g, mk_tensor_t *t, int root);
+  int (*all_gather)(mk_ctx_t *ctx, const mk_group_t *g, const mk_tensor_t *src, mk_tensor_t *dst);
+  int (*reduce_scatter)(mk_ctx_t *ctx, const mk_group_t *g, const mk_tensor_t *src, mk_tensor_t *dst, int op);
+  int (*barrier)(mk_ctx_t *ctx, const mk_group_t *g);
 } mk_api_t;
+
+/* What the collectives return on failure: the proc's own codes (err.h), named for kernels; others may come too. */
+#define MK_COLL_ETIMEDOUT (-1010) /* a member sent or took nothing for the timeout */
+#define MK_COLL_EINVAL (-1011)    /* bad arguments on this member (the others are told why) */
+#define MK_COLL_ENOTFOUND (-1012) /* the group is gone (a failed collective tore it down) */
+#define MK_COLL_EPEER (-1013)     /* a member died, gave up, or called something else */
+#define MK_COLL_ECANCELED (-1014) /* the call was cancelled */
+#define MK_COLL_EDEVICE (-1016)   /* GPU tensors: NCCL is not available to in-kernel collectives */
 
 struct mk_ctx_s {
   const mk_api_t *api;
@@ -109,7 +153,7 @@ typedef int (*mk_fn_t)(mk_ctx_t *ctx, int argc, const mk_arg_t *argv);
  *   n number (int or float)   i integer (int, or a float with integral value)
  *   s string                  b bytes (string or bin)
  *   t tensor                  B boolean
- *   a any value
+ *   a any value               g group (ABI 2; arrives as MK_ARG_GROUP)
  * The host converts per signature: an 'n' argument always arrives as
  * MK_ARG_NUMBER and an 'i' argument as MK_ARG_INT, a 'b' as MK_ARG_BYTES.
  * A trailing '*' accepts any number of further arguments of any type, and
@@ -143,6 +187,20 @@ static inline int mk_return_string(mk_ctx_t *ctx, const char *s, size_t n) { ret
 static inline int mk_return_bytes(mk_ctx_t *ctx, const void *p, size_t n) { return ctx->api->ret_bytes(ctx, p, n); }
 static inline void *mk_scratch(mk_ctx_t *ctx, size_t n) { return ctx->api->scratch(ctx, n); }
 static inline int mk_cancelled(mk_ctx_t *ctx) { return ctx->api->cancelled(ctx); }
+static inline int mk_all_reduce(mk_ctx_t *ctx, const mk_group_t *g, mk_tensor_t *t, mk_reduce_op_t op) {
+  return ctx->api->all_reduce(ctx, g, t, (int)op);
+}
+static inline int mk_broadcast(mk_ctx_t *ctx, const mk_group_t *g, mk_tensor_t *t, int root) {
+  return ctx->api->broadcast(ctx, g, t, root);
+}
+static inline int mk_all_gather(mk_ctx_t *ctx, const mk_group_t *g, const mk_tensor_t *src, mk_tensor_t *dst) {
+  return ctx->api->all_gather(ctx, g, src, dst);
+}
+static inline int mk_reduce_scatter(mk_ctx_t *ctx, const mk_group_t *g, const mk_tensor_t *src, mk_tensor_t *dst,
+                                    mk_reduce_op_t op) {
+  return ctx->api->reduce_scatter(ctx, g, src, dst, (int)op);
+}
+static inline int mk_barrier(mk_ctx_t *ctx, const mk_group_t *g) { return ctx->api->barrier(ctx, g); }
 
 static inline size_t mk_dtype_size(mk_dtype_t d) {
   switch (d) {

@@ -24,7 +24,7 @@ $(FUZZ_BUILD)/fuzz/fuzz_frame: $(call FUZZ_OBJ,tests/fuzz/fuzz_frame.c host/core
 $(FUZZ_BUILD)/fuzz/fuzz_handshake: $(call FUZZ_OBJ,tests/fuzz/fuzz_handshake.c host/core/wire.c host/core/err.c host/core/msg.c \
                                    host/core/auth.c host/core/handshake.c)
 $(FUZZ_BUILD)/fuzz/fuzz_exec: $(call FUZZ_OBJ,tests/fuzz/fuzz_exec.c host/core/wire.c host/core/err.c host/core/msg.c \
-                              host/core/dtype.c host/proc/exec.c host/proc/exec_builtins.c host/proc/sig.c \
+                              host/core/dtype.c host/proc/exec.c host/proc/exec_builtins.c host/proc/exec_coll.c host/proc/sig.c \
                               host/proc/scratch.c host/proc/registry.c host/proc/cancel.c)
 $(FUZZ_BINS):
 	@mkdir -p $(dir $@)

@@ -24,6 +24,7 @@ const char *mn_coll_kind_name(int kind) {
   case MN_COLL_BARRIER: return "barrier";
   case MN_COLL_SEND: return "copy";
   case MN_COLL_ABORT: return "abort";
+  case MN_COLL_KERNEL_END: return "return (the end of its kernel)";
   default: return "an unknown collective";
   }
 }
@@ -128,7 +129,8 @@ static void describe_hdr(const mn_coll_hdr_t *h, char *buf, size_t n) {
   case MN_COLL_ALL_REDUCE:
   case MN_COLL_REDUCE_SCATTER: snprintf(buf, n, "%s(%s, %s) of %llu bytes", k, mn_coll_op_name(h->op), dt, b); break;
   case MN_COLL_BROADCAST: snprintf(buf, n, "%s(root %u, %s) of %llu bytes", k, h->root, dt, b); break;
-  case MN_COLL_BARRIER: snprintf(buf, n, "%s", k); break;
+  case MN_COLL_BARRIER:
+  case MN_COLL_KERNEL_END: snprintf(buf, n, "%s", k); break;
   default: snprintf(buf, n, "%s(%s) of %llu bytes", k, dt, b); break;
   }
 }

@@ -713,18 +713,35 @@ int mn_coll_reduce_scatter(mn_coll_t *c, uint64_t gid, const mk_tensor_t *src, m
   return rc == 0 ? 0 : group_fail(c, g, err, rc);
 }
 
-int mn_coll_barrier(mn_coll_t *c, uint64_t gid, char *err, size_t errlen, int *mismatch) {
-  const char *what = "barrier";
+/* A barrier announced as `kind` (MN_COLL_BARRIER or MN_COLL_KERNEL_END). */
+static int barrier_as(mn_coll_t *c, uint64_t gid, int kind, const char *what, char *err, size_t errlen,
+                      int *mismatch) {
   group_t *g = group_get(c, gid, what, err, errlen);
   if (g == NULL) return MN_ENOTFOUND;
   g->seq++;
   if (g->n == 1) return 0;
-  mn_coll_hdr_t h = {MN_COLL_BARRIER, 0, 0, (uint32_t)c->rank, 0, g->seq, 0};
+  mn_coll_hdr_t h = {(uint8_t)kind, 0, 0, (uint32_t)c->rank, 0, g->seq, 0};
   if (g->layout == MN_COLL_ONE_HOST) return shm_over(c, g, &h, NULL, NULL, 0, 1, what, err, errlen, mismatch);
   char token = 1;
   int rc;
   if ((rc = exchange_headers(c, g, &h, what, err, errlen, mismatch)) != 0 ||
       (rc = star_run(c, g, &token, 1, MK_U8, 0, 0, what, err, errlen)) != 0)
     return group_fail(c, g, err, rc);
+  return 0;
+}
+
+int mn_coll_barrier(mn_coll_t *c, uint64_t gid, char *err, size_t errlen, int *mismatch) {
+  return barrier_as(c, gid, MN_COLL_BARRIER, "barrier", err, errlen, mismatch);
+}
+
+int mn_coll_fence(mn_coll_t *c, uint64_t gid, char *err, size_t errlen, int *mismatch) {
+  return barrier_as(c, gid, MN_COLL_KERNEL_END, "the end of the kernel", err, errlen, mismatch);
+}
+
+int mn_coll_group_info(mn_coll_t *c, uint64_t gid, int *me, int *n) {
+  group_t *g = mn__coll_group_find(c, gid);
+  if (g == NULL) return MN_ENOTFOUND;
+  *me = g->me;
+  *n = g->n;
   return 0;
 }

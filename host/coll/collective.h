@@ -53,6 +53,7 @@ typedef enum {
   MN_COLL_BARRIER = 5,
   MN_COLL_SEND = 6,    /* proc-to-proc copy: the receiver's go-ahead */
   MN_COLL_ABORT = 7,   /* the sender gave up; nbytes of reason text follow */
+  MN_COLL_KERNEL_END = 8, /* a kernel given the group returned (mn_coll_fence) */
 } mn_coll_kind_t;
 
 typedef enum { MN_COLL_SUM = 0, MN_COLL_MAX = 1, MN_COLL_MIN = 2, MN_COLL_AVG = 3 } mn_coll_op_t;
@@ -199,6 +200,16 @@ int mn_coll_all_gather(mn_coll_t *c, uint64_t gid, const mk_tensor_t *src, mk_te
 int mn_coll_reduce_scatter(mn_coll_t *c, uint64_t gid, const mk_tensor_t *src, mk_tensor_t *dst, int op,
                            char *err, size_t errlen, int *mismatch);
 int mn_coll_barrier(mn_coll_t *c, uint64_t gid, char *err, size_t errlen, int *mismatch);
+/*
+ * A barrier that marks the end of a kernel that was given the group: a
+ * member that ran fewer collectives in the kernel than another meets that
+ * one's next collective here and both fail with a mismatch ("rank 1
+ * returned from its kernel but rank 0 called all_reduce(...)") instead of
+ * waiting for the timeout.
+ */
+int mn_coll_fence(mn_coll_t *c, uint64_t gid, char *err, size_t errlen, int *mismatch);
+/* This member's index and the member count of group gid: 0, or MN_ENOTFOUND. */
+int mn_coll_group_info(mn_coll_t *c, uint64_t gid, int *me, int *n);
 
 /*
  * Proc-to-proc copy. send connects to the receiver's data port ("host:port")

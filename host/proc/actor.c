@@ -170,8 +170,24 @@ static int kerror(mk_ctx_t *c, const char *fmt, ...) {
 static void *kscratch(mk_ctx_t *c, size_t n) { return mn_scratch_get(&K(c)->scratch, n); }
 static int kcancelled(mk_ctx_t *c) { return atomic_load(K(c)->x->cancel) != 0; }
 
+/* An actor's proc.call passes no groups ('g' arguments are refused), so a kernel it runs has none to use. */
+static int knogroup(mk_ctx_t *c, const char *what) {
+  kerror(c, "%s: a kernel called from an actor's proc.call has no group (collectives need a mesh call)", what);
+  return MN_EINVAL;
+}
+static int kall_reduce(mk_ctx_t *c, const mk_group_t *g, mk_tensor_t *t, int op) { return knogroup(c, "all_reduce"); }
+static int kbroadcast(mk_ctx_t *c, const mk_group_t *g, mk_tensor_t *t, int root) { return knogroup(c, "broadcast"); }
+static int kall_gather(mk_ctx_t *c, const mk_group_t *g, const mk_tensor_t *s, mk_tensor_t *d) {
+  return knogroup(c, "all_gather");
+}
+static int kreduce_scatter(mk_ctx_t *c, const mk_group_t *g, const mk_tensor_t *s, mk_tensor_t *d, int op) {
+  return knogroup(c, "reduce_scatter");
+}
+static int kbarrier(mk_ctx_t *c, const mk_group_t *g) { return knogroup(c, "barrier"); }
+
 static const mk_api_t kapi = {kret_nil, kret_bool, kret_int, kret_number, kret_string,
-                              kret_bytes, kerror, kscratch, kcancelled};
+                              kret_bytes, kerror, kscratch, kcancelled,
+                              kall_reduce, kbroadcast, kall_gather, kreduce_scatter, kbarrier};
 
 /*
  * Converts Lua argument at idx to what signature letter `want` asks for,

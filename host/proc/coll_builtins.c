@@ -312,6 +312,38 @@ static int b_recv(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, const msgp
   return found ? rc : mn_coll_recv(inst(x), t, tag, err, errlen);
 }
 
+/* ---- collectives kernels call (exec.h's hooks) ------------------------------------ */
+
+static int k_group(mn_exec_t *x, uint64_t gid, mk_group_t *g, char *err, size_t errlen) {
+  int me, n;
+  if (mn_coll_group_info(inst(x), gid, &me, &n) != 0) {
+    snprintf(err, errlen, "rank %d has no group %llu", x->rank, (unsigned long long)gid);
+    return MN_ENOTFOUND;
+  }
+  g->id = gid;
+  g->rank = me;
+  g->size = n;
+  return 0;
+}
+
+static int k_run(mn_exec_t *x, const mn_kcoll_t *k, char *err, size_t errlen, int *mismatch) {
+  mn_coll_t *c = inst(x);
+  switch (k->what) {
+  case MN_KCOLL_ALL_REDUCE: return mn_coll_all_reduce(c, k->gid, k->t, k->arg, err, errlen, mismatch);
+  case MN_KCOLL_BROADCAST: return mn_coll_broadcast(c, k->gid, k->t, k->arg, err, errlen, mismatch);
+  case MN_KCOLL_ALL_GATHER: return mn_coll_all_gather(c, k->gid, k->t, k->dst, err, errlen, mismatch);
+  case MN_KCOLL_REDUCE_SCATTER: return mn_coll_reduce_scatter(c, k->gid, k->t, k->dst, k->arg, err, errlen, mismatch);
+  case MN_KCOLL_BARRIER: return mn_coll_barrier(c, k->gid, err, errlen, mismatch);
+  case MN_KCOLL_FENCE: return mn_coll_fence(c, k->gid, err, errlen, mismatch);
+  }
+  snprintf(err, errlen, "unknown in-kernel collective %d", (int)k->what);
+  return MN_EINVAL;
+}
+
+static void k_abort(mn_exec_t *x, uint64_t gid, const char *why) { mn_coll_group_abort(inst(x), gid, why); }
+
+static const mn_exec_coll_t kernel_colls = {k_group, k_run, k_abort};
+
 /* ---- the table ----------------------------------------------------------------- */
 
 /* In the order the "unknown built-in" message lists them. */
@@ -349,5 +381,6 @@ int mn_coll_start(const char *bind_host, const mn_auth_t *auth, int rank) {
     fprintf(stderr, "monarch-worker --proc: cannot register the collective built-ins (MN_MAX_BUILTIN_MODULES)\n");
     return MN_ELIMIT;
   }
+  mn_exec_set_coll(&kernel_colls);
   return 0;
 }

@@ -75,7 +75,9 @@ int mn__exec_return_ref(mn_exec_t *x, const void *p, size_t n) {
 }
 
 static const mk_api_t api = {api_nil, api_bool, api_int, api_number, api_string,
-                             api_bytes, api_error, api_scratch, api_cancelled};
+                             api_bytes, api_error, api_scratch, api_cancelled,
+                             mn__exec_api_all_reduce, mn__exec_api_broadcast, mn__exec_api_all_gather,
+                             mn__exec_api_reduce_scatter, mn__exec_api_barrier};
 
 /* ---- replies ------------------------------------------------------------ */
 
@@ -192,6 +194,7 @@ static int convert_arg(mn_exec_t *x, const msgpack_object *o, char want, int i, 
     snprintf(err, errlen, "argument %d: a %s cannot be passed to a kernel", i + 1, obj_type_name(o));
     return MN_EINVAL;
   }
+  if (want == 'g') return mn__exec_group_arg(x, a, i, obj_type_name(o), err, errlen);
   return mn_sig_coerce(a, want, i + 1, obj_type_name(o), err, errlen);
 }
 
@@ -204,6 +207,7 @@ static int bind_args(mn_exec_t *x, const mk_kernel_t *k, const msgpack_object *a
   int rc = mn_sig_check_count(&sig, n, err, errlen);
   for (int i = 0; rc == 0 && i < n; i++)
     rc = convert_arg(x, &args->via.array.ptr[i], mn_sig_letter(&sig, i), i, &argv[i], err, errlen);
+  if (rc != 0) mn__exec_bind_failed(x, err);
   return rc;
 }
 
@@ -294,6 +298,8 @@ static void reset_results(mn_exec_t *x) {
   x->ref_ptr = NULL;
   x->ref_len = 0;
   x->errmsg[0] = '\0';
+  x->nkgroups = 0;
+  x->kcoll_kind = NULL;
 }
 
 int mn_exec_frame(mn_exec_t *x, const char *body, size_t len) {
@@ -365,10 +371,11 @@ int mn_exec_frame(mn_exec_t *x, const char *body, size_t len) {
   }
   x->running = k->name;
   rc = k->fn(&ctx, (int)args->via.array.size, argv);
+  if (x->nkgroups > 0) mn__exec_kernel_groups_done(x, namebuf, rc != 0);
   x->running = NULL;
   mn_scratch_release(&x->scratch);
   if (rc != 0 || x->failed)
-    reply_err(x, seq, atomic_load(x->cancel) ? "cancelled" : "kernel", kname, kl,
+    reply_err(x, seq, atomic_load(x->cancel) ? "cancelled" : x->kcoll_kind ? x->kcoll_kind : "kernel", kname, kl,
               x->errmsg[0] ? x->errmsg : "kernel failed without a message");
   else
     reply_ok(x, seq, kname, kl);

@@ -15,6 +15,7 @@
 
 #define MN_MAX_RESULTS 4096 /* most values one kernel may return */
 #define MN_MAX_ERRMSG 1024  /* longest error message a kernel may set */
+#define MN_MAX_KGROUPS 8    /* most group ('g') arguments of one kernel call */
 
 typedef struct {
   mn_registry_t reg;
@@ -39,7 +40,35 @@ typedef struct {
   const char *err_kind;   /* a built-in's error kind; "bad_args" unless it sets another */
   const char *ref_ptr;    /* payload of the last RESULT in `out`, written from here (no copy) */
   size_t ref_len;         /* its length; 0 when the last RESULT is all in `out` */
+  mk_group_t kgroups[MN_MAX_KGROUPS]; /* the running kernel's group arguments */
+  int nkgroups;
+  const char *kcoll_kind; /* set when an in-kernel collective failed: the reply's kind */
 } mn_exec_t;
+
+/*
+ * Collectives for kernels (the mk_api_t's all_reduce ... barrier), provided
+ * by the module that owns the proc's collective instance (coll_builtins.c),
+ * so that the executor links without it. Each returns 0 or a negative code
+ * with err; *mismatch as mn_coll_*.
+ */
+typedef enum { MN_KCOLL_ALL_REDUCE, MN_KCOLL_BROADCAST, MN_KCOLL_ALL_GATHER, MN_KCOLL_REDUCE_SCATTER,
+               MN_KCOLL_BARRIER, MN_KCOLL_FENCE } mn_kcoll_op_t;
+typedef struct {
+  mn_kcoll_op_t what;
+  uint64_t gid;
+  mk_tensor_t *t;        /* all_reduce, broadcast: the tensor; all_gather, reduce_scatter: src */
+  mk_tensor_t *dst;      /* all_gather, reduce_scatter */
+  int arg;               /* the reduction op, or broadcast's root */
+} mn_kcoll_t;
+typedef struct {
+  /* Fills g for group gid held by this proc; MN_ENOTFOUND with err if there is none. */
+  int (*group)(mn_exec_t *x, uint64_t gid, mk_group_t *g, char *err, size_t errlen);
+  int (*run)(mn_exec_t *x, const mn_kcoll_t *k, char *err, size_t errlen, int *mismatch);
+  /* Gives up on gid, telling the other members why (a kernel that failed or was given bad arguments). */
+  void (*abort)(mn_exec_t *x, uint64_t gid, const char *why);
+} mn_exec_coll_t;
+/* Installs the collectives kernels reach (before executors start). Without them a 'g' argument is refused. */
+void mn_exec_set_coll(const mn_exec_coll_t *ops);
 
 /*
  * Built-ins: calls whose names start with "__", answered by the proc itself.

@@ -152,9 +152,9 @@ const mk_library_t *mn_registry_load(mn_registry_t *r, const char *name, char *e
   }
   mk_library_fn_t fn = (mk_library_fn_t)dlsym(h, MK_LIBRARY_SYMBOL);
   const mk_library_t *lib = fn ? fn() : NULL;
-  if (lib == NULL || lib->abi_version != MK_ABI_VERSION || lib->count < 0) {
-    snprintf(err, errlen, "'%s' is not a monarch kernel library (no %s() or ABI %d, want %d)", path,
-             MK_LIBRARY_SYMBOL, lib ? lib->abi_version : -1, MK_ABI_VERSION);
+  if (lib == NULL || lib->abi_version < MK_ABI_VERSION_MIN || lib->abi_version > MK_ABI_VERSION || lib->count < 0) {
+    snprintf(err, errlen, "'%s' is not a monarch kernel library (no %s() or ABI %d, want %d..%d)", path,
+             MK_LIBRARY_SYMBOL, lib ? lib->abi_version : -1, MK_ABI_VERSION_MIN, MK_ABI_VERSION);
     dlclose(h);
     free(path);
     return NULL;

@@ -40,6 +40,7 @@ const char *mn_sig_want_name(char letter) {
   case 'b': return "bytes";
   case 't': return "tensor";
   case 'B': return "boolean";
+  case 'g': return "group";
   default: return "any value";
   }
 }
@@ -70,6 +71,7 @@ int mn_sig_coerce(mk_arg_t *a, char want, int argn, const char *got, char *err, 
     break;
   case 't': ok = a->type == MK_ARG_TENSOR; break;
   case 'B': ok = a->type == MK_ARG_BOOL; break;
+  case 'g': ok = a->type == MK_ARG_GROUP; break; /* exec.c binds groups; elsewhere (actors) none is held */
   default: break;
   }
   if (ok) return 0;

@@ -42,6 +42,7 @@
 #define MLP_MAX_HIDDEN 65536      /* most hidden units */
 #define MLP_MAX_BATCH 65536       /* most rows in one batch per proc */
 #define MLP_EVAL_CHUNK 256        /* rows evaluated per pass (bounds scratch memory) */
+#define MLP_MAX_FUSED 2048        /* most steps of one mlp_train call (two results each, MN_MAX_RESULTS 4096) */
 
 
 
@@ -511,6 +512,61 @@ static int check_labels(mk_ctx_t *ctx, const char *k, const int32_t *y, const in
   return 0;
 }
 
+/* Bytes of scratch one step needs: the epoch's order of n rows, then the batch, activations, logits and hidden gradients. */
+static size_t step_scratch(const model_t *m, int n, int b) {
+  return (size_t)n * sizeof(int32_t) + (size_t)b * ((size_t)m->in + 2 * (size_t)m->hidden + (size_t)m->out) * sizeof(float);
+}
+
+/*
+ * The gradient of batch `step` of `epoch` of this rank's shard X/Y (n rows)
+ * into G, laid out like m; adds the batch's summed loss and correct count.
+ * mem holds step_scratch bytes. Arguments were checked by the caller.
+ */
+static int grad_step(mk_ctx_t *ctx, const char *k, const model_t *m, const mk_tensor_t *X, const mk_tensor_t *Y,
+                     mk_tensor_t *G, int b, int64_t seed, int64_t epoch, int64_t step, char *mem, double *loss,
+                     int64_t *correct) {
+  int n = (int)X->shape[0];
+  model_t g = *m;
+  model_view(&g, G->data);
+  int32_t *perm = (int32_t *)mem;
+  float *xb = (float *)(mem + (size_t)n * sizeof(int32_t)), *a1 = xb + (size_t)b * (size_t)m->in;
+  float *z = a1 + (size_t)b * (size_t)m->hidden, *d1 = z + (size_t)b * (size_t)m->out;
+  rng_t r = rng_make(seed, TAG_BATCH, epoch, ctx->rank);
+  shuffle(&r, perm, n);
+  const int32_t *rows = perm + (size_t)step * (size_t)b;
+  const float *x = X->data;
+  const int32_t *y = Y->data;
+  if (check_labels(ctx, k, y, rows, b, m->out))
+    return -1;
+  for (int i = 0; i < b; i++)
+    memcpy(xb + (size_t)i * (size_t)m->in, x + (size_t)rows[i] * (size_t)m->in, (size_t)m->in * sizeof(float));
+  forward(m, b, xb, a1, z);
+  for (int i = 0; i < b; i++) {
+    float *zi = z + (size_t)i * (size_t)m->out;
+    softmax_xent(zi, m->out, y[rows[i]], 1.0f / (float)b, zi, loss, correct); /* z becomes dL/dz */
+  }
+  gemm(1, 0, m->hidden, m->out, b, a1, z, 0.0f, g.w2); /* dW2 = A1^T dZ */
+  col_sums(z, b, m->out, g.b2);
+  gemm(0, 1, b, m->hidden, m->out, z, m->w2, 0.0f, d1); /* dA1 = dZ W2^T */
+  for (size_t i = 0; i < (size_t)b * (size_t)m->hidden; i++)
+    d1[i] = a1[i] > 0.0f ? d1[i] : 0.0f; /* through the ReLU */
+  gemm(1, 0, m->in, m->hidden, b, xb, d1, 0.0f, g.w1); /* dW1 = X^T dA1 */
+  col_sums(d1, b, m->hidden, g.b1);
+  return 0;
+}
+
+/* Checks the tensors and sizes forward/backward takes (argv from P on: P, X, Y, G, hidden, classes, batch) into m. */
+static int check_fb(mk_ctx_t *ctx, const char *k, const mk_arg_t *a, model_t *m, int *n) {
+  mk_tensor_t *P = a[0].v.tensor, *X = a[1].v.tensor, *Y = a[2].v.tensor, *G = a[3].v.tensor;
+  int64_t batch = a[6].v.i;
+  if (check_tensor(ctx, k, "X", X, MK_F32, ANY, ANY) || model_check(ctx, k, m, P, X->shape[1], a[4].v.i, a[5].v.i))
+    return -1;
+  *n = X->shape[0] > INT_MAX ? INT_MAX : (int)X->shape[0];
+  return check_tensor(ctx, k, "Y", Y, MK_I32, X->shape[0], ONE_D) ||
+         check_tensor(ctx, k, "G (gradients)", G, MK_F32, P->numel, ONE_D) ||
+         check_range(ctx, k, "batch", batch, 1, *n < MLP_MAX_BATCH ? *n : MLP_MAX_BATCH);
+}
+
 /*
  * mlp_forward_backward(P, X, Y, G, hidden, classes, batch, seed, epoch, step):
  * takes batch `step` of `epoch` from this proc's shard X/Y (the epoch's order
@@ -521,57 +577,41 @@ static int check_labels(mk_ctx_t *ctx, const char *k, const int32_t *y, const in
  */
 static int k_mlp_forward_backward(mk_ctx_t *ctx, int argc, const mk_arg_t *argv) {
   const char *k = "mlp_forward_backward";
-  mk_tensor_t *P = argv[0].v.tensor, *X = argv[1].v.tensor, *Y = argv[2].v.tensor, *G = argv[3].v.tensor;
   int64_t batch = argv[6].v.i, seed = argv[7].v.i, epoch = argv[8].v.i, step = argv[9].v.i;
-  model_t m, g;
-  if (check_tensor(ctx, k, "X", X, MK_F32, ANY, ANY) ||
-      model_check(ctx, k, &m, P, X->shape[1], argv[4].v.i, argv[5].v.i))
+  model_t m;
+  int n;
+  if (check_fb(ctx, k, argv, &m, &n) || check_range(ctx, k, "epoch", epoch, 0, INT32_MAX) ||
+      check_range(ctx, k, "step", step, 0, n / batch - 1))
     return -1;
-  int n = X->shape[0] > INT_MAX ? INT_MAX : (int)X->shape[0];
-  if (check_tensor(ctx, k, "Y", Y, MK_I32, X->shape[0], ONE_D) ||
-      check_tensor(ctx, k, "G (gradients)", G, MK_F32, P->numel, ONE_D) ||
-      check_range(ctx, k, "batch", batch, 1, n < MLP_MAX_BATCH ? n : MLP_MAX_BATCH) ||
-      check_range(ctx, k, "epoch", epoch, 0, INT32_MAX) || check_range(ctx, k, "step", step, 0, n / batch - 1))
-    return -1;
-  int b = (int)batch;
-  g = m;
-  model_view(&g, G->data);
-  /* One scratch block: the epoch's order, then the batch, activations, logits and hidden gradients. */
-  size_t perm_b = (size_t)n * sizeof(int32_t);
-  size_t fl = (size_t)b * ((size_t)m.in + 2 * (size_t)m.hidden + (size_t)m.out);
-  char *mem = mk_scratch(ctx, perm_b + fl * sizeof(float));
+  char *mem = mk_scratch(ctx, step_scratch(&m, n, (int)batch));
   if (mem == NULL)
-    return mk_errorf(ctx, "%s: no scratch memory for a batch of %d", k, b);
-  int32_t *perm = (int32_t *)mem;
-  float *xb = (float *)(mem + perm_b), *a1 = xb + (size_t)b * (size_t)m.in;
-  float *z = a1 + (size_t)b * (size_t)m.hidden, *d1 = z + (size_t)b * (size_t)m.out;
-
-  rng_t r = rng_make(seed, TAG_BATCH, epoch, ctx->rank);
-  shuffle(&r, perm, n);
-  const int32_t *rows = perm + (size_t)step * (size_t)b;
-  const float *x = X->data;
-  const int32_t *y = Y->data;
-  if (check_labels(ctx, k, y, rows, b, m.out))
-    return -1;
-  for (int i = 0; i < b; i++)
-    memcpy(xb + (size_t)i * (size_t)m.in, x + (size_t)rows[i] * (size_t)m.in, (size_t)m.in * sizeof(float));
-
-  forward(&m, b, xb, a1, z);
+    return mk_errorf(ctx, "%s: no scratch memory for a batch of %d", k, (int)batch);
   double loss = 0.0;
   int64_t correct = 0;
-  for (int i = 0; i < b; i++) {
-    float *zi = z + (size_t)i * (size_t)m.out;
-    softmax_xent(zi, m.out, y[rows[i]], 1.0f / (float)b, zi, &loss, &correct); /* z becomes dL/dz */
-  }
-  gemm(1, 0, m.hidden, m.out, b, a1, z, 0.0f, g.w2); /* dW2 = A1^T dZ */
-  col_sums(z, b, m.out, g.b2);
-  gemm(0, 1, b, m.hidden, m.out, z, m.w2, 0.0f, d1); /* dA1 = dZ W2^T */
-  for (size_t i = 0; i < (size_t)b * (size_t)m.hidden; i++)
-    d1[i] = a1[i] > 0.0f ? d1[i] : 0.0f; /* through the ReLU */
-  gemm(1, 0, m.in, m.hidden, b, xb, d1, 0.0f, g.w1); /* dW1 = X^T dA1 */
-  col_sums(d1, b, m.hidden, g.b1);
+  if (grad_step(ctx, k, &m, argv[1].v.tensor, argv[2].v.tensor, argv[3].v.tensor, (int)batch, seed, epoch, step, mem,
+                &loss, &correct))
+    return -1;
   int rc = mk_return_number(ctx, loss);
   return rc ? rc : mk_return_int(ctx, correct);
+}
+
+/* One Adam step t (1-based) on p with gradient scale*gr; mo and v are the moments. Elementwise. */
+static void adam_step(float *p, const float *gr, float *mo, float *v, int64_t count, float lrf, int64_t t, float sc) {
+  float b1 = (float)MLP_ADAM_BETA1, b2 = (float)MLP_ADAM_BETA2;
+  float c1 = (float)(1.0 - pow(MLP_ADAM_BETA1, (double)t)), c2 = (float)(1.0 - pow(MLP_ADAM_BETA2, (double)t));
+  float eps = (float)MLP_ADAM_EPS;
+  for (int64_t i = 0; i < count; i++) {
+    float gi = gr[i] * sc;
+    mo[i] = b1 * mo[i] + (1.0f - b1) * gi;
+    v[i] = b2 * v[i] + (1.0f - b2) * gi * gi;
+    p[i] -= lrf * (mo[i] / c1) / (sqrtf(v[i] / c2) + eps);
+  }
+}
+
+static int check_lr(mk_ctx_t *ctx, const char *k, double lr, double scale) {
+  if (!(lr > 0.0 && lr < 1e3) || !isfinite(scale))
+    return mk_errorf(ctx, "%s: want 0 < lr < 1000 and a finite grad_scale, got lr=%g grad_scale=%g", k, lr, scale);
+  return 0;
 }
 
 /*
@@ -588,20 +628,53 @@ static int k_mlp_adam(mk_ctx_t *ctx, int argc, const mk_arg_t *argv) {
   if (check_tensor(ctx, k, "P (parameters)", P, MK_F32, ANY, ONE_D) ||
       check_tensor(ctx, k, "G (gradients)", G, MK_F32, P->numel, ONE_D) ||
       check_tensor(ctx, k, "S (Adam state)", S, MK_F32, 2 * P->numel, ONE_D) ||
-      check_range(ctx, k, "t (step)", t, 1, INT32_MAX))
+      check_range(ctx, k, "t (step)", t, 1, INT32_MAX) || check_lr(ctx, k, lr, scale))
     return -1;
-  if (!(lr > 0.0 && lr < 1e3) || !isfinite(scale))
-    return mk_errorf(ctx, "%s: want 0 < lr < 1000 and a finite grad_scale, got lr=%g grad_scale=%g", k, lr, scale);
-  float *p = P->data, *mo = S->data, *v = mo + P->numel;
-  const float *gr = G->data;
-  float b1 = (float)MLP_ADAM_BETA1, b2 = (float)MLP_ADAM_BETA2, sc = (float)scale;
-  float c1 = (float)(1.0 - pow(MLP_ADAM_BETA1, (double)t)), c2 = (float)(1.0 - pow(MLP_ADAM_BETA2, (double)t));
-  float lrf = (float)lr, eps = (float)MLP_ADAM_EPS;
-  for (int64_t i = 0; i < P->numel; i++) {
-    float gi = gr[i] * sc;
-    mo[i] = b1 * mo[i] + (1.0f - b1) * gi;
-    v[i] = b2 * v[i] + (1.0f - b2) * gi * gi;
-    p[i] -= lrf * (mo[i] / c1) / (sqrtf(v[i] / c2) + eps);
+  float *mo = S->data;
+  adam_step(P->data, G->data, mo, mo + P->numel, P->numel, (float)lr, t, (float)scale);
+  return 0;
+}
+
+/*
+ * mlp_train(g, P, X, Y, G, hidden, classes, batch, S, seed, lr, first, K,
+ * steps_per_epoch): K whole data-parallel steps first .. first+K-1 in one
+ * call. Each is mlp_forward_backward of batch (s % steps_per_epoch) of
+ * epoch (s / steps_per_epoch), an in-kernel all_reduce(sum) of G over the
+ * group g, and mlp_adam with t = s + 1 and grad_scale 1 / size of g: the
+ * same arithmetic in the same order as those three calls, so the weights
+ * are bitwise the same as the step-by-step loop's. Returns K pairs: each
+ * step's summed loss and correct count on this proc.
+ */
+static int k_mlp_train(mk_ctx_t *ctx, int argc, const mk_arg_t *argv) {
+  const char *k = "mlp_train";
+  const mk_group_t *grp = argv[0].v.group;
+  mk_tensor_t *P = argv[1].v.tensor, *G = argv[4].v.tensor, *S = argv[8].v.tensor;
+  int64_t batch = argv[7].v.i, seed = argv[9].v.i, first = argv[11].v.i, K = argv[12].v.i, spe = argv[13].v.i;
+  double lr = mk_arg_number(&argv[10]), scale = 1.0 / (double)grp->size;
+  model_t m;
+  int n;
+  if (check_fb(ctx, k, argv + 1, &m, &n) || check_tensor(ctx, k, "S (Adam state)", S, MK_F32, 2 * P->numel, ONE_D) ||
+      check_lr(ctx, k, lr, scale) || check_range(ctx, k, "steps_per_epoch", spe, 1, n / batch) ||
+      check_range(ctx, k, "K", K, 1, MLP_MAX_FUSED) || check_range(ctx, k, "first", first, 0, INT32_MAX - K))
+    return -1;
+  char *mem = mk_scratch(ctx, step_scratch(&m, n, (int)batch));
+  if (mem == NULL)
+    return mk_errorf(ctx, "%s: no scratch memory for a batch of %d", k, (int)batch);
+  float *mo = S->data;
+  for (int64_t s = first; s < first + K; s++) {
+    double loss = 0.0;
+    int64_t correct = 0;
+    if (mk_cancelled(ctx))
+      return mk_errorf(ctx, "%s: cancelled at step %lld", k, (long long)s);
+    if (grad_step(ctx, k, &m, argv[2].v.tensor, argv[3].v.tensor, G, (int)batch, seed, s / spe, s % spe, mem, &loss,
+                  &correct))
+      return -1;
+    int rc = mk_all_reduce(ctx, grp, G, MK_SUM);
+    if (rc)
+      return rc;
+    adam_step(P->data, G->data, mo, mo + P->numel, P->numel, (float)lr, s + 1, (float)scale);
+    if ((rc = mk_return_number(ctx, loss)) || (rc = mk_return_int(ctx, correct)))
+      return rc;
   }
   return 0;
 }
@@ -663,6 +736,9 @@ static const mk_kernel_t kernels[] = {
     "mlp_forward_backward(P, X, Y, G, hidden, classes, batch, seed, epoch, step): G = mean gradient of the "
     "batch; returns summed loss, correct count." },
   { "mlp_adam", k_mlp_adam, "tttnin", "mlp_adam(P, G, S, lr, t, grad_scale): one Adam step with grad_scale*G." },
+  { "mlp_train", k_mlp_train, "gttttiiitiniii",
+    "mlp_train(g, P, X, Y, G, hidden, classes, batch, S, seed, lr, first, K, steps_per_epoch): K fused steps with an "
+    "in-kernel all_reduce over g; returns each step's summed loss and correct count." },
   { "mlp_evaluate", k_mlp_evaluate, "tttii",
     "mlp_evaluate(P, X, Y, hidden, classes): summed loss, correct count, rows." },
   { "mlp_bytes", k_mlp_bytes, "t", "mlp_bytes(t): the tensor's raw bytes." },

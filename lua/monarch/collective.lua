@@ -383,6 +383,91 @@ function M.watch_group(procs, timeout)
   return g.id
 end
 
+-- ---- groups for kernels ----------------------------------------------------------------
+
+local Group = {}
+Group.__index = Group
+
+local function mesh_key(procs)
+  local parts = {}
+  for i, p in ipairs(procs) do parts[i] = incarnation(p) end
+  return table.concat(parts, ",")
+end
+
+--- A group of this mesh's procs (with opts.dim: one per line of procs
+-- along that dimension, all under one id) for kernels to run collectives
+-- on: pass it to ProcMesh:call for a kernel's 'g' argument, and the kernel
+-- calls mk_all_reduce etc. on it (docs/kernels.md). Blocks until every
+-- member has joined. A call carrying the group that fails tears it down on
+-- every member; later calls with it raise (make a new one).
+-- opts: {dim = name, timeout = s}. Returns a Group: id, size (members per
+-- group), dim; group:free() forgets it on the procs.
+function methods:group(opts)
+  opts = check_opts(opts, "group", 2)
+  local parts, size = partition(self, opts.dim, 2)
+  local timeout = opts.timeout or self._opts.timeout
+  ensure_addrs(self._procs)
+  local id, futs = new_id(), {}
+  for _, idx in ipairs(parts) do
+    local addrs, ranks = {}, {}
+    for k, i in ipairs(idx) do addrs[k], ranks[k] = self._procs[i]._coll_addr, self._procs[i].rank end
+    for k, i in ipairs(idx) do
+      futs[#futs + 1] = runtime.submit({ self._procs[i] }, "__coll_group", { id, k - 1, addrs, ranks }, 4,
+        { mode = "one", timeout = timeout, what = "kernel group setup" }).future
+    end
+  end
+  combine(futs, "kernel group setup"):get()
+  return setmetatable({ __mn_group = id, id = id, size = size, dim = opts.dim, _key = mesh_key(self._procs),
+    _mesh = self }, Group)
+end
+
+function Group:__tostring()
+  return string.format("Group(%d, %d members%s%s)", self.id, self.size, self.dim and " along " .. self.dim or "",
+    self._dead and ", torn down" or "")
+end
+
+--[[ For ProcMesh:call: the id to send for this group on mesh m, and a
+  function that turns the call's Future into one that fails with the most
+  telling member's error (not an echo of it) and marks the group torn down. ]]
+function Group:_bind(m, level)
+  if self._freed then error(tostring(self) .. " was freed", level + 1) end
+  if self._dead then
+    error(tostring(self) .. ": a failed call tore it down on its procs; make a new one with mesh:group()", level + 1)
+  end
+  if mesh_key(m._procs) ~= self._key then
+    error(tostring(self) .. " belongs to another mesh (or one of its procs was restarted): call the kernel on the mesh " ..
+      "the group was made on", level + 1)
+  end
+  local g = self
+  return self.id, function(fut)
+    local f = future.new(fut.what)
+    f.source = fut -- cancelling f cancels the call
+    fut:on_done(function(d)
+      local ok, v = d:result()
+      if ok then return f:resolve(v) end
+      g._dead = true
+      local best = errors.is(v) and v.failures and best_error(v.failures) or v
+      if errors.is(best) and best ~= v then
+        best.failures, best.others = v.failures, v.others
+      end
+      f:fail(best)
+    end)
+    return f
+  end
+end
+
+--- Forgets the group on its procs (blocking). The group cannot be used afterwards.
+function Group:free()
+  if self._freed then return end
+  self._freed = true
+  if self._dead then return end
+  local m = self._mesh
+  m:_submit("__coll_free", { self.id }, 1, { what = "group free" }):get()
+end
+
+--- Whether v is a Group (from ProcMesh:group).
+function M.is_group(v) return getmetatable(v) == Group end
+
 --- Forgets every cached group (the next collective sets new ones up).
 function M.forget_groups() groups = {} end
 

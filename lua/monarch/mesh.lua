@@ -183,6 +183,7 @@ M.METHODS = {
   -- CPU collectives and proc-to-proc copies over direct proc links
   all_reduce = "monarch.collective", broadcast_tensor = "monarch.collective", all_gather = "monarch.collective",
   reduce_scatter = "monarch.collective", barrier = "monarch.collective", copy = "monarch.collective",
+  group = "monarch.collective", -- a group for kernels' own collectives (mk_all_reduce, ...)
   -- GPU tensors and NCCL collectives
   gpu_tensor = "monarch.gpu", gpu_info = "monarch.gpu", gpu_sync = "monarch.gpu",
   gpu_all_reduce = "monarch.gpu", gpu_broadcast = "monarch.gpu", gpu_all_gather = "monarch.gpu",
@@ -366,9 +367,24 @@ function ProcMesh:load(lib)
 end
 
 --- Calls kernel(...) on every proc; returns a Future of a ValueMesh.
+-- A Group (ProcMesh:group) among the arguments goes as its id, for the
+-- kernel's 'g' argument; the Future then fails with the most telling
+-- member's error when the kernel's collectives fail.
 function ProcMesh:call(kernel, ...)
   check_kernel(kernel, 2)
-  return self:_submit(kernel, { ... }, select("#", ...), {})
+  local args, n, wraps = { ... }, select("#", ...), nil
+  for i = 1, n do
+    local a = args[i]
+    if type(a) == "table" and rawget(a, "__mn_group") then
+      local wrap
+      args[i], wrap = a:_bind(self, 2)
+      wraps = wraps or {}
+      wraps[#wraps + 1] = wrap
+    end
+  end
+  local fut = self:_submit(kernel, args, n, {})
+  for _, wrap in ipairs(wraps or {}) do fut = wrap(fut) end
+  return fut
 end
 
 --- Calls kernel(...) on the one proc of this mesh; returns a Future of its value.

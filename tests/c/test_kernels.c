@@ -105,8 +105,18 @@ static int h_cancelled(mk_ctx_t *ctx) {
   return r->cancel_after > 0 && r->polls >= r->cancel_after;
 }
 
+/* No group is ever passed here: the collectives only have to exist. */
+static int h_all_reduce(mk_ctx_t *ctx, const mk_group_t *g, mk_tensor_t *t, int op) { return -1; }
+static int h_broadcast(mk_ctx_t *ctx, const mk_group_t *g, mk_tensor_t *t, int root) { return -1; }
+static int h_all_gather(mk_ctx_t *ctx, const mk_group_t *g, const mk_tensor_t *s, mk_tensor_t *d) { return -1; }
+static int h_reduce_scatter(mk_ctx_t *ctx, const mk_group_t *g, const mk_tensor_t *s, mk_tensor_t *d, int op) {
+  return -1;
+}
+static int h_barrier(mk_ctx_t *ctx, const mk_group_t *g) { return -1; }
+
 static const mk_api_t api = {
   h_nil, h_bool, h_int, h_number, h_string, h_bytes, h_error, h_scratch, h_cancelled,
+  h_all_reduce, h_broadcast, h_all_gather, h_reduce_scatter, h_barrier,
 };
 
 static void rec_reset(void) {

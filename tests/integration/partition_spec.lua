@@ -5,8 +5,14 @@ local mesh_mod = require "monarch.mesh"
 local runtime = require "monarch.runtime"
 local agent = require "agent"
 
-local NS, HOST_IF, NS_IF = "mn_part", "mnpart0", "mnpart1"
-local HOST_IP, NS_IP = "10.77.91.1", "10.77.91.2"
+-- Named after this process, so that suites running side by side (other
+-- checkouts on one machine) never share a namespace, an interface or a subnet.
+local ffi = require "ffi"
+pcall(ffi.cdef, "int getpid(void);") -- another spec may have declared it
+local ID = ffi.C.getpid()
+local NS, HOST_IF, NS_IF = "mn_part" .. ID, "mnp" .. ID .. "a", "mnp" .. ID .. "b"
+local NET = string.format("10.%d.%d", 64 + math.floor(ID / 250) % 64, ID % 250)
+local HOST_IP, NS_IP = NET .. ".1", NET .. ".2"
 
 local function sh(cmd) return os.execute(cmd .. " >/dev/null 2>&1") == 0 end
 
