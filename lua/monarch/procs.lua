@@ -7,6 +7,7 @@
 --   ready -> dying (socket closed or exit reported) -> dead | restarting
 --   restarting -> initializing (reloading kernels, tensors, init hooks) -> ready
 --   stopped (by the script)
+local bulk = require "monarch.bulk"
 local core = require "monarch.core"
 local errors = require "monarch.errors"
 local runtime = require "monarch.runtime"
@@ -200,8 +201,10 @@ local function proc_handler(p, conn)
       if not current() then return end
       if p.state == "connecting" then
         p.state = "ready"
+        bulk.probe(p) -- its first call: can it copy our memory itself?
       elseif p.state == "restarting" then
         p.state = "initializing"
+        bulk.probe(p)
         p.on_back()
       end
     end,
