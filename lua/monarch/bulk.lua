@@ -74,6 +74,21 @@ function M.local_set(procs)
   return set
 end
 
+-- A proc whose copy failed after its probe said yes: its later transfers take TCP.
+local function watch(rec, procs)
+  rec.future:on_done(function(f)
+    local ok, err = f:result()
+    if ok or type(err) ~= "table" then return end
+    for _, e in ipairs(err.failures or { err }) do
+      if e.kind == "bulk" then
+        for _, p in ipairs(procs) do
+          if p.rank == e.rank then p.bulk, p.bulk_why = false, "a copy failed: " .. tostring(e.message) end
+        end
+      end
+    end
+  end)
+end
+
 --- Queues one __bulk_put or __bulk_fetch per proc of procs (slot i =
 -- procs[i]) for call `id`: len bytes at tensor offset off, from or to
 -- addrs[i] here; holds[i] is kept alive until that proc answers.
@@ -87,6 +102,17 @@ function M.queue(id, kernel, procs, tensor, off, len, addrs, holds)
     if d > deepest then deepest = d end
   end
   return deepest
+end
+
+--- Submits kernel ("__bulk_put" or "__bulk_fetch") to procs for len bytes
+-- at tensor offset off, from or to addrs[i] (holds[i] keeps it alive);
+-- returns the record.
+function M.submit(kernel, procs, tensor, off, len, addrs, holds, what)
+  local rec = runtime.submit_custom(procs, kernel, function(id)
+    return M.queue(id, kernel, procs, tensor, off, len, addrs, holds)
+  end, { what = what })
+  watch(rec, procs)
+  return rec
 end
 
 return M

@@ -249,9 +249,7 @@ function Tensor:_fetch_local(procs, hosts, nbytes, futs)
     local len = math.min(bulk.CHUNK, nbytes - off)
     local addrs = {}
     for i = 1, #procs do addrs[i] = address(hosts[i].data) + off end
-    local rec = runtime.submit_custom(procs, "__bulk_fetch", function(id)
-      return bulk.queue(id, "__bulk_fetch", procs, self, off, len, addrs, hosts)
-    end, { what = "fetch of tensor " .. self.__mn_tensor })
+    local rec = bulk.submit("__bulk_fetch", procs, self, off, len, addrs, hosts, "fetch of tensor " .. self.__mn_tensor)
     futs[#futs + 1] = rec.future
     bulk.stats.local_fetches, bulk.stats.local_bytes = bulk.stats.local_fetches + 1, bulk.stats.local_bytes + len * #procs
   end
@@ -354,9 +352,7 @@ function Tensor:_put_local(at, nbytes, owner, procs, futs)
     local len = math.min(bulk.CHUNK, nbytes - off)
     local addrs = {}
     for i = 1, #procs do addrs[i] = at + off end
-    local rec = runtime.submit_custom(procs, "__bulk_put", function(id)
-      return bulk.queue(id, "__bulk_put", procs, self, off, len, addrs, holds)
-    end, { what = "put of tensor " .. self.__mn_tensor })
+    local rec = bulk.submit("__bulk_put", procs, self, off, len, addrs, holds, "put of tensor " .. self.__mn_tensor)
     futs[#futs + 1] = rec.future
     bulk.stats.local_puts, bulk.stats.local_bytes = bulk.stats.local_puts + 1, bulk.stats.local_bytes + len * #procs
   end
