@@ -51,6 +51,7 @@ function M.probe(p)
   local conn = p.conn
   local rec = runtime.submit({ p }, "__bulk_probe", { pid, addr, cookie }, 3,
     { mode = "one", bypass = true, what = "same-host bulk probe" })
+  rec.internal = true -- the runtime's own: its failure is no sign that the script heard of a death
   rec.future:on_done(function(f)
     if p.conn ~= conn then return end -- answered for a connection the proc has since replaced
     local ok, v = f:result()
