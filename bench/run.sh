@@ -35,9 +35,13 @@ printf '%-52s %11.0f /s %11.2fx\n' "  no-op burst right after it (vs before it)"
 mib=$([ "$mode" = quick ] && echo 64 || echo 256)
 stream=$($B/bench/tcp_stream "$mib" 5 | awk '/tcp_stream_gbs/ {print $2}')
 bulk=$($B/bin/monarch-run bench/bulk.lua "$mib" 5)
+tcp=$(MONARCH_BULK_LOCAL=0 $B/bin/monarch-run bench/bulk.lua "$mib" 5)
+printf '%-52s %11.2f GB/s %10s\n' "memcpy, ${mib} MiB, in the bulk run (baseline)" "$(get memcpy_gbs "$bulk")" "1.00x"
+printf '%-52s %11.2f GB/s %9.2fx\n' "tensor put, same host ($(get path "$bulk")), ${mib} MiB" "$(get put_gbs "$bulk")" "$(get put_ratio "$bulk")"
+printf '%-52s %11.2f GB/s %9.2fx\n' "tensor fetch, same host ($(get path "$bulk")), ${mib} MiB" "$(get fetch_gbs "$bulk")" "$(get fetch_ratio "$bulk")"
 printf '%-52s %11.2f GB/s %10s\n' "raw C TCP stream, ${mib} MiB (baseline)" "$stream" "1.00x"
-printf '%-52s %11.2f GB/s %9.2fx\n' "tensor put, controller -> proc, ${mib} MiB" "$(get put_gbs "$bulk")" "$(ratio "$(get put_gbs "$bulk")" "$stream")"
-printf '%-52s %11.2f GB/s %9.2fx\n' "tensor fetch, proc -> controller, ${mib} MiB" "$(get fetch_gbs "$bulk")" "$(ratio "$(get fetch_gbs "$bulk")" "$stream")"
+printf '%-52s %11.2f GB/s %9.2fx\n' "tensor put over TCP (MONARCH_BULK_LOCAL=0), ${mib} MiB" "$(get put_gbs "$tcp")" "$(ratio "$(get put_gbs "$tcp")" "$stream")"
+printf '%-52s %11.2f GB/s %9.2fx\n' "tensor fetch over TCP (MONARCH_BULK_LOCAL=0), ${mib} MiB" "$(get fetch_gbs "$tcp")" "$(ratio "$(get fetch_gbs "$tcp")" "$stream")"
 act=$($B/bin/monarch-run bench/actors.lua $q 2>/dev/null || true)
 printf '%-52s %11.1f us %12s\n' "actor endpoint round trip (same proc)" "$(get actor_rtt_us "$act")" ""
 printf '%-52s %11.1f us %12s\n' "  kernel round trip in the same run" "$(get kernel_rtt_us "$act")" ""

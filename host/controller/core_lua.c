@@ -13,13 +13,17 @@
 #include "path.h"
 #include "version.h"
 
+#include <errno.h>
 #include <lauxlib.h>
 #include <lua.h>
 #include <math.h>
 #include <signal.h>
+#include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <unistd.h>
 
 static char ctl_key;
 
@@ -31,6 +35,16 @@ typedef struct {
   size_t cap;
 } mn_dest_t;
 
+/* Memory a proc copies by itself (same-host bulk): kept alive until (call, slot)'s RESULT, or until the
+ * connection is closed and its process gone (it could still be copying). */
+typedef struct {
+  double call;
+  int32_t slot;
+  int conn;
+  int64_t pid;
+  int ref;
+} mn_hold_t;
+
 typedef struct {
   mn_ctl_t ctl;
   int open;
@@ -38,6 +52,8 @@ typedef struct {
   msgpack_zone zone;
   mn_dest_t *dests;
   size_t ndests, dcap;
+  mn_hold_t *holds;
+  size_t nholds, hcap;
 } lctl_t;
 
 static lctl_t *get_ctl(lua_State *L) {
@@ -72,6 +88,7 @@ static int l_gc(lua_State *L) {
     mn_buf_free(&c->scratch);
     msgpack_zone_destroy(&c->zone);
     free(c->dests);
+    free(c->holds); /* their references go with the Lua state */
   }
   return 0;
 }
@@ -301,6 +318,31 @@ static void push_result_value(lua_State *L, lctl_t *c, mn_pending_t p, const mn_
   }
 }
 
+/* Lets go of what (call, slot) held: its proc has answered, so it copies no more. */
+static void release_hold(lua_State *L, lctl_t *c, mn_pending_t p) {
+  for (size_t i = 0; i < c->nholds; i++)
+    if (c->holds[i].call == p.call && c->holds[i].slot == p.slot) {
+      luaL_unref(L, LUA_REGISTRYINDEX, c->holds[i].ref);
+      c->holds[i] = c->holds[--c->nholds];
+      return;
+    }
+}
+
+/* Lets go of what calls on closed connections held once their process is gone (kill(pid, 0): ESRCH). */
+static void sweep_holds(lua_State *L, lctl_t *c) {
+  for (size_t i = 0; i < c->nholds;) {
+    mn_hold_t *h = &c->holds[i];
+    mn_conn_t *k = mn_ctl_conn(&c->ctl, h->conn);
+    int closed = k == NULL || mn_ctl_conn_state(k) == MN_CS_CLOSED;
+    if (closed && (h->pid <= 0 || (kill((pid_t)h->pid, 0) != 0 && errno == ESRCH))) {
+      luaL_unref(L, LUA_REGISTRYINDEX, h->ref);
+      *h = c->holds[--c->nholds];
+    } else {
+      i++;
+    }
+  }
+}
+
 /* Adds a proc's RESULT to ev as call_id, slot, ok, value; returns the new
  * count (>= 0), or MN_EPROTO when it is malformed or answers no call in
  * flight (conn is then closed). */
@@ -316,6 +358,7 @@ static int take_result(lua_State *L, lctl_t *c, mn_conn_t *k, const msgpack_obje
     mn_ctl_refuse(&c->ctl, k, "proc sent a RESULT that matches no call in flight");
     return MN_EPROTO;
   }
+  release_hold(L, c, p);
   lua_pushnumber(L, p.call);
   lua_rawseti(L, ev, ++n);
   lua_pushinteger(L, p.slot);
@@ -406,6 +449,7 @@ static int l_poll(lua_State *L) {
   int refs[256], nr;
   while ((nr = mn_ctl_take_released(ctl, refs, 256)) > 0) /* payloads the sockets are done with */
     for (int i = 0; i < nr; i++) luaL_unref(L, LUA_REGISTRYINDEX, refs[i]);
+  if (c->nholds > 0) sweep_holds(L, c);
   int n = 0, id;
   size_t ne;
   const mn_event_t *evs = mn_ctl_events(ctl, &ne);
@@ -611,6 +655,64 @@ static int l_fetch_into(lua_State *L) {
   return 0;
 }
 
+/* ---- same-host bulk: procs copy our memory themselves (host/proc/bulk.c) ------- */
+
+static uint64_t bulk_cookie; /* random; a process that reads it at &bulk_cookie is on our kernel and may copy us */
+
+/*
+ * core.bulk_self() -> pid, cookie address, cookie: how a proc on this host
+ * names and proves this process (__bulk_probe, __bulk_put, __bulk_fetch).
+ * Under Yama's ptrace_scope 1 it also lets our descendants (the embedded
+ * agent's procs) read and write our memory; nothing else is allowed more.
+ */
+static int l_bulk_self(lua_State *L) {
+  if (bulk_cookie == 0) {
+    if (sodium_init() < 0) return luaL_error(L, "cannot initialize libsodium");
+    uint64_t r;
+    randombytes_buf(&r, sizeof(r));
+    bulk_cookie = (r & ((1ull << 52) - 1)) | 1; /* 52 bits: exact as a Lua number, never 0 */
+#ifdef PR_SET_PTRACER
+    if (prctl(PR_SET_PTRACER, (unsigned long)getpid(), 0, 0, 0) != 0 && errno != EINVAL) {
+      /* EINVAL: no Yama; any other failure leaves the procs' probes to say no. */
+    }
+#endif
+  }
+  lua_pushnumber(L, (lua_Number)getpid());
+  lua_pushnumber(L, (lua_Number)(uintptr_t)&bulk_cookie);
+  lua_pushnumber(L, (lua_Number)bulk_cookie);
+  return 3;
+}
+
+/*
+ * core.hold(call_id, slot, conn, obj): keeps obj (the memory a __bulk_ call
+ * copies) alive until that call's RESULT arrives, or, if conn closes first,
+ * until its process is gone. core.holds() -> how many are held.
+ */
+static int l_hold(lua_State *L) {
+  lctl_t *c = get_ctl(L);
+  double call = luaL_checknumber(L, 1);
+  int32_t slot = (int32_t)luaL_checkinteger(L, 2);
+  int conn = (int)luaL_checkinteger(L, 3);
+  luaL_checkany(L, 4);
+  mn_conn_info_t i;
+  if (mn_ctl_info(&c->ctl, conn, &i) != 0) return luaL_argerror(L, 3, "no such connection");
+  if (c->nholds == c->hcap) {
+    size_t cap = c->hcap ? c->hcap * 2 : 64;
+    mn_hold_t *h = realloc(c->holds, cap * sizeof(*h));
+    if (h == NULL) return luaL_error(L, "out of memory");
+    c->holds = h;
+    c->hcap = cap;
+  }
+  lua_pushvalue(L, 4);
+  c->holds[c->nholds++] = (mn_hold_t){call, slot, conn, (int64_t)i.pid, luaL_ref(L, LUA_REGISTRYINDEX)};
+  return 0;
+}
+
+static int l_holds(lua_State *L) {
+  lua_pushnumber(L, (lua_Number)get_ctl(L)->nholds);
+  return 1;
+}
+
 static void set_msg_type(void *data, int type, const char *name) {
   lua_State *L = data;
   lua_pushinteger(L, type);
@@ -625,7 +727,8 @@ int luaopen_monarch_core(lua_State *L) {
       {"take_pending", l_take_pending}, {"inflight", l_inflight}, {"cancel", l_cancel}, {"oldest", l_oldest},
       {"configure", l_configure},         {"now", l_now},             {"generate_token", l_generate_token},
       {"prefix", l_prefix},       {"sleep", l_sleep},         {"catch_interrupts", l_catch_interrupts},
-      {"interrupted", l_interrupted}, {NULL, NULL}};
+      {"interrupted", l_interrupted}, {"bulk_self", l_bulk_self}, {"hold", l_hold}, {"holds", l_holds},
+      {NULL, NULL}};
   lua_createtable(L, 0, 20);
   luaL_register(L, NULL, fns);
   lua_pushinteger(L, MN_PROTOCOL_VERSION);

@@ -19,6 +19,7 @@
 #include "proc.h"
 
 #include "actor.h"
+#include "bulk.h"
 #include "clock.h"
 #include "coll_builtins.h"
 #include "collective.h"
@@ -706,6 +707,7 @@ int mn_proc_main(const mn_proc_opts_t *o) {
   if (mn_coll_start(o->bind_host, &auth, o->rank) != 0) return 2;
   if (mn_actor_register() != 0) return 2;
   if (mn_exec_register(&persist_module) != 0) return 2;
+  if (mn_bulk_register() != 0) return 2;
   pthread_t th;
   if (pthread_create(&th, NULL, executor, p) != 0) return 2;
 

@@ -45,6 +45,7 @@ M.KINDS = {
   { "collective_mismatch", "the members of a group called different collectives, or the same one with different sizes, dtypes or ops" },
   { "gpu", "a CUDA or NCCL call failed on the proc (allocation, copy, communicator)" },
   { "no_gpu", "the proc has no CUDA runtime or no device" },
+  { "bulk", "a same-host put or fetch could not copy the controller's memory although the proc's probe had said it could (the proc's later transfers go over TCP)" },
   { "cancelled", "the call was stopped: `future:cancel()`, a call `timeout`, or Ctrl-C in the REPL (a queued call is dropped before it runs; a running kernel sees its cancel flag)" },
   -- from the controller
   { "proc_failed", "the proc died, or was already dead, before it answered" },

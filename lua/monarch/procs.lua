@@ -7,6 +7,7 @@
 --   ready -> dying (socket closed or exit reported) -> dead | restarting
 --   restarting -> initializing (reloading kernels, tensors, init hooks) -> ready
 --   stopped (by the script)
+local bulk = require "monarch.bulk"
 local core = require "monarch.core"
 local errors = require "monarch.errors"
 local runtime = require "monarch.runtime"
@@ -68,9 +69,11 @@ function M.finalize_death(p)
   p.conn = nil -- events still queued for the old connection are stale now
   local kind = p.unresponsive and "unresponsive" or "proc_failed"
   local first_kernel
+  local script_calls = 0 -- pending calls the script made (not the runtime's own, like the bulk probe)
   for i = 1, #pending, 2 do
     local id, slot = pending[i], pending[i + 1]
     local rec = runtime.call_record(id)
+    if not (rec and rec.internal) then script_calls = script_calls + 1 end
     local kernel = rec and rec.kernel
     if kernel == "__actor_call" and rec.args then kernel = tostring(rec.args[1]) .. "." .. tostring(rec.args[2]) end
     first_kernel = first_kernel or kernel
@@ -93,7 +96,7 @@ function M.finalize_death(p)
   if will_restart then
     log.log("warn", tostring(ev):gsub("^monarch: ", "") .. " (restarting)")
     restart_proc(p)
-  elseif not handled and #pending == 0 and not M.shutting_down then
+  elseif not handled and script_calls == 0 and not M.shutting_down then
     -- Nobody was waiting on it and nobody asked to hear: stop the script rather than fail silently later.
     -- Unless a call to it fails before the pump ends: its last answer may have come in this same pump,
     -- waking a task that has not yet called it again (and will be told it is dead when it does).
@@ -217,8 +220,10 @@ local function proc_handler(p, conn)
       if not current() then return end
       if p.state == "connecting" then
         p.state = "ready"
+        bulk.probe(p) -- its first call: can it copy our memory itself?
       elseif p.state == "restarting" then
         p.state = "initializing"
+        bulk.probe(p)
         p.on_back()
       end
     end,

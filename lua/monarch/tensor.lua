@@ -4,6 +4,7 @@
 --   local vm = t:fetch():get()              -- ValueMesh of HostTensor
 --   vm[1][1], vm[1]:totable(), t:free()     -- or let the GC free it
 local ffi = require "ffi"
+local bulk = require "monarch.bulk"
 local core = require "monarch.core"
 local future = require "monarch.future"
 local runtime = require "monarch.runtime"
@@ -200,6 +201,7 @@ end
 -- tensors come in M.CHUNK pieces that land in place in the host tensors.
 -- `into` (a ValueMesh or list of HostTensors, one per proc, of the same
 -- byte size) reuses memory: fresh pages cost more than the copy itself.
+-- A proc on this host writes into them itself (monarch.bulk).
 function Tensor:fetch(into)
   check_live(self)
   local procs, n = self.mesh._procs, #self.mesh._procs
@@ -212,18 +214,45 @@ function Tensor:fetch(into)
     end
     hosts[i] = h or M.host(self.dtype, self.shape)
   end
+  local here = bulk.local_set(procs)
+  local near, near_hosts, far, far_hosts = {}, {}, {}, {}
+  for i, p in ipairs(procs) do
+    if here[p] then near[#near + 1], near_hosts[#near_hosts + 1] = p, hosts[i]
+    else far[#far + 1], far_hosts[#far_hosts + 1] = p, hosts[i] end
+  end
   local futs = {}
+  self:_fetch_local(near, near_hosts, nbytes, futs)
+  self:_fetch_tcp(far, far_hosts, nbytes, futs)
+  return all_of(futs, "fetch of tensor " .. self.__mn_tensor, value_mesh.new(self.mesh.shape, hosts, n))
+end
+
+-- Fetches over the procs' sockets into hosts (one per proc), adding a future per chunk to futs.
+function Tensor:_fetch_tcp(procs, hosts, nbytes, futs)
+  if #procs == 0 then return end
   for off = 0, nbytes - 1, M.CHUNK do
     local len = math.min(M.CHUNK, nbytes - off)
     local rec = runtime.submit(procs, "__tensor_fetch", { self, off, len }, 3, {
       what = "fetch of tensor " .. self.__mn_tensor, make_result = function(v) return v end,
     })
     if not rec.done then
-      for i = 1, n do core.fetch_into(rec.id, i, address(hosts[i].data) + off, len) end
+      for i = 1, #procs do core.fetch_into(rec.id, i, address(hosts[i].data) + off, len) end
     end
     futs[#futs + 1] = rec.future
+    bulk.stats.tcp_fetches, bulk.stats.tcp_bytes = bulk.stats.tcp_fetches + 1, bulk.stats.tcp_bytes + len * #procs
   end
-  return all_of(futs, "fetch of tensor " .. self.__mn_tensor, value_mesh.new(self.mesh.shape, hosts, n))
+end
+
+-- Has procs on this host write into hosts themselves (__bulk_fetch), a future per chunk into futs.
+function Tensor:_fetch_local(procs, hosts, nbytes, futs)
+  if #procs == 0 then return end
+  for off = 0, nbytes - 1, bulk.CHUNK do
+    local len = math.min(bulk.CHUNK, nbytes - off)
+    local addrs = {}
+    for i = 1, #procs do addrs[i] = address(hosts[i].data) + off end
+    local rec = bulk.submit("__bulk_fetch", procs, self, off, len, addrs, hosts, "fetch of tensor " .. self.__mn_tensor)
+    futs[#futs + 1] = rec.future
+    bulk.stats.local_fetches, bulk.stats.local_bytes = bulk.stats.local_fetches + 1, bulk.stats.local_bytes + len * #procs
+  end
 end
 
 -- The bytes to send for `values` (a Lua array of numbers, a HostTensor or a
@@ -277,7 +306,8 @@ function Tensor:scatter(values)
 end
 
 -- Streams nbytes from src (a string, or an address kept alive by owner) in
--- chunks written straight from that memory to each of procs.
+-- chunks written straight from that memory to each of procs; procs on this
+-- host copy it out of our memory themselves (monarch.bulk).
 function Tensor:_put_bytes(src, base, nbytes, owner, procs)
   for _, p in ipairs(procs) do
     if p.state ~= "ready" then
@@ -285,17 +315,47 @@ function Tensor:_put_bytes(src, base, nbytes, owner, procs)
         message = "put needs every proc ready; this one is " .. p.state }, 3)
     end
   end
+  local here = bulk.local_set(procs)
+  local near, far = {}, {}
+  for _, p in ipairs(procs) do
+    if here[p] then near[#near + 1] = p else far[#far + 1] = p end
+  end
+  local futs = {}
+  if #near > 0 then
+    -- A string's bytes stay where they are while the string lives: hold it.
+    local at = type(src) == "string" and address(ffi.cast("const char *", src)) or src
+    self:_put_local(at + base, nbytes, type(src) == "string" and src or owner, near, futs)
+  end
+  if #far > 0 then self:_put_tcp(src, base, nbytes, owner, far, futs) end
+  return all_of(futs, "put of tensor " .. self.__mn_tensor, nil)
+end
+
+-- Queues the chunks of a put over the procs' sockets, a future per chunk into futs.
+function Tensor:_put_tcp(src, base, nbytes, owner, procs, futs)
   local targets = {}
   for i, p in ipairs(procs) do targets[i] = p.conn end
-  local futs = {}
   for off = 0, math.max(nbytes - 1, 0), M.CHUNK do
     local len = math.min(M.CHUNK, nbytes - off)
     local rec = runtime.submit_custom(procs, "__tensor_put", function(id)
       return core.put_chunk(id, targets, self.__mn_tensor, off, src, base + off, len, owner)
     end)
     futs[#futs + 1] = rec.future
+    bulk.stats.tcp_puts, bulk.stats.tcp_bytes = bulk.stats.tcp_puts + 1, bulk.stats.tcp_bytes + len * #procs
   end
-  return all_of(futs, "put of tensor " .. self.__mn_tensor, nil)
+end
+
+-- Has procs on this host copy nbytes at address `at` (kept alive by owner) themselves (__bulk_put).
+function Tensor:_put_local(at, nbytes, owner, procs, futs)
+  local holds = {}
+  for i = 1, #procs do holds[i] = owner end
+  for off = 0, math.max(nbytes - 1, 0), bulk.CHUNK do
+    local len = math.min(bulk.CHUNK, nbytes - off)
+    local addrs = {}
+    for i = 1, #procs do addrs[i] = at + off end
+    local rec = bulk.submit("__bulk_put", procs, self, off, len, addrs, holds, "put of tensor " .. self.__mn_tensor)
+    futs[#futs + 1] = rec.future
+    bulk.stats.local_puts, bulk.stats.local_bytes = bulk.stats.local_puts + 1, bulk.stats.local_bytes + len * #procs
+  end
 end
 
 --- Frees the tensor on every proc now (instead of when collected).

@@ -1,0 +1,193 @@
+-- Same-host bulk (monarch.bulk): put, scatter and fetch between the
+-- controller and procs on its host, through the procs' own copies of our
+-- memory where they can, over TCP where they cannot; the same specs pass
+-- either way.
+local ffi = require "ffi"
+local monarch = require "monarch"
+local bulk = require "monarch.bulk"
+local core = require "monarch.core"
+local mesh_mod = require "monarch.mesh"
+local runtime = require "monarch.runtime"
+local tensor = require "monarch.tensor"
+local agent = require "agent"
+
+pcall(ffi.cdef, "int setenv(const char *, const char *, int); int unsetenv(const char *);")
+
+local function fd_count()
+  local p = io.popen("ls /proc/" .. tostring(select(1, core.bulk_self())) .. "/fd | wc -l")
+  local n = tonumber(p:read("*a"))
+  p:close()
+  return n
+end
+
+-- n pseudo-random bytes, the same for the same seed.
+local function bytes(n, seed)
+  local b = ffi.new("uint8_t[?]", math.max(n, 1))
+  local x = seed
+  for i = 0, n - 1 do
+    x = (x * 1103515245 + 12345) % 2147483648
+    b[i] = bit.band(bit.rshift(x, 16), 255)
+  end
+  return ffi.string(b, n)
+end
+
+local function stats() local s = {} for k, v in pairs(bulk.stats) do s[k] = v end return s end
+
+-- The specs every path must pass. make() -> procs; expect: true (local) or false (TCP).
+local function same_specs(name, make, expect, cleanup)
+  describe(name, function()
+    local procs
+    setup(function()
+      procs = make()
+      procs:load "basic"
+    end)
+    teardown(function()
+      if procs then procs:stop() end
+      if cleanup then cleanup() end
+    end)
+
+    it("takes the path it should, and counts it", function()
+      for _, p in ipairs(procs._procs) do
+        if expect and p.bulk ~= true and tostring(p.bulk_why):find("not permitted", 1, true) then
+          print("skipped: the kernel forbids copying the controller's memory here: " .. p.bulk_why)
+          return
+        end
+        assert.are.equal(expect, p.bulk, tostring(p.bulk_why))
+      end
+      local t = procs:tensor("f32", { 1000 })
+      local before = stats()
+      t:put(bytes(4000, 1)):get()
+      t:fetch():get()
+      local moved = expect and "local" or "tcp"
+      assert.are.equal(before[moved .. "_puts"] + 1, bulk.stats[moved .. "_puts"])
+      assert.are.equal(before[moved .. "_fetches"] + 1, bulk.stats[moved .. "_fetches"])
+      assert.are.equal(before[moved .. "_bytes"] + 2 * 4000 * procs:size(), bulk.stats[moved .. "_bytes"])
+      t:free()
+    end)
+
+    it("round-trips every dtype byte for byte, from strings and from HostTensors", function()
+      local seed = 7
+      for dtype, d in pairs(tensor.dtypes) do
+        local n = 1031 -- not a multiple of a page or of a piece
+        local t = procs:tensor(dtype, { n })
+        local want = bytes(n * d.size, seed)
+        seed = seed + 1
+        t:put(want):get()
+        for _, h in ipairs(t:fetch():get():values()) do assert.are.equal(want, h:bytes(), dtype) end
+        local h = tensor.host(dtype, { n }, bytes(n * d.size, seed))
+        t:put(h):get()
+        for _, g in ipairs(t:fetch():get():values()) do assert.are.equal(h:bytes(), g:bytes(), dtype) end
+        t:free()
+      end
+    end)
+
+    it("moves tensors of several chunks, landing at their offsets, into reused memory", function()
+      local old_local, old_tcp = bulk.CHUNK, tensor.CHUNK
+      bulk.CHUNK, tensor.CHUNK = 65536 + 12, 65536 + 12 -- odd sizes: every chunk at an odd offset
+      local ok, err = pcall(function()
+        local n = 3 * 65536 + 777
+        local t = procs:tensor("u8", { n })
+        local want = bytes(n, 99)
+        t:put(want):get()
+        local into = t:fetch():get()
+        for _, h in ipairs(into:values()) do assert.are.equal(want, h:bytes()) end
+        local again = bytes(n, 100)
+        t:put(again):get()
+        local same = t:fetch(into):get()
+        for i, h in ipairs(same:values()) do
+          assert.are.equal(into[i], h)
+          assert.are.equal(again, h:bytes())
+        end
+        t:free()
+      end)
+      bulk.CHUNK, tensor.CHUNK = old_local, old_tcp
+      assert(ok, err)
+    end)
+
+    it("scatters a different value to each proc", function()
+      local t = procs:tensor("i64", { 64 })
+      local vals = {}
+      for i = 1, procs:size() do vals[i] = bytes(64 * 8, 200 + i) end
+      t:scatter(vals):get()
+      for i, h in ipairs(t:fetch():get():values()) do assert.are.equal(vals[i], h:bytes()) end
+      t:free()
+    end)
+
+    it("holds nothing once every transfer is answered", function()
+      local t = procs:tensor("u8", { 1048576 })
+      local futs = {}
+      for i = 1, 8 do futs[i] = t:put(bytes(1048576, i)) end
+      for _, f in ipairs(futs) do f:get() end
+      t:fetch():get()
+      assert.are.equal(0, core.holds())
+      t:free()
+    end)
+  end)
+end
+
+same_specs("same-host bulk on one host", function() return monarch.hosts():spawn_procs{ procs = 2 } end, true)
+
+same_specs("same-host bulk switched off (MONARCH_BULK_LOCAL=0): TCP", function()
+  ffi.C.setenv("MONARCH_BULK_LOCAL", "0", 1)
+  return monarch.hosts():spawn_procs{ procs = 2 }
+end, false, function() ffi.C.unsetenv("MONARCH_BULK_LOCAL") end)
+
+local refusing
+same_specs("same-host bulk refused by the procs (simulated EPERM): TCP", function()
+  monarch.hosts()
+  refusing = agent.start{ token = runtime.token, env = "MONARCH_BULK_LOCAL_SIMULATE=eperm" }
+  return mesh_mod.host_mesh(mesh_mod.connect_agents{ refusing.addr }):spawn_procs{ procs = 2 }
+end, false, function() refusing:stop() end)
+
+describe("same-host bulk and a proc's failures", function()
+  setup(function() monarch.configure{ heartbeat = 0.1, heartbeat_timeout = 1.0, reconnect = 2.0 } end)
+  teardown(function() monarch.configure{ heartbeat = 0.5, heartbeat_timeout = 3.0, reconnect = 5.0 } end)
+
+  it("refuses a range outside the tensor and an address that wraps, naming them", function()
+    local procs = monarch.hosts():spawn_procs{ procs = 1 }
+    local t = procs:tensor("u8", { 100 })
+    local pid, caddr, cookie = core.bulk_self()
+    local ok, err = pcall(function() return procs:call("__bulk_put", t, 90, 20, 4096, pid, caddr, cookie):get() end)
+    assert.is_false(ok)
+    assert.are.equal("bad_args", err.kind)
+    assert.matches("range 90%+20 is outside the tensor's 100 bytes", err.message)
+    ok, err = pcall(function() return procs:call("__bulk_fetch", t, 0, 10, 0, pid, caddr, cookie):get() end)
+    assert.is_false(ok)
+    assert.matches("__bulk_fetch takes", err.message)
+    ok, err = pcall(function() return procs:call("__bulk_put", t, 0, 10, 4096, pid, caddr, cookie + 2):get() end)
+    assert.is_false(ok)
+    assert.matches("not the controller that asked", err.message)
+    procs:stop()
+  end)
+
+  it("reports a proc killed mid-put as proc_failed, lives on and leaks nothing", function()
+    local fds = fd_count()
+    local procs = monarch.hosts():spawn_procs{ procs = 1 }
+    local victim = procs:procs()[1]
+    local n = 256 * 1024 * 1024
+    local t = procs:tensor("u8", { n })
+    local src = tensor.host("u8", { n }, nil, true)
+    local futs = {}
+    for i = 1, 4 do futs[i] = t:put(src) end
+    os.execute("kill -9 " .. victim.pid)
+    local failed
+    for _, f in ipairs(futs) do
+      local ok, err = pcall(function() return f:get() end)
+      if not ok then failed = err end
+    end
+    assert.is_not_nil(failed, "no put failed although its proc was killed")
+    assert.are.equal("proc_failed", failed.kind)
+    assert.are.equal(victim.pid, failed.pid)
+    local t0 = monarch.now()
+    while core.holds() > 0 and monarch.now() - t0 < 5 do runtime.pump(0.05) end
+    assert.are.equal(0, core.holds(), "memory is still held for the dead proc")
+    procs:stop()
+    local other = monarch.hosts():spawn_procs{ procs = 1 }
+    other:load "basic"
+    assert.are.same({ 0, 1 }, other:call("rank"):get():values()[1])
+    other:stop()
+    t0 = monarch.now()
+    while fd_count() > fds and monarch.now() - t0 < 5 do runtime.pump(0.05) end
+    assert.are.equal(fds, fd_count())
+  end)
+end)
