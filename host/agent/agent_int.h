@@ -118,6 +118,7 @@ typedef struct {
   uint64_t executed;
   char running[104];
   uint64_t last_status; /* uv_now of its last status line (or of its spawn) */
+  uint64_t hang_ms;     /* its session's hang timeout when it was spawned (its status lines keep that pace) */
   int hung;             /* reported by PROC_HUNG, and no line since */
 } aproc_t;
 

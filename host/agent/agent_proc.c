@@ -152,7 +152,7 @@ static void walk_hang(uv_handle_t *h, void *arg) {
   if (h->type != UV_PROCESS || uv_is_closing(h) || h->data == NULL) return;
   aproc_t *p = h->data;
   asession_t *s = p->owner;
-  if (s == NULL || s->ended || s->hang_ms == 0 || !p->reported || p->hung || now - p->last_status <= s->hang_ms) return;
+  if (s == NULL || s->ended || p->hang_ms == 0 || !p->reported || p->hung || now - p->last_status <= p->hang_ms) return;
   p->hung = 1;
   mn_buf_t b;
   mn_buf_init(&b);
@@ -257,6 +257,7 @@ int mn__agent_spawn_one(asession_t *c, uint64_t req, int index, int rank, int wo
   p->pipe.data = p->out.data = p->err.data = p;
   p->proc.data = p;
   p->started = p->last_status = uv_now(a->loop);
+  p->hang_ms = c->hang_ms;
   snprintf(p->running, sizeof(p->running), "-");
   uv_stdio_container_t stdio[4];
   stdio[0].flags = UV_IGNORE;
