@@ -158,3 +158,7 @@ clean:
 .SECONDARY:
 -include mk/cuda.mk
 -include mk/fuzz.mk
+
+# `make print-VAR` prints a variable (tests/layers.sh reads the layers' include paths).
+print-%:
+	@echo '$($*)'

@@ -32,6 +32,9 @@ count_cmocka() { # file -> adds to totals
   echo "${p:-0} ${f:-0}"
 }
 
+echo "== layering (each layer compiles with only its own and lower include paths)"
+if tests/layers.sh; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
+
 echo "== C unit tests (cmocka)"
 for t in "$B"/tests/test_*; do
   [ -x "$t" ] || continue

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The layers (docs/architecture.md): cli -> controller | agent | proc -> coll -> core.
+# Each layer is compiled with only its own and lower include paths, so a
+# header of a layer above or beside it must not be found. Checks that every
+# such include fails, and that each layer still finds its own and lower ones
+# (so a failure is the layering, not broken flags). Prints one line; exit 1 on a leak.
+set -u
+cd "$(dirname "$0")/.."
+pkg=$(make -s print-PKG_CFLAGS)
+# layer: headers it may include | headers it must not
+rules=(
+  "core:wire.h msg.h err.h|collective.h exec.h agent.h ctl.h"
+  "coll:collective.h wire.h monarch_kernel.h|exec.h agent.h ctl.h"
+  "proc:exec.h collective.h wire.h|agent.h ctl.h"
+  "agent:agent.h wire.h|exec.h collective.h ctl.h"
+  "controller:ctl.h wire.h|exec.h collective.h agent.h"
+)
+bad=0 checked=0
+probe() { printf '#include "%s"\n' "$2" | ${CC:-cc} -fsyntax-only -D_GNU_SOURCE -x c - $1 $pkg 2>/dev/null; }
+for r in "${rules[@]}"; do
+  layer=${r%%:*} rest=${r#*:} may=${rest%%|*} mustnot=${rest#*|}
+  inc=$(make -s "print-INC_$layer")
+  for h in $may; do
+    checked=$((checked + 1))
+    probe "$inc" "$h" || { echo "layers: $layer cannot include its own or a lower header $h"; bad=1; }
+  done
+  for h in $mustnot; do
+    checked=$((checked + 1))
+    if probe "$inc" "$h"; then echo "layers: $layer can include $h, which is above or beside it"; bad=1; fi
+  done
+done
+[ "$bad" -eq 0 ] && echo "layers: $checked include checks, every wrong-way include fails"
+exit "$bad"
