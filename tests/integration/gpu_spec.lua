@@ -469,4 +469,57 @@ describe("GPU built-ins on a fake CUDA runtime", function()
     for _, v in ipairs(survivors:gpu_info():get():values()) do assert.are.equal("Fake GPU", v.name) end
     three:stop()
   end)
+
+  it("runs a kernel's all_reduce on GPU tensors through its gpu group's communicator", function()
+    need_fake()
+    local two = hosts:spawn_procs{ procs = 2 }
+    two:load "kcoll"
+    local g = two:group{ gpu = true }
+    assert.is_true(g.gpu)
+    local t = two:gpu_tensor("f32", { 4 })
+    two:call("kc_all_reduce", g, t, "sum"):get()
+    -- The fake's all_reduce writes its communicator: two ranks in group order, the id made by the first member.
+    local c = comm_of(t)
+    assert.are.same({ 2, 0, two:procs()[1].pid, c[1][4] }, c[1])
+    assert.are.same({ 2, 1, two:procs()[1].pid, c[1][4] }, c[2])
+    two:call("kc_barrier", g):get()
+    two:call("kc_all_reduce", g, t, "max"):get() -- the same communicator again
+    assert.are.same(c, comm_of(t))
+    -- A CPU tensor on the GPU group, and a GPU tensor on a CPU group, say what to do.
+    local cpu = two:tensor("f32", { 4 })
+    local ok, err = pcall(function() return two:call("kc_all_reduce", g, cpu, "sum"):get() end)
+    assert.is_false(ok)
+    assert.matches("is a GPU group %(mesh:group{ gpu = true }%); pass GPU tensors", tostring(err))
+    g:free()
+    local plain = two:group()
+    ok, err = pcall(function() return two:call("kc_all_reduce", plain, t, "sum"):get() end)
+    assert.is_false(ok)
+    assert.matches("has no NCCL communicator; make the group with mesh:group{ gpu = true }", tostring(err))
+    two:stop()
+  end)
+
+  it("fails a kernel's GPU all_reduce on every survivor at once when a member dies in it", function()
+    need_fake()
+    local three = hosts:spawn_procs{ procs = 3 }
+    three:on_failure(function() end)
+    three:load "kcoll"
+    local g = three:group{ gpu = true }
+    local t = three:gpu_tensor("f32", { 17 }) -- never completes on the fake, as when a peer died
+    three:call("kc_barrier", g):get() -- the tensor exists everywhere before anyone dies
+    local f = three:call("kc_all_reduce", g, t, "sum")
+    monarch.sleep(0.3) -- every member agreed on the call and waits on its stream now
+    os.execute("kill -9 " .. three:procs()[3].pid)
+    local t0 = monarch.now()
+    local ok, err = pcall(f.get, f)
+    assert.is_false(ok)
+    assert.is_true(monarch.now() - t0 < 10, "took " .. (monarch.now() - t0) .. " s")
+    local msgs = { tostring(err) }
+    for _, e in ipairs(err.failures or {}) do msgs[#msgs + 1] = tostring(e) end
+    assert.matches("closed its link during all_reduce %(it failed or died%); communicator %d+ aborted",
+      table.concat(msgs, "\n"))
+    local survivors = three:slice{ procs = { 0, 2 } }
+    for _, v in ipairs(survivors:gpu_info():get():values()) do assert.are.equal("Fake GPU", v.name) end
+    g:free()
+    three:stop()
+  end)
 end)
