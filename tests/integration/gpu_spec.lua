@@ -228,6 +228,31 @@ describe("GPU procs", function()
     g:free()
   end)
 
+  it("runs NCCL inside a kernel on a gpu group (all_reduce_inplace)", function()
+    need_gpu()
+    local g = procs:group{ gpu = true }
+    local t = procs:gpu_tensor("f32", { 1000 })
+    procs:call("fill", t, 3):get()
+    procs:call("all_reduce_inplace", g, t):get()
+    assert.are.equal(3000, procs:call("sum", t):get()[1])
+    local cpu = procs:tensor("f32", { 4 })
+    local ok, err = pcall(function() return procs:call("all_reduce_inplace", g, cpu):get() end)
+    assert.is_false(ok)
+    assert.matches("cuda_basic is a GPU library", tostring(err))
+    g:free()
+    if info.count >= 2 then
+      local two = monarch.hosts():spawn_procs{ procs = 2, gpus = 2 }
+      two:load "cuda_basic"
+      local g2 = two:group{ gpu = true }
+      local t2 = two:gpu_tensor("f32", { 2 ^ 20 })
+      two:call("fill", t2, 1):get()
+      two:call("all_reduce_inplace", g2, t2):get()
+      assert.are.same({ 2 * 2 ^ 20, 2 * 2 ^ 20 }, two:call("sum", t2):get():values())
+      g2:free()
+      two:stop()
+    end
+  end)
+
   it("all-reduces across two procs with a GPU each", function()
     need_gpu()
     if info.count < 2 then pending("needs 2 GPUs, this host has " .. info.count .. " (NCCL takes one rank per GPU)") end
