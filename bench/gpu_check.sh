@@ -70,7 +70,8 @@ else
   echo "not built here (no cmocka); skipped"
 fi
 
-stage "GPU specs (tests/integration/gpu_spec.lua)"
+# gpu_spec.lua includes cuda_basic's all_reduce_inplace: NCCL inside a kernel on a mesh:group{gpu = true}.
+stage "GPU specs (tests/integration/gpu_spec.lua, in-kernel NCCL included)"
 # shellcheck disable=SC2086
 timeout 240 $BUSTED --run=integration -o utfTerminal tests/integration/gpu_spec.lua || failed="$failed gpu_spec"
 

@@ -134,7 +134,7 @@ typedef struct {
 #define MK_COLL_ENOTFOUND (-1012) /* the group is gone (a failed collective tore it down) */
 #define MK_COLL_EPEER (-1013)     /* a member died, gave up, or called something else */
 #define MK_COLL_ECANCELED (-1014) /* the call was cancelled */
-#define MK_COLL_EDEVICE (-1016)   /* GPU tensors: NCCL is not available to in-kernel collectives */
+#define MK_COLL_EDEVICE (-1016)   /* a tensor on the wrong device for the group (GPU groups: mesh:group{gpu = true}), or CUDA/NCCL failed */
 
 struct mk_ctx_s {
   const mk_api_t *api;

@@ -71,6 +71,26 @@ typedef struct {
 void mn_exec_set_coll(const mn_exec_coll_t *ops);
 
 /*
+ * The GPU half of in-kernel collectives, provided by gpu.c (so that the
+ * executor links without it): a group whose id is also the id of an NCCL
+ * communicator on this proc (mesh:group{gpu = true}) runs its collectives
+ * on GPU tensors through NCCL on ctx->stream. exec_coll.c checks the
+ * arguments and that every member agrees on the call (over the CPU group)
+ * before run; run waits for NCCL as the __gpu_ built-ins do and returns 0
+ * or a negative code with err (an aborted communicator is dropped).
+ */
+typedef struct {
+  /* 1 when gid names one of this proc's NCCL communicators, else 0 (a predicate). */
+  int (*has)(uint64_t gid);
+  /* k->what is one of the four data collectives, or MN_KCOLL_BARRIER: wait for ctx->stream to drain. */
+  int (*run)(mn_exec_t *x, mk_ctx_t *ctx, const mn_kcoll_t *k, char *err, size_t errlen);
+  /* Aborts and forgets gid's communicator (and its watch group) if there is one: its group was given up on. */
+  void (*drop)(uint64_t gid);
+} mn_exec_gpu_coll_t;
+/* Installs the GPU collectives (before executors start). Without them a GPU tensor on a group is refused. */
+void mn_exec_set_gpu_coll(const mn_exec_gpu_coll_t *ops);
+
+/*
  * Built-ins: calls whose names start with "__", answered by the proc itself.
  * Each module (the executor's own, collectives, GPU, actors) is a table of
  * entries; a handler reads raw msgpack args, writes results through ctx->api

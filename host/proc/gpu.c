@@ -379,19 +379,21 @@ static double coll_timeout(void) {
 }
 
 /*
- * Waits for the collective just enqueued on the default stream. A peer that
+ * Waits for the collective just enqueued on `stream` (NULL: the legacy
+ * default stream, which the built-ins use). A peer that
  * never joins would block a plain cudaStreamSynchronize forever; polling
  * lets a cancel, an NCCL error or the timeout abort the communicator
  * instead, so the proc stays usable. Returns 0, or with err MN_EDEVICE (the
  * device or NCCL reported an error), the watch's code (a member died),
  * MN_ECANCELED or MN_ETIMEDOUT; an aborted communicator is dropped.
  */
-static int coll_wait(mn_exec_t *x, mk_ctx_t *ctx, comm_t *c, const char *who, char *err, size_t errlen) {
+static int coll_wait(mn_exec_t *x, mk_ctx_t *ctx, comm_t *c, void *stream, const char *who, char *err,
+                     size_t errlen) {
   double deadline = mn_now_s() + coll_timeout();
   const char *why = NULL;
   int rc = MN_EDEVICE;
   for (unsigned i = 1;; i++) {
-    int q = G.rt.StreamQuery(NULL);
+    int q = G.rt.StreamQuery(stream);
     if (q == CUDA_SUCCESS) return 0;
     if (q != CUDA_NOT_READY) {
       x->err_kind = "gpu";
@@ -672,6 +674,22 @@ static int coll_tensor(const comm_t *c, const mk_tensor_t *t, const char *who, c
  * __gpu_all_gather(comm, send, recv), __gpu_reduce_scatter(comm, send, recv, op). */
 typedef enum { GPU_ALL_REDUCE, GPU_BROADCAST, GPU_ALL_GATHER, GPU_REDUCE_SCATTER } gpu_coll_t;
 
+/*
+ * Enqueues one NCCL collective on `stream` over checked tensors (a: the
+ * tensor or the send side, b: the receive side of a gather or scatter) and
+ * waits for it with coll_wait. arg is NCCL's reduction op, or the root.
+ */
+static int launch(mn_exec_t *x, mk_ctx_t *ctx, gpu_coll_t kind, comm_t *c, mk_tensor_t *a, mk_tensor_t *b, int arg,
+                  void *stream, const char *who, char *err, size_t errlen) {
+  int rc, dt = nccl_dtype(a->dtype);
+  if (kind == GPU_ALL_REDUCE) rc = G.nccl.AllReduce(a->data, a->data, (size_t)a->numel, dt, arg, c->comm, stream);
+  else if (kind == GPU_BROADCAST) rc = G.nccl.Broadcast(a->data, a->data, (size_t)a->numel, dt, arg, c->comm, stream);
+  else if (kind == GPU_ALL_GATHER) rc = G.nccl.AllGather(a->data, b->data, (size_t)a->numel, dt, c->comm, stream);
+  else rc = G.nccl.ReduceScatter(a->data, b->data, (size_t)b->numel, dt, arg, c->comm, stream);
+  if (rc != NCCL_SUCCESS && rc != NCCL_IN_PROGRESS) return nccl_fail(x, rc, c->comm, who, err, errlen);
+  return coll_wait(x, ctx, c, stream, who, err, errlen);
+}
+
 static int b_collective(mn_exec_t *x, mk_ctx_t *ctx, gpu_coll_t kind, const char *who, const msgpack_object *args,
                         char *err, size_t errlen) {
   int is_ar = kind == GPU_ALL_REDUCE, is_bc = kind == GPU_BROADCAST;
@@ -703,13 +721,7 @@ static int b_collective(mn_exec_t *x, mk_ctx_t *ctx, gpu_coll_t kind, const char
     root = (int)r64;
   }
   if ((rc = use_device(x, c->device, err, errlen)) != 0) return rc;
-  int dt = nccl_dtype(a->dtype);
-  if (is_ar) rc = G.nccl.AllReduce(a->data, a->data, (size_t)a->numel, dt, op, c->comm, NULL);
-  else if (is_bc) rc = G.nccl.Broadcast(a->data, a->data, (size_t)a->numel, dt, root, c->comm, NULL);
-  else if (is_ag) rc = G.nccl.AllGather(a->data, b->data, (size_t)a->numel, dt, c->comm, NULL);
-  else rc = G.nccl.ReduceScatter(a->data, b->data, (size_t)b->numel, dt, op, c->comm, NULL);
-  if (rc != NCCL_SUCCESS && rc != NCCL_IN_PROGRESS) return nccl_fail(x, rc, c->comm, who, err, errlen);
-  return coll_wait(x, ctx, c, who, err, errlen);
+  return launch(x, ctx, kind, c, a, b, is_bc ? root : op, NULL, who, err, errlen);
 }
 
 static int b_all_reduce(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, const msgpack_object *args, char *err,
@@ -728,6 +740,77 @@ static int b_reduce_scatter(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, 
                             size_t errlen) {
   return b_collective(x, ctx, GPU_REDUCE_SCATTER, b->name, args, err, errlen);
 }
+
+/* ---- collectives kernels call (exec.h's GPU hooks) ----------------------------- */
+
+static int k_has(uint64_t gid) { return find_comm(gid) != NULL; }
+
+static void k_drop(uint64_t gid) {
+  comm_t *c = find_comm(gid);
+  if (c == NULL) return;
+  if (G.nccl.CommAbort(c->comm) != NCCL_SUCCESS)
+    fprintf(stderr, "monarch proc: ncclCommAbort of communicator %llu failed\n", (unsigned long long)gid);
+  drop_comm(c);
+}
+
+/* NCCL's reduction for an mk_reduce_op_t, or MN_EINVAL with err. */
+static int kernel_op(int op, const char *who, char *err, size_t errlen) {
+  static const int nccl_ops[] = {0, 2, 3, 4}; /* MK_SUM, MK_MAX, MK_MIN, MK_AVG -> ncclSum, ncclMax, ncclMin, ncclAvg */
+  if (op >= 0 && op < 4) return nccl_ops[op];
+  snprintf(err, errlen, "%s: unknown reduction %d (MK_SUM, MK_MAX, MK_MIN, MK_AVG)", who, op);
+  return MN_EINVAL;
+}
+
+/* Checks an in-kernel GPU collective's arguments against its communicator; 0 or MN_EINVAL with err. */
+static int kernel_args(const comm_t *c, const mn_kcoll_t *k, const char *who, char *err, size_t errlen) {
+  const mk_tensor_t *part = k->what == MN_KCOLL_ALL_GATHER ? k->t : k->dst;
+  const mk_tensor_t *whole = k->what == MN_KCOLL_ALL_GATHER ? k->dst : k->t;
+  if (coll_tensor(c, k->t, who, err, errlen) != 0 || (k->dst != NULL && coll_tensor(c, k->dst, who, err, errlen) != 0))
+    return MN_EINVAL;
+  if (k->what == MN_KCOLL_BROADCAST && (k->arg < 0 || k->arg >= c->nranks)) {
+    snprintf(err, errlen, "%s: root %d is outside the group's positions 0..%d", who, k->arg, c->nranks - 1);
+    return MN_EINVAL;
+  }
+  if (k->dst != NULL && (k->t->data == k->dst->data || k->t->dtype != k->dst->dtype ||
+                         whole->numel != part->numel * c->nranks)) {
+    snprintf(err, errlen, "%s: %s must be a separate %s tensor of %d x %lld elements (%d members), got %s of %lld", who,
+             k->what == MN_KCOLL_ALL_GATHER ? "dst" : "src", mn_dtype_name(part->dtype), c->nranks,
+             (long long)part->numel, c->nranks, mn_dtype_name(whole->dtype), (long long)whole->numel);
+    return MN_EINVAL;
+  }
+  return 0;
+}
+
+/*
+ * Runs an in-kernel collective of group k->gid through the NCCL
+ * communicator of the same id, on ctx->stream, and waits for it as the
+ * built-ins do (a dead member, a cancel or the timeout aborts it); a
+ * barrier only waits for the stream to drain. exec_coll.c has checked that
+ * every member makes the same call. Any failure drops the communicator.
+ */
+static int k_run(mn_exec_t *x, mk_ctx_t *ctx, const mn_kcoll_t *k, char *err, size_t errlen) {
+  static const char *const names[] = {"all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier"};
+  static const gpu_coll_t kinds[] = {GPU_ALL_REDUCE, GPU_BROADCAST, GPU_ALL_GATHER, GPU_REDUCE_SCATTER};
+  const char *who = k->what <= MN_KCOLL_BARRIER ? names[k->what] : "collective";
+  comm_t *c = find_comm(k->gid);
+  int rc, arg = k->arg;
+  if (c == NULL || k->what > MN_KCOLL_BARRIER) {
+    snprintf(err, errlen, "%s: group %llu has no NCCL communicator on this proc", who, (unsigned long long)k->gid);
+    return MN_ENOTFOUND;
+  }
+  if ((rc = use_device(x, c->device, err, errlen)) != 0) return rc;
+  if (k->what == MN_KCOLL_BARRIER) {
+    int q = G.rt.StreamQuery(ctx->stream);
+    return q == CUDA_SUCCESS ? 0 : coll_wait(x, ctx, c, ctx->stream, who, err, errlen);
+  }
+  if ((rc = kernel_args(c, k, who, err, errlen)) != 0) return rc;
+  if ((k->what == MN_KCOLL_ALL_REDUCE || k->what == MN_KCOLL_REDUCE_SCATTER) &&
+      (arg = kernel_op(k->arg, who, err, errlen)) < 0)
+    return arg;
+  return launch(x, ctx, kinds[k->what], c, k->t, k->dst, arg, ctx->stream, who, err, errlen);
+}
+
+static const mn_exec_gpu_coll_t kernel_colls = {k_has, k_run, k_drop};
 
 /* gpu.h documents each one. */
 static const mn_builtin_t entries[] = {
@@ -764,6 +847,7 @@ int mn_gpu_register(void) {
 #ifdef MN_DEVICE_HOOKS
   mn_registry_set_device_ops(&device_ops);
 #endif
+  mn_exec_set_gpu_coll(&kernel_colls);
   registered = 1;
   return 0;
 }

@@ -357,6 +357,18 @@ static int k_dot(mk_ctx_t *ctx, int argc, const mk_arg_t *argv) {
   return rc ? rc : mk_return_number(ctx, s);
 }
 
+/*
+ * all_reduce_inplace(g, t): sums GPU tensor t over group g (mesh:group{ gpu = true }) with the in-kernel
+ * collective, which runs NCCL on ctx->stream and waits for it: the example of a GPU kernel that reduces its
+ * own results without returning to the controller, and what gpu_spec.lua runs on a real GPU.
+ */
+static int k_all_reduce_inplace(mk_ctx_t *ctx, int argc, const mk_arg_t *argv) {
+  (void)argc;
+  mk_tensor_t *t = argv[1].v.tensor;
+  if (on_device(ctx, "all_reduce_inplace", t)) return -1;
+  return mk_all_reduce(ctx, argv[0].v.group, t, MK_SUM);
+}
+
 static int check_matrix(mk_ctx_t *ctx, const char *name, const mk_tensor_t *t) {
   char d[CB_SHAPE_BUF];
   if (on_device(ctx, "sgemm", t)) return -1;
@@ -409,6 +421,8 @@ static const mk_kernel_t kernels[] = {
   {"scale", k_scale, "tn", "scale(t, alpha): t = alpha*t on the GPU (f32, f64)."},
   {"sum", k_sum, "t", "sum(t): sum of all elements as a number, accumulated in double, deterministic."},
   {"dot", k_dot, "tt", "dot(x, y): inner product as a number, accumulated in double (f32 or f64)."},
+  {"all_reduce_inplace", k_all_reduce_inplace, "gt",
+   "all_reduce_inplace(g, t): t = the sum of t over GPU group g (mesh:group{gpu = true}), NCCL inside the kernel."},
   {"sgemm", k_sgemm, "tttn?nBB",
    "sgemm(A, B, C, alpha=1, beta=0, transA=false, transB=false): "
    "C = alpha*op(A)@op(B) + beta*C, 2-D f32 row-major (cuBLAS)."},

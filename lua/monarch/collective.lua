@@ -394,16 +394,26 @@ local function mesh_key(procs)
   return table.concat(parts, ",")
 end
 
+local GROUP_OPTIONS = { dim = "string", timeout = "number", gpu = "boolean" }
+
 --- A group of this mesh's procs (with opts.dim: one per line of procs
 -- along that dimension, all under one id) for kernels to run collectives
 -- on: pass it to ProcMesh:call for a kernel's 'g' argument, and the kernel
 -- calls mk_all_reduce etc. on it (docs/kernels.md). Blocks until every
 -- member has joined. A call carrying the group that fails tears it down on
 -- every member; later calls with it raise (make a new one).
--- opts: {dim = name, timeout = s}. Returns a Group: id, size (members per
--- group), dim; group:free() forgets it on the procs.
+-- opts: {dim = name, timeout = s, gpu = true}. With gpu = true the group
+-- also gets an NCCL communicator per line (docs/gpu.md), and kernels run
+-- its collectives on GPU tensors through NCCL (CPU tensors are refused on
+-- it). Returns a Group: id, size (members per group), dim, gpu;
+-- group:free() forgets it (and its communicators) on the procs.
 function methods:group(opts)
-  opts = check_opts(opts, "group", 2)
+  if opts ~= nil and type(opts) ~= "table" then error("group: options must be a table like {dim = 'dp'}", 2) end
+  for k, v in pairs(opts or {}) do
+    if not GROUP_OPTIONS[k] then error("group: unknown option '" .. tostring(k) .. "' (known: dim, timeout, gpu)", 2) end
+    if type(v) ~= GROUP_OPTIONS[k] then error("group: option " .. k .. " wants a " .. GROUP_OPTIONS[k], 2) end
+  end
+  opts = opts or {}
   local parts, size = partition(self, opts.dim, 2)
   local timeout = opts.timeout or self._opts.timeout
   ensure_addrs(self._procs)
@@ -417,13 +427,21 @@ function methods:group(opts)
     end
   end
   combine(futs, "kernel group setup"):get()
-  return setmetatable({ __mn_group = id, id = id, size = size, dim = opts.dim, _key = mesh_key(self._procs),
-    _mesh = self }, Group)
+  if opts.gpu then
+    -- The communicators take the group's id: a kernel's collective finds its group's communicator by it.
+    local ok, err = pcall(require("monarch.gpu")._group_comms, self, parts, id, 1)
+    if not ok then
+      self:_submit("__coll_free", { id }, 1, { what = "group free" }):get()
+      error(err, 2)
+    end
+  end
+  return setmetatable({ __mn_group = id, id = id, size = size, dim = opts.dim, gpu = opts.gpu == true,
+    _key = mesh_key(self._procs), _mesh = self }, Group)
 end
 
 function Group:__tostring()
-  return string.format("Group(%d, %d members%s%s)", self.id, self.size, self.dim and " along " .. self.dim or "",
-    self._dead and ", torn down" or "")
+  return string.format("Group(%d, %d members%s%s%s)", self.id, self.size, self.dim and " along " .. self.dim or "",
+    self.gpu and ", gpu" or "", self._dead and ", torn down" or "")
 end
 
 --[[ For ProcMesh:call: the id to send for this group on mesh m, and a
@@ -460,8 +478,13 @@ end
 function Group:free()
   if self._freed then return end
   self._freed = true
-  if self._dead then return end
   local m = self._mesh
+  if self.gpu then
+    -- A failed call dropped the communicators on the procs it reached; release any the others still hold.
+    local ok, err = pcall(require("monarch.gpu")._free_group_comms, m, self.id)
+    if not ok and not self._dead then error(err, 2) end
+  end
+  if self._dead then return end
   m:_submit("__coll_free", { self.id }, 1, { what = "group free" }):get()
 end
 

@@ -214,9 +214,11 @@ local function cache_key(m, dim)
   return table.concat(ranks, ",") .. "/" .. (dim or "*")
 end
 
--- Makes the communicators of (m, dim) on the procs; returns the comm id.
-local function bootstrap(m, dim, level)
-  local groups = groups_of(m, dim)
+-- Makes communicator cid on the procs of m, one NCCL communicator per group
+-- (a list of flat indices into m._procs, in rank order) under the same id:
+-- the group's first proc makes the NCCL id, every member joins with it.
+-- Raises (after releasing cid everywhere) if any member fails to join.
+local function make_comms(m, groups, cid, level)
   local id_futs = {}
   for g, members in ipairs(groups) do
     local p = m._procs[members[1]]
@@ -224,8 +226,6 @@ local function bootstrap(m, dim, level)
   end
   local ids = {}
   for g, f in ipairs(id_futs) do ids[g] = f:get(M.init_timeout) end
-  next_comm = next_comm + 1
-  local cid = next_comm
   -- A watch group per communicator: its links show a dead peer, which NCCL would wait on until the timeout.
   -- Best effort: without one a dead peer is found by that timeout.
   local watches = {}
@@ -259,6 +259,27 @@ local function bootstrap(m, dim, level)
     error(first, level + 1)
   end
   return cid
+end
+
+-- Makes the communicators of (m, dim) on the procs; returns the comm id.
+local function bootstrap(m, dim, level)
+  next_comm = next_comm + 1
+  return make_comms(m, groups_of(m, dim), next_comm, level + 1)
+end
+
+--[[ For mesh:group{ gpu = true } (collective.lua): makes the NCCL
+  communicators of kernel group gid, whose lines are `groups` (lists of flat
+  indices of m, in position order), under the group's own id, so that a
+  kernel's mk_all_reduce on GPU tensors finds the communicator of its group.
+  Each line gets a watch group, as mesh collectives' communicators do. ]]
+function M._group_comms(m, groups, gid, level)
+  tensor.flush_frees()
+  make_comms(m, groups, gid, level + 1)
+end
+
+--- Releases the NCCL communicators of kernel group gid on m's procs (Group:free). Blocks.
+function M._free_group_comms(m, gid)
+  m:_submit("__gpu_nccl_free", { gid }, 1, { what = "gpu communicator release" }):get()
 end
 
 -- The comm id for collectives of m over dim, made on first use.

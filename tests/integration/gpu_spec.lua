@@ -228,6 +228,31 @@ describe("GPU procs", function()
     g:free()
   end)
 
+  it("runs NCCL inside a kernel on a gpu group (all_reduce_inplace)", function()
+    need_gpu()
+    local g = procs:group{ gpu = true }
+    local t = procs:gpu_tensor("f32", { 1000 })
+    procs:call("fill", t, 3):get()
+    procs:call("all_reduce_inplace", g, t):get()
+    assert.are.equal(3000, procs:call("sum", t):get()[1])
+    local cpu = procs:tensor("f32", { 4 })
+    local ok, err = pcall(function() return procs:call("all_reduce_inplace", g, cpu):get() end)
+    assert.is_false(ok)
+    assert.matches("cuda_basic is a GPU library", tostring(err))
+    g:free()
+    if info.count >= 2 then
+      local two = monarch.hosts():spawn_procs{ procs = 2, gpus = 2 }
+      two:load "cuda_basic"
+      local g2 = two:group{ gpu = true }
+      local t2 = two:gpu_tensor("f32", { 2 ^ 20 })
+      two:call("fill", t2, 1):get()
+      two:call("all_reduce_inplace", g2, t2):get()
+      assert.are.same({ 2 * 2 ^ 20, 2 * 2 ^ 20 }, two:call("sum", t2):get():values())
+      g2:free()
+      two:stop()
+    end
+  end)
+
   it("all-reduces across two procs with a GPU each", function()
     need_gpu()
     if info.count < 2 then pending("needs 2 GPUs, this host has " .. info.count .. " (NCCL takes one rank per GPU)") end
@@ -467,6 +492,59 @@ describe("GPU built-ins on a fake CUDA runtime", function()
       table.concat(msgs, "\n"))
     -- The survivors were not stuck: they answer at once.
     for _, v in ipairs(survivors:gpu_info():get():values()) do assert.are.equal("Fake GPU", v.name) end
+    three:stop()
+  end)
+
+  it("runs a kernel's all_reduce on GPU tensors through its gpu group's communicator", function()
+    need_fake()
+    local two = hosts:spawn_procs{ procs = 2 }
+    two:load "kcoll"
+    local g = two:group{ gpu = true }
+    assert.is_true(g.gpu)
+    local t = two:gpu_tensor("f32", { 4 })
+    two:call("kc_all_reduce", g, t, "sum"):get()
+    -- The fake's all_reduce writes its communicator: two ranks in group order, the id made by the first member.
+    local c = comm_of(t)
+    assert.are.same({ 2, 0, two:procs()[1].pid, c[1][4] }, c[1])
+    assert.are.same({ 2, 1, two:procs()[1].pid, c[1][4] }, c[2])
+    two:call("kc_barrier", g):get()
+    two:call("kc_all_reduce", g, t, "max"):get() -- the same communicator again
+    assert.are.same(c, comm_of(t))
+    -- A CPU tensor on the GPU group, and a GPU tensor on a CPU group, say what to do.
+    local cpu = two:tensor("f32", { 4 })
+    local ok, err = pcall(function() return two:call("kc_all_reduce", g, cpu, "sum"):get() end)
+    assert.is_false(ok)
+    assert.matches("is a GPU group %(mesh:group{ gpu = true }%); pass GPU tensors", tostring(err))
+    g:free()
+    local plain = two:group()
+    ok, err = pcall(function() return two:call("kc_all_reduce", plain, t, "sum"):get() end)
+    assert.is_false(ok)
+    assert.matches("has no NCCL communicator; make the group with mesh:group{ gpu = true }", tostring(err))
+    two:stop()
+  end)
+
+  it("fails a kernel's GPU all_reduce on every survivor at once when a member dies in it", function()
+    need_fake()
+    local three = hosts:spawn_procs{ procs = 3 }
+    three:on_failure(function() end)
+    three:load "kcoll"
+    local g = three:group{ gpu = true }
+    local t = three:gpu_tensor("f32", { 17 }) -- never completes on the fake, as when a peer died
+    three:call("kc_barrier", g):get() -- the tensor exists everywhere before anyone dies
+    local f = three:call("kc_all_reduce", g, t, "sum")
+    monarch.sleep(0.3) -- every member agreed on the call and waits on its stream now
+    os.execute("kill -9 " .. three:procs()[3].pid)
+    local t0 = monarch.now()
+    local ok, err = pcall(f.get, f)
+    assert.is_false(ok)
+    assert.is_true(monarch.now() - t0 < 10, "took " .. (monarch.now() - t0) .. " s")
+    local msgs = { tostring(err) }
+    for _, e in ipairs(err.failures or {}) do msgs[#msgs + 1] = tostring(e) end
+    assert.matches("closed its link during all_reduce %(it failed or died%); communicator %d+ aborted",
+      table.concat(msgs, "\n"))
+    local survivors = three:slice{ procs = { 0, 2 } }
+    for _, v in ipairs(survivors:gpu_info():get():values()) do assert.are.equal("Fake GPU", v.name) end
+    g:free()
     three:stop()
   end)
 end)

@@ -134,7 +134,8 @@ describe("in-kernel collectives", function()
     local t = procs:tensor("f32", { 256 })
     local ok, err = pcall(function() return procs:call("kc_misbehave", g, t, "gpu", 0):get() end)
     assert.is_false(ok)
-    assert.matches("on cuda:0; in%-kernel collectives run on CPU tensors", tostring(err))
+    assert.matches("the tensor is on cuda:0 but group %d+ has no NCCL communicator; make the group with " ..
+      "mesh:group{ gpu = true }", tostring(err))
   end)
 
   it("refuses a group made on another mesh before anything runs", function()
