@@ -24,6 +24,7 @@
 #define SLEEP_MAX_MS 20
 #define SPIN_US_DEFAULT 50    /* busy-wait before sleeping when every member can have its own core */
 #define YIELD_US_DEFAULT 100  /* then yield the core before sleeping (bench/collective.sh: 2-5x at 4 procs on 2 cores) */
+#define YIELD_US_SHARED 1000  /* the same with more members than cores: a wait spans other members' turns (bench/kcoll.sh) */
 #define REDUCE_CHUNK (16u << 10) /* bytes of each member's input reduced at a time: the partial result stays in L1 */
 
 typedef struct {
@@ -88,6 +89,13 @@ static int spin_default(int n) {
   return oversubscribed(n) ? 0 : SPIN_US_DEFAULT; /* spinning pays only when the awaited member can run meanwhile */
 }
 
+/* On shared cores the awaited member runs only when another yields: the wait outlasts their turns, not a post. */
+static int yield_default(int n) {
+  const char *e = getenv("MONARCH_COLL_YIELD_US");
+  if (e != NULL && *e) return atoi(e);
+  return oversubscribed(n) ? YIELD_US_SHARED : YIELD_US_DEFAULT;
+}
+
 static mn_shm_t *shm_new(int n, int me, size_t piece) {
   mn_shm_t *s = calloc(1, sizeof(*s));
   if (s == NULL) return NULL;
@@ -98,8 +106,7 @@ static mn_shm_t *shm_new(int n, int me, size_t piece) {
   s->data_off = data_offset(n);
   s->size = region_size(n, piece);
   s->spin_us = spin_default(n);
-  const char *y = getenv("MONARCH_COLL_YIELD_US");
-  s->yield_us = y != NULL && *y ? atoi(y) : YIELD_US_DEFAULT;
+  s->yield_us = yield_default(n);
   return s;
 }
 
@@ -281,10 +288,12 @@ static int wait_all(mn_shm_t *s, const mn_shm_op_t *op, uint64_t target, char *e
     if ((j = laggard(s, j, target)) == s->n) return 0;
     if ((i & 255) == 0 && mn_now_us() - start > s->spin_us) break;
   }
-  /* Then yield: on a shared core this lets the member we wait for run now rather than at the next tick. */
+  /* Then yield: on a shared core this lets the member we wait for run now rather than at the next tick.
+   * An abort or a cancel ends it at once: the loop below reports them. */
   for (int64_t t0 = mn_now_us(); s->yield_us > 0 && mn_now_us() - t0 < s->yield_us;) {
     sched_yield();
     if ((j = laggard(s, j, target)) == s->n) return 0;
+    if (atomic_load(&h->aborted) || (op->cancel != NULL && atomic_load(op->cancel))) break;
   }
   int sleep_ms = SLEEP_MIN_MS, rc;
   for (;;) {
