@@ -364,10 +364,11 @@ static int check_headers(const mn_shm_t *s, const mn_shm_op_t *op, char *err, si
 /*
  * out = in[0] op in[1] op ... op in[n-1] at byte offset off, l elements of es bytes; member order fixes the
  * rounding. `mine` is this member's own input, read in place: nobody else reads that part of its buffer, so it
- * is never copied in. Chunk by chunk, so the partial result stays in L1 instead of going round n-1 times.
+ * is never copied in. Chunk by chunk, so the partial result stays in L1 instead of going round n-1 times;
+ * `also`, when not NULL, receives a copy of each finished chunk.
  */
-static void reduce_members(const mn_shm_t *s, int b, size_t off, const char *mine, char *out, size_t l, size_t es,
-                           mk_dtype_t dt, int op) {
+static void reduce_members(const mn_shm_t *s, int b, size_t off, const char *mine, char *out, char *also, size_t l,
+                           size_t es, mk_dtype_t dt, int op) {
   size_t per = REDUCE_CHUNK / es;
   for (size_t i = 0; i < l; i += per) {
     size_t m = l - i < per ? l - i : per, at = off + i * es;
@@ -376,6 +377,7 @@ static void reduce_members(const mn_shm_t *s, int b, size_t off, const char *min
     mn_coll_reduce(o, s->me == 0 ? own : in_buf(s, 0, b) + at, s->me == 1 ? own : in_buf(s, 1, b) + at, m, dt, op);
     for (int j = 2; j < s->n; j++) mn_coll_reduce(o, o, j == s->me ? own : in_buf(s, j, b) + at, m, dt, op);
     if (op == MN_COLL_AVG) mn_coll_divide(o, m, dt, s->n);
+    if (also != NULL) memcpy(also + i * es, o, m * es); /* while it is in L1 */
   }
 }
 
@@ -415,7 +417,9 @@ static void reduce(mn_shm_t *s, const mn_shm_op_t *op, piece_at_t p) {
     size_t first, len;
     mn_coll_segment(p.l, s->n, s->me, &first, &len);
     const char *own = own_in_place(op, p) ? op->data + (p.o + first) * es : in_buf(s, s->me, p.b) + first * es;
-    reduce_members(s, p.b, first * es, own, res_buf(s, p.b) + first * es, len, es, (mk_dtype_t)h->dtype, h->op);
+    /* The result of its own segment goes straight into its tensor too: copy_out skips it. */
+    reduce_members(s, p.b, first * es, own, res_buf(s, p.b) + first * es, op->data + (p.o + first) * es, len, es,
+                   (mk_dtype_t)h->dtype, h->op);
     break;
   }
   case MN_COLL_BROADCAST:
@@ -427,7 +431,8 @@ static void reduce(mn_shm_t *s, const mn_shm_op_t *op, piece_at_t p) {
     break;
   case MN_COLL_REDUCE_SCATTER: {
     size_t off = (size_t)s->me * p.l * es;
-    reduce_members(s, p.b, off, in_buf(s, s->me, p.b) + off, op->data + p.o * es, p.l, es, (mk_dtype_t)h->dtype, h->op);
+    reduce_members(s, p.b, off, in_buf(s, s->me, p.b) + off, op->data + p.o * es, NULL, p.l, es, (mk_dtype_t)h->dtype,
+                   h->op);
     break;
   }
   default: break;
@@ -439,8 +444,12 @@ static int copies_out(const mn_shm_t *s, const mn_shm_op_t *op) {
   return op->hdr->kind == MN_COLL_ALL_REDUCE || (op->hdr->kind == MN_COLL_BROADCAST && s->me != (int)op->hdr->root);
 }
 
+/* all_reduce: all but this member's own segment, which reduce() already wrote into its tensor. */
 static void copy_out(mn_shm_t *s, const mn_shm_op_t *op, piece_at_t p) {
-  memcpy(op->data + p.o * op->esize, res_buf(s, p.b), p.l * op->esize);
+  size_t es = op->esize, first = p.l, len = 0;
+  if (op->hdr->kind == MN_COLL_ALL_REDUCE) mn_coll_segment(p.l, s->n, s->me, &first, &len);
+  memcpy(op->data + p.o * es, res_buf(s, p.b), first * es);
+  memcpy(op->data + (p.o + first + len) * es, res_buf(s, p.b) + (first + len) * es, (p.l - first - len) * es);
 }
 
 int mn_shm_run(mn_shm_t *s, const mn_shm_op_t *op, char *err, size_t errlen, int *mismatch) {
