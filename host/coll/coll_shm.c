@@ -24,6 +24,10 @@
 #define SLEEP_MAX_MS 20
 #define SPIN_US_DEFAULT 50    /* busy-wait before sleeping when every member can have its own core */
 #define YIELD_US_DEFAULT 100  /* then yield the core before sleeping (bench/collective.sh: 2-5x at 4 procs on 2 cores) */
+#define YIELD_US_SHARED 1000  /* the same with more members than cores: a wait spans other members' turns (bench/kcoll.sh) */
+#define REDUCE_CHUNK (16u << 10) /* bytes of each member's input reduced at a time: the partial result stays in L1 */
+#define OWN_IN_PLACE_MIN (16u << 10) /* all_reduce pieces from this size read a member's own segment from its tensor;
+                                        smaller ones copy it in too (reading the tensor was 15% slower at 4 KiB) */
 
 typedef struct {
   uint32_t magic, n;
@@ -87,6 +91,13 @@ static int spin_default(int n) {
   return oversubscribed(n) ? 0 : SPIN_US_DEFAULT; /* spinning pays only when the awaited member can run meanwhile */
 }
 
+/* On shared cores the awaited member runs only when another yields: the wait outlasts their turns, not a post. */
+static int yield_default(int n) {
+  const char *e = getenv("MONARCH_COLL_YIELD_US");
+  if (e != NULL && *e) return atoi(e);
+  return oversubscribed(n) ? YIELD_US_SHARED : YIELD_US_DEFAULT;
+}
+
 static mn_shm_t *shm_new(int n, int me, size_t piece) {
   mn_shm_t *s = calloc(1, sizeof(*s));
   if (s == NULL) return NULL;
@@ -97,8 +108,7 @@ static mn_shm_t *shm_new(int n, int me, size_t piece) {
   s->data_off = data_offset(n);
   s->size = region_size(n, piece);
   s->spin_us = spin_default(n);
-  const char *y = getenv("MONARCH_COLL_YIELD_US");
-  s->yield_us = y != NULL && *y ? atoi(y) : YIELD_US_DEFAULT;
+  s->yield_us = yield_default(n);
   return s;
 }
 
@@ -280,10 +290,12 @@ static int wait_all(mn_shm_t *s, const mn_shm_op_t *op, uint64_t target, char *e
     if ((j = laggard(s, j, target)) == s->n) return 0;
     if ((i & 255) == 0 && mn_now_us() - start > s->spin_us) break;
   }
-  /* Then yield: on a shared core this lets the member we wait for run now rather than at the next tick. */
+  /* Then yield: on a shared core this lets the member we wait for run now rather than at the next tick.
+   * An abort or a cancel ends it at once: the loop below reports them. */
   for (int64_t t0 = mn_now_us(); s->yield_us > 0 && mn_now_us() - t0 < s->yield_us;) {
     sched_yield();
     if ((j = laggard(s, j, target)) == s->n) return 0;
+    if (atomic_load(&h->aborted) || (op->cancel != NULL && atomic_load(op->cancel))) break;
   }
   int sleep_ms = SLEEP_MIN_MS, rc;
   for (;;) {
@@ -349,12 +361,24 @@ static int check_headers(const mn_shm_t *s, const mn_shm_op_t *op, char *err, si
   return 0;
 }
 
-/* out = in[0] op in[1] op ... op in[n-1] at byte offset off, l elements; member order fixes the rounding. */
-static void reduce_members(const mn_shm_t *s, int b, size_t off, char *out, size_t l, mk_dtype_t dt, int op) {
-  if (l == 0) return;
-  mn_coll_reduce(out, in_buf(s, 0, b) + off, in_buf(s, 1, b) + off, l, dt, op);
-  for (int j = 2; j < s->n; j++) mn_coll_reduce(out, out, in_buf(s, j, b) + off, l, dt, op);
-  if (op == MN_COLL_AVG) mn_coll_divide(out, l, dt, s->n);
+/*
+ * out = in[0] op in[1] op ... op in[n-1] at byte offset off, l elements of es bytes; member order fixes the
+ * rounding. `mine` is this member's own input, read in place: nobody else reads that part of its buffer, so it
+ * is never copied in. Chunk by chunk, so the partial result stays in L1 instead of going round n-1 times;
+ * `also`, when not NULL, receives a copy of each finished chunk.
+ */
+static void reduce_members(const mn_shm_t *s, int b, size_t off, const char *mine, char *out, char *also, size_t l,
+                           size_t es, mk_dtype_t dt, int op) {
+  size_t per = REDUCE_CHUNK / es;
+  for (size_t i = 0; i < l; i += per) {
+    size_t m = l - i < per ? l - i : per, at = off + i * es;
+    const char *own = mine + i * es;
+    char *o = out + i * es;
+    mn_coll_reduce(o, s->me == 0 ? own : in_buf(s, 0, b) + at, s->me == 1 ? own : in_buf(s, 1, b) + at, m, dt, op);
+    for (int j = 2; j < s->n; j++) mn_coll_reduce(o, o, j == s->me ? own : in_buf(s, j, b) + at, m, dt, op);
+    if (op == MN_COLL_AVG) mn_coll_divide(o, m, dt, s->n);
+    if (also != NULL) memcpy(also + i * es, o, m * es); /* while it is in L1 */
+  }
 }
 
 typedef struct {
@@ -362,13 +386,23 @@ typedef struct {
   int b;       /* staging buffer */
 } piece_at_t;
 
+/* 1 when this member reads its own segment of all_reduce piece p from its tensor instead of copying it in. */
+static int own_in_place(const mn_shm_op_t *op, piece_at_t p) { return p.l * op->esize >= OWN_IN_PLACE_MIN; }
+
 static void copy_in(mn_shm_t *s, const mn_shm_op_t *op, piece_at_t p) {
   size_t es = op->esize;
   char *mine = in_buf(s, s->me, p.b);
   switch (op->hdr->kind) {
-  case MN_COLL_ALL_REDUCE: memcpy(mine, op->data + p.o * es, p.l * es); break;
+  case MN_COLL_ALL_REDUCE: { /* all but the segment this member reduces, which it can read from its tensor */
+    size_t first, len;
+    mn_coll_segment(p.l, s->n, s->me, &first, &len);
+    if (!own_in_place(op, p)) first = p.l, len = 0;
+    memcpy(mine, op->data + p.o * es, first * es);
+    memcpy(mine + (first + len) * es, op->data + (p.o + first + len) * es, (p.l - first - len) * es);
+    break;
+  }
   case MN_COLL_ALL_GATHER: memcpy(mine, op->src + p.o * es, p.l * es); break;
-  case MN_COLL_REDUCE_SCATTER: /* this piece of every member's block, block after block */
+  case MN_COLL_REDUCE_SCATTER: /* this piece of every member's block, block after block (dst may lie in src) */
     for (int i = 0; i < s->n; i++) memcpy(mine + (size_t)i * p.l * es, op->src + ((size_t)i * op->count + p.o) * es, p.l * es);
     break;
   default: break;
@@ -382,7 +416,10 @@ static void reduce(mn_shm_t *s, const mn_shm_op_t *op, piece_at_t p) {
   case MN_COLL_ALL_REDUCE: {
     size_t first, len;
     mn_coll_segment(p.l, s->n, s->me, &first, &len);
-    reduce_members(s, p.b, first * es, res_buf(s, p.b) + first * es, len, (mk_dtype_t)h->dtype, h->op);
+    const char *own = own_in_place(op, p) ? op->data + (p.o + first) * es : in_buf(s, s->me, p.b) + first * es;
+    /* The result of its own segment goes straight into its tensor too: copy_out skips it. */
+    reduce_members(s, p.b, first * es, own, res_buf(s, p.b) + first * es, op->data + (p.o + first) * es, len, es,
+                   (mk_dtype_t)h->dtype, h->op);
     break;
   }
   case MN_COLL_BROADCAST:
@@ -392,9 +429,12 @@ static void reduce(mn_shm_t *s, const mn_shm_op_t *op, piece_at_t p) {
     for (int j = 0; j < s->n; j++)
       if (j != s->me) memcpy(op->data + ((size_t)j * op->count + p.o) * es, in_buf(s, j, p.b), p.l * es);
     break;
-  case MN_COLL_REDUCE_SCATTER:
-    reduce_members(s, p.b, (size_t)s->me * p.l * es, op->data + p.o * es, p.l, (mk_dtype_t)h->dtype, h->op);
+  case MN_COLL_REDUCE_SCATTER: {
+    size_t off = (size_t)s->me * p.l * es;
+    reduce_members(s, p.b, off, in_buf(s, s->me, p.b) + off, op->data + p.o * es, NULL, p.l, es, (mk_dtype_t)h->dtype,
+                   h->op);
     break;
+  }
   default: break;
   }
 }
@@ -404,8 +444,12 @@ static int copies_out(const mn_shm_t *s, const mn_shm_op_t *op) {
   return op->hdr->kind == MN_COLL_ALL_REDUCE || (op->hdr->kind == MN_COLL_BROADCAST && s->me != (int)op->hdr->root);
 }
 
+/* all_reduce: all but this member's own segment, which reduce() already wrote into its tensor. */
 static void copy_out(mn_shm_t *s, const mn_shm_op_t *op, piece_at_t p) {
-  memcpy(op->data + p.o * op->esize, res_buf(s, p.b), p.l * op->esize);
+  size_t es = op->esize, first = p.l, len = 0;
+  if (op->hdr->kind == MN_COLL_ALL_REDUCE) mn_coll_segment(p.l, s->n, s->me, &first, &len);
+  memcpy(op->data + p.o * es, res_buf(s, p.b), first * es);
+  memcpy(op->data + (p.o + first + len) * es, res_buf(s, p.b) + (first + len) * es, (p.l - first - len) * es);
 }
 
 int mn_shm_run(mn_shm_t *s, const mn_shm_op_t *op, char *err, size_t errlen, int *mismatch) {
