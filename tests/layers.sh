@@ -6,7 +6,9 @@
 # (so a failure is the layering, not broken flags). Prints one line; exit 1 on a leak.
 set -u
 cd "$(dirname "$0")/.."
-pkg=$(make -s print-PKG_CFLAGS)
+# Run from `make test` too (a recursive make): its flags must not add "Entering directory" lines.
+mk() { env -u MAKEFLAGS -u MAKELEVEL -u MFLAGS make --no-print-directory -s "$@"; }
+pkg=$(mk print-PKG_CFLAGS)
 # layer: headers it may include | headers it must not
 rules=(
   "core:wire.h msg.h err.h|collective.h exec.h agent.h ctl.h"
@@ -19,7 +21,7 @@ bad=0 checked=0
 probe() { printf '#include "%s"\n' "$2" | ${CC:-cc} -fsyntax-only -D_GNU_SOURCE -x c - $1 $pkg 2>/dev/null; }
 for r in "${rules[@]}"; do
   layer=${r%%:*} rest=${r#*:} may=${rest%%|*} mustnot=${rest#*|}
-  inc=$(make -s "print-INC_$layer")
+  inc=$(mk "print-INC_$layer")
   for h in $may; do
     checked=$((checked + 1))
     probe "$inc" "$h" || { echo "layers: $layer cannot include its own or a lower header $h"; bad=1; }

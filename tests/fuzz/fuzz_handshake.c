@@ -272,8 +272,12 @@ static void client_structured(in_t *in, msgpack_zone *z) {
     uint8_t raw[32];
     for (int i = 0; i < 32; i++) raw[i] = take(in);
     ok &= pack_field(&pk, in, raw, ns_sent);
-    if (take(in) & 1) mn_pack_cstr(&pk, "proc");
-    else msgpack_pack_nil(&pk); /* the role is informational: not checked */
+    if (take(in) & 1) {
+      mn_pack_cstr(&pk, "proc");
+    } else {
+      msgpack_pack_nil(&pk); /* HELLO's layout wants role as a str (msg.c checks it) */
+      ok = 0;
+    }
     pack_extra(&pk, extra);
   }
   mn_frame_end(&hello, start);
