@@ -19,30 +19,40 @@ static void adopt_session(mn_cancel_t *c, uint64_t session) {
   if (c->session == session) return;
   c->session = session;
   c->n = 0;
+  atomic_store(&c->npending, 0);
 }
 
+/*
+ * The executor takes the lock only when a request is pending or hit its
+ * call: each side publishes its half (running; npending) before it reads the
+ * other's, so with sequentially consistent atomics at least one of them sees
+ * the other and the lock then orders them.
+ */
 int mn_cancel_request(mn_cancel_t *c, uint64_t session, uint64_t seq) {
   int rc = 0;
   pthread_mutex_lock(&c->lock);
   adopt_session(c, session);
-  if (c->running == seq && seq != 0) {
-    c->hit = 1;
-    atomic_store(c->flag, 1);
-    rc = 1;
-  } else if (c->n == MN_CANCEL_MAX) {
+  if (c->n == MN_CANCEL_MAX) {
     rc = MN_ELIMIT;
   } else {
     c->seqs[c->n++] = seq;
+    atomic_fetch_add(&c->npending, 1);
+    if (seq != 0 && atomic_load(&c->running) == seq) {
+      atomic_store(&c->hit, 1);
+      atomic_store(c->flag, 1);
+      rc = 1;
+    }
   }
   pthread_mutex_unlock(&c->lock);
   return rc;
 }
 
 int mn_cancel_begin(mn_cancel_t *c, uint64_t session, uint64_t seq) {
+  atomic_store(&c->running, seq);
+  if (atomic_load(&c->npending) == 0) return 0; /* the common case: nothing was asked */
   int found = 0;
   pthread_mutex_lock(&c->lock);
   adopt_session(c, session);
-  c->running = seq;
   for (int i = 0; i < c->n;) {
     if (c->seqs[i] <= seq) {
       found |= c->seqs[i] == seq;
@@ -51,15 +61,16 @@ int mn_cancel_begin(mn_cancel_t *c, uint64_t session, uint64_t seq) {
       i++;
     }
   }
+  atomic_store(&c->npending, c->n);
   pthread_mutex_unlock(&c->lock);
   return found;
 }
 
 int mn_cancel_end(mn_cancel_t *c) {
-  pthread_mutex_lock(&c->lock);
-  int hit = c->hit;
-  c->running = 0;
-  c->hit = 0;
+  atomic_store(&c->running, 0);
+  if (atomic_load(&c->npending) == 0 && !atomic_load(&c->hit)) return 0;
+  pthread_mutex_lock(&c->lock); /* a request may be setting the flag: let it finish, then clear it */
+  int hit = atomic_exchange(&c->hit, 0);
   if (hit) atomic_store(c->flag, 0);
   pthread_mutex_unlock(&c->lock);
   return hit;

@@ -4,10 +4,10 @@
  * The I/O thread records requests; the executor asks, before each call,
  * whether it was cancelled (then it answers without running it) and marks
  * it running, so a request for the running call sets the kernel's cancel
- * flag (mk_cancelled, proc.cancelled) instead. One lock orders the two
- * sides, so a request never falls between "not cancelled yet" and
- * "running", and a late request for a call that ended never reaches the
- * next one.
+ * flag (mk_cancelled, proc.cancelled) instead. A request never falls
+ * between "not cancelled yet" and "running", and a late request for a call
+ * that ended never reaches the next one; the executor takes the lock only
+ * when a request is pending (cancel.c says how).
  */
 #ifndef MN_CANCEL_H
 #define MN_CANCEL_H
@@ -23,8 +23,9 @@ typedef struct {
   uint64_t session;        /* the session the recorded sequence numbers belong to */
   uint64_t seqs[MN_CANCEL_MAX]; /* cancelled and not yet reached, in no order */
   int n;
-  uint64_t running;         /* seq of the call running now (0: none) */
-  int hit;                  /* the running call was asked to stop */
+  _Atomic uint64_t running; /* seq of the call running now (0: none) */
+  atomic_int hit;           /* the running call was asked to stop */
+  atomic_int npending;      /* n, for the executor's look without the lock */
   atomic_int *flag;         /* the executor's cancel flag, which kernels poll */
 } mn_cancel_t;
 
