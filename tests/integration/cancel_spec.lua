@@ -21,14 +21,7 @@ local function kind_of(f)
   return err.kind, err
 end
 
--- Running (a zombie waiting for its parent to reap it does not count).
-local function alive(pid)
-  local f = io.open("/proc/" .. pid .. "/stat")
-  if not f then return false end
-  local st = f:read("*a"):match("%) (%a)")
-  f:close()
-  return st ~= nil and st ~= "Z"
-end
+local alive = require("procstat").alive
 
 -- Runs the loop until pred() or `limit` seconds; returns the seconds it took (nil: never).
 local function wait_for(pred, limit)

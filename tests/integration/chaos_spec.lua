@@ -3,13 +3,7 @@
 -- and no process is left behind.
 local monarch = require "monarch"
 
-local function alive(pid)
-  local f = io.open("/proc/" .. pid .. "/stat")
-  if not f then return false end
-  local st = f:read("*a"):match("%) (%a)")
-  f:close()
-  return st ~= nil and st ~= "Z"
-end
+local alive = require("procstat").alive
 
 describe("chaos", function()
   it("keeps every call exactly-once or clearly failed while procs die at random", function()

@@ -10,14 +10,7 @@ local function sh(cmd)
   return out:gsub("::rc=%d+%s*$", ""), rc
 end
 
--- Running (a zombie waiting for init to reap it does not count).
-local function alive(pid)
-  local f = io.open("/proc/" .. pid .. "/stat")
-  if not f then return false end
-  local st = f:read("*a"):match("%) (%a)")
-  f:close()
-  return st ~= nil and st ~= "Z"
-end
+local alive = require("procstat").alive
 
 describe("monarch-run", function()
   it("prints usage with --help and exits 0", function()

@@ -12,14 +12,7 @@ local function fails(fn)
 end
 
 local function sh(cmd) return os.execute(cmd .. " >/dev/null 2>&1") == 0 end
--- Running (a zombie waiting for init to reap it does not count).
-local function alive(pid)
-  local f = io.open("/proc/" .. pid .. "/stat")
-  if not f then return false end
-  local st = f:read("*a"):match("%) (%a)")
-  f:close()
-  return st ~= nil and st ~= "Z"
-end
+local alive = require("procstat").alive
 
 describe("failure handling", function()
   setup(function()

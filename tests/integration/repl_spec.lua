@@ -16,14 +16,7 @@ end
 
 local sleep = pty.sleep
 
--- Running (a zombie waiting to be reaped does not count).
-local function alive(pid)
-  local f = io.open("/proc/" .. pid .. "/stat")
-  if not f then return false end
-  local st = f:read("*a"):match("%) (%a)")
-  f:close()
-  return st ~= nil and st ~= "Z"
-end
+local alive = require("procstat").alive
 
 describe("the REPL", function()
   local token, port, daemon, dir

@@ -8,13 +8,7 @@ local agent = require "agent"
 
 local function sh(cmd) return os.execute(cmd .. " >/dev/null 2>&1") == 0 end
 
-local function alive(pid)
-  local f = io.open("/proc/" .. pid .. "/stat")
-  if not f then return false end
-  local st = f:read("*a"):match("%) (%a)")
-  f:close()
-  return st ~= nil and st ~= "Z"
-end
+local alive = require("procstat").alive
 
 describe("supervision through the host agents", function()
   local daemon
