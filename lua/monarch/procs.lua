@@ -119,14 +119,19 @@ function M.kill(p, sig)
   if p.agent.state == "ready" then core.send(p.agent.conn, { MSG.KILL, p.pid, sig }) end
 end
 
--- A proc still running a call it was asked to stop, rec.grace seconds on,
--- is hung: kill it, and let its death (and a restart) take the usual path.
+-- p is hung (why says how we know): kill it first, whatever happens below,
+-- then let its death (and a restart) take the usual path, as unresponsive.
+local function declare_hung(p, why)
+  M.kill(p, 9)
+  p.unresponsive = why
+  mark_dying(p, why)
+  core.disconnect(p.conn, why)
+end
+
+-- A proc still running a call it was asked to stop, `grace` seconds on, is hung.
 require("monarch.calls").on_hung = function(p, kernel, grace)
   if p.state ~= "ready" and p.state ~= "reconnecting" then return end
-  p.unresponsive = string.format("hung: '%s' still running %gs after it was cancelled", kernel, grace)
-  core.disconnect(p.conn, p.unresponsive)
-  M.kill(p, 9)
-  mark_dying(p, p.unresponsive)
+  declare_hung(p, string.format("hung: '%s' still running %gs after it was cancelled", kernel, grace))
 end
 
 runtime.tick(function(now)
@@ -198,11 +203,8 @@ runtime.on_message(MSG.PROC_HUNG, function(m, conn)
   local a = agent_at[conn]
   local p = a and a.procs[m[2]]
   if not p or (p.state ~= "ready" and p.state ~= "reconnecting") then return end
-  M.kill(p, 9) -- first: whatever happens below, a hung proc must not stay behind
-  p.unresponsive = string.format("unresponsive (no heartbeat from its I/O thread for %.1f s, seen by its host agent)",
-    m[4] / 1000)
-  mark_dying(p, p.unresponsive)
-  core.disconnect(p.conn, p.unresponsive)
+  declare_hung(p, string.format("unresponsive (no heartbeat from its I/O thread for %.1f s, seen by its host agent)",
+    m[4] / 1000))
 end)
 
 runtime.on_message(MSG.LOG, function(m, conn)
@@ -246,10 +248,7 @@ local function proc_handler(p, conn)
       -- Silence while the agent on that host still answers: the network is
       -- fine, so the proc is hung (stopped, or stuck with its I/O thread).
       if p.agent.state == "ready" and tostring(reason):find("no heartbeat", 1, true) then
-        p.unresponsive = "unresponsive (" .. tostring(reason):gsub("^connection lost: ", "") .. ")"
-        core.disconnect(p.conn, p.unresponsive)
-        M.kill(p, 9)
-        mark_dying(p, p.unresponsive)
+        declare_hung(p, "unresponsive (" .. tostring(reason):gsub("^connection lost: ", "") .. ")")
       end
     end,
     on_reconnected = function()
