@@ -477,6 +477,7 @@ static void conn_lost(mn_conn_t *k, const char *why) {
   }
   if (k->state == MN_CS_READY) {
     k->state = MN_CS_RECONNECTING;
+    uv_update_time(&c->loop); /* lost may be called from the script, between waits */
     k->lost_at = uv_now(&c->loop);
     k->attempt = 0;
     snprintf(k->reason, sizeof(k->reason), "connection lost: %s", why);
@@ -641,6 +642,9 @@ static void start_link(mn_conn_t *k) {
   l->k = k;
   l->tcp.data = l;
   l->req.data = l;
+  /* The loop's clock stands still while the script runs between waits: read
+   * the time afresh, or a stale start ends the handshake at the next tick. */
+  uv_update_time(&c->loop);
   l->started = uv_now(&c->loop);
   uv_tcp_init(&c->loop, &l->tcp);
   k->link = l;
@@ -702,7 +706,10 @@ static void on_heartbeat(uv_timer_t *t) {
   int stalled = c->last_tick != 0 && now - c->last_tick > c->hb_ms + c->hb_timeout_ms / 2;
   c->last_tick = now;
   if (stalled)
-    for (int i = 1; i <= c->nconns; i++) c->conns[i]->last_rx = now;
+    for (int i = 1; i <= c->nconns; i++) {
+      c->conns[i]->last_rx = now;
+      if (c->conns[i]->link) c->conns[i]->link->started = now;
+    }
   for (int i = 1; i <= c->nconns; i++) {
     mn_conn_t *k = c->conns[i];
     if ((k->state == MN_CS_HELLO || k->state == MN_CS_WELCOME || k->state == MN_CS_CONNECTING) && k->link &&

@@ -39,6 +39,16 @@ describe("supervision through the host agents", function()
     assert.are.equal(7, m:call_one("echo", 7):get(5))
   end)
 
+  -- The loop's clock stands still while the script blocks; a connect that read
+  -- it stale timed its handshake out at once (a CI failure of this spec).
+  it("connects to an agent after the script blocked longer than the handshake timeout", function()
+    local m0 = mesh(1) -- a live connection, so heartbeats tick
+    os.execute("sleep 5.5")
+    local m = mesh(1)
+    assert.are.equal(7, m:call_one("echo", 7):get(5))
+    assert.are.equal(8, m0:call_one("echo", 8):get(5))
+  end)
+
   it("has the agent report a stopped proc; the controller kills it and names it unresponsive", function()
     monarch.configure{ heartbeat_timeout = 1.0 }
     finally(function() monarch.configure{ heartbeat_timeout = 3.0 } end)
