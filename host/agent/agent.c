@@ -123,6 +123,7 @@ static void session_end(asession_t *s) {
   if (*pp) *pp = s->next;
   if (s->conn) s->conn->session = NULL;
   mn_buf_free(&s->backlog);
+  mn__agent_relay_session_gone(s);
   free(s);
   mn__agent_maybe_exit(a);
 }
@@ -312,6 +313,7 @@ static void handle(aconn_t *c, const msgpack_object *m) {
   case MN_MSG_DETACH: mn__agent_handle_detach(c, m); break;
   case MN_MSG_LIST: mn__agent_handle_list(c, m); break;
   case MN_MSG_STATUS: mn__agent_handle_status(c, m); break;
+  case MN_MSG_CAST: mn__agent_handle_cast(c, m); break;
   case MN_MSG_PING: {
     const msgpack_object *id;
     /* A PING of another shape is ignored: nobody waits for its answer. */
@@ -351,10 +353,10 @@ static void conn_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
     char err[256];
     msgpack_object m;
     /* Before authentication only a small frame is acceptable. */
-    int64_t len = mn_frame_peek(c->in.data + off, c->in.len - off, c->ready ? (1u << 20) : 4096, &body);
+    int64_t len = mn_frame_peek(c->in.data + off, c->in.len - off, c->ready ? MN_MAX_FRAME : 4096, &body);
     if (len == MN_EAGAIN) break;
     if (len < 0) {
-      mn__agent_refuse(c, MN_EFRAME, c->ready ? "frame exceeds the agent's limit (1 MiB)" : "handshake frame too large");
+      mn__agent_refuse(c, MN_EFRAME, c->ready ? "frame exceeds MN_MAX_FRAME" : "handshake frame too large");
       return;
     }
     off += MN_FRAME_HEADER + (size_t)len;
@@ -475,6 +477,7 @@ int mn_agent_main(const mn_agent_opts_t *o) {
   while (a->sessions) session_end(a->sessions);
   uv_walk(a->loop, walk_kill_parked, NULL);
   uv_close((uv_handle_t *)&a->tick, NULL);
+  mn__agent_relay_close(a);
   if (a->hang_period != 0) uv_close((uv_handle_t *)&a->hang_timer, NULL);
   uv_close((uv_handle_t *)&a->server, NULL);
   uv_close((uv_handle_t *)&sigterm, NULL);

@@ -17,7 +17,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <unistd.h>
 #include <uv.h>
 
@@ -31,6 +33,8 @@
 #define MN_AGENT_SPIN_US 50       /* a proc's executor busy-wait while the host has a core per proc */
 #define MN_STATUS_MS_MAX 1000     /* longest interval between a proc's status lines */
 #define MN_STATUS_MS_MIN 20       /* shortest, however short the hang timeout */
+#define MN_RELAY_FLUSH_MS 1        /* cast results wait at most this long for their siblings */
+#define MN_RELAY_BATCH (256u << 10) /* a RESULTS frame this large goes at once */
 
 typedef struct aconn_s aconn_t;
 typedef struct asession_s asession_t;
@@ -71,6 +75,8 @@ typedef struct {
     uint64_t at;
   } exits[MN_EXITS_KEPT];
   int nexits;          /* total recorded; the ring holds the last MN_EXITS_KEPT */
+  uv_timer_t relay_timer; /* flushes cast results that wait for slower siblings */
+  int relay_timer_on;
 } agent_t;
 
 struct asession_s {
@@ -81,6 +87,9 @@ struct asession_s {
   mn_buf_t backlog;   /* events to deliver when it comes back */
   int ended;          /* GOODBYE or grace expired: procs are being killed */
   uint64_t hang_ms;   /* a proc silent this long is reported (PROC_HUNG); 0: not watched */
+  mn_buf_t batch;     /* RESULTS being gathered from its procs' relays */
+  uint32_t nbatch;    /* entries in it */
+  int64_t relayed;    /* cast CALLs handed to its procs and not answered yet */
   asession_t *next;
 };
 
@@ -120,6 +129,11 @@ typedef struct {
   uint64_t last_status; /* uv_now of its last status line (or of its spawn) */
   uint64_t hang_ms;     /* its session's hang timeout when it was spawned (its status lines keep that pace) */
   int hung;             /* reported by PROC_HUNG, and no line since */
+  uv_pipe_t relay;      /* our end of its --relay-fd socketpair: cast CALLs in, their RESULTs out */
+  int relay_open;
+  mn_buf_t rin;         /* relay bytes read, not yet a whole frame */
+  uint64_t tag;         /* the controller's name for it in CAST and RESULTS */
+  int64_t relayed;      /* cast CALLs handed to it and not answered yet */
 } aproc_t;
 
 /* ---- agent.c ------------------------------------------------------------------------------ */
@@ -133,6 +147,8 @@ void mn__agent_session_send(asession_t *s, const mn_buf_t *b);
 /* ---- agent_proc.c ------------------------------------------------------------------------- */
 
 void mn__agent_send_spawn_failed(asession_t *c, uint64_t req, int index, const char *msg);
+/* Close callback of each of a proc's handles; the last one frees it. */
+void mn__agent_proc_handle_closed(uv_handle_t *h);
 /*
  * Starts one proc. Where the user set none: threads is its BLAS/OpenMP
  * thread count, spin_us its executor's busy-wait (MONARCH_SPIN_US); -1
@@ -143,6 +159,17 @@ int mn__agent_spawn_one(asession_t *c, uint64_t req, int index, int rank, int wo
                         int spin_us);
 /* Starts (or speeds up) the check of procs' status lines for a session whose hang_ms is set. */
 void mn__agent_watch_hangs(agent_t *a, uint64_t hang_ms);
+
+/* ---- agent_relay.c ------------------------------------------------------------------------ */
+
+/* Opens our end (fd) of p's relay and starts reading its RESULTs; 0 or libuv's code. */
+int mn__agent_relay_open(aproc_t *p, int fd);
+/* p exited: its unanswered casts will not be answered (the controller hears of its death). */
+void mn__agent_relay_proc_gone(aproc_t *p);
+/* CAST: hands each named proc of the session its CALL. */
+void mn__agent_handle_cast(aconn_t *c, const msgpack_object *m);
+void mn__agent_relay_session_gone(asession_t *s);
+void mn__agent_relay_close(agent_t *a);
 
 /* ---- agent_persist.c ---------------------------------------------------------------------- */
 

@@ -3,7 +3,7 @@
 
 /* ---- procs ----------------------------------------------------------------- */
 
-static void proc_handle_closed(uv_handle_t *h) {
+void mn__agent_proc_handle_closed(uv_handle_t *h) {
   aproc_t *p = h->data;
   if (--p->open_handles == 0) {
     agent_t *a = p->a;
@@ -46,8 +46,9 @@ static void on_proc_exit(uv_process_t *h, int64_t status, int sig) {
     }
   }
   mn__agent_persist_unmark(p);
-  uv_close((uv_handle_t *)&p->proc, proc_handle_closed);
-  if (!uv_is_closing((uv_handle_t *)&p->pipe)) uv_close((uv_handle_t *)&p->pipe, proc_handle_closed);
+  mn__agent_relay_proc_gone(p);
+  uv_close((uv_handle_t *)&p->proc, mn__agent_proc_handle_closed);
+  if (!uv_is_closing((uv_handle_t *)&p->pipe)) uv_close((uv_handle_t *)&p->pipe, mn__agent_proc_handle_closed);
 }
 
 static void pipe_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf) {
@@ -82,7 +83,7 @@ static void on_port(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
   aproc_t *p = s->data;
   (void)buf;
   if (n < 0) {
-    uv_close((uv_handle_t *)&p->pipe, proc_handle_closed);
+    uv_close((uv_handle_t *)&p->pipe, mn__agent_proc_handle_closed);
     return;
   }
   p->blen += (size_t)n;
@@ -106,7 +107,7 @@ static void on_port(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
     take_status(p);
     return; /* the pipe stays open for status lines */
   }
-  uv_close((uv_handle_t *)&p->pipe, proc_handle_closed);
+  uv_close((uv_handle_t *)&p->pipe, mn__agent_proc_handle_closed);
 }
 
 /* Sends [LOG, rank, stream, text] for the complete lines in b (all of b if `all`). */
@@ -142,7 +143,7 @@ static void log_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
   (void)buf;
   if (n > 0) b->len += (size_t)n;
   forward_lines(p, stream, b, n < 0);
-  if (n < 0) uv_close((uv_handle_t *)s, proc_handle_closed);
+  if (n < 0) uv_close((uv_handle_t *)s, mn__agent_proc_handle_closed);
 }
 
 /* ---- hangs: a proc's I/O thread writes a status line every MONARCH_STATUS_MS ---- */
@@ -249,7 +250,7 @@ int mn__agent_spawn_one(asession_t *c, uint64_t req, int index, int rank, int wo
   snprintf(sdevice, sizeof(sdevice), "%d", device);
   /* A GPU proc gets "--device D" (it pins itself); a CPU proc ends the list there. */
   char *args[] = {(char *)a->o->exe, "--proc", "--rank", srank, "--world", sworld, "--bind", a->host,
-                  "--parent", sparent, "--port-fd", "3", "--orphan-timeout", sorphan,
+                  "--parent", sparent, "--port-fd", "3", "--relay-fd", "4", "--orphan-timeout", sorphan,
                   device >= 0 ? "--device" : NULL, sdevice, NULL};
   uv_pipe_init(a->loop, &p->pipe, 0);
   uv_pipe_init(a->loop, &p->out, 0);
@@ -259,7 +260,13 @@ int mn__agent_spawn_one(asession_t *c, uint64_t req, int index, int rank, int wo
   p->started = p->last_status = uv_now(a->loop);
   p->hang_ms = c->hang_ms;
   snprintf(p->running, sizeof(p->running), "-");
-  uv_stdio_container_t stdio[4];
+  int sv[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+    free(p);
+    free(env);
+    return uv_translate_sys_error(errno);
+  }
+  uv_stdio_container_t stdio[5];
   stdio[0].flags = UV_IGNORE;
   stdio[1].flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE;
   stdio[1].data.stream = (uv_stream_t *)&p->out;
@@ -267,6 +274,8 @@ int mn__agent_spawn_one(asession_t *c, uint64_t req, int index, int rank, int wo
   stdio[2].data.stream = (uv_stream_t *)&p->err;
   stdio[3].flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE;
   stdio[3].data.stream = (uv_stream_t *)&p->pipe;
+  stdio[4].flags = UV_INHERIT_FD; /* the relay: dup'ed to fd 4 in the child, without CLOEXEC */
+  stdio[4].data.fd = sv[1];
   uv_process_options_t po;
   memset(&po, 0, sizeof(po));
   po.file = a->o->exe;
@@ -274,20 +283,23 @@ int mn__agent_spawn_one(asession_t *c, uint64_t req, int index, int rank, int wo
   po.env = env;
   po.exit_cb = on_proc_exit;
   po.stdio = stdio;
-  po.stdio_count = 4;
+  po.stdio_count = 5;
   int rc = uv_spawn(a->loop, &p->proc, &po);
   free(env); /* the child has exec'd (or failed to) by now */
+  close(sv[1]);
   if (rc != 0) {
+    close(sv[0]);
     p->open_handles = 3;
     p->owner = NULL;
     a->nprocs++;
-    uv_close((uv_handle_t *)&p->pipe, proc_handle_closed);
-    uv_close((uv_handle_t *)&p->out, proc_handle_closed);
-    uv_close((uv_handle_t *)&p->err, proc_handle_closed);
+    uv_close((uv_handle_t *)&p->pipe, mn__agent_proc_handle_closed);
+    uv_close((uv_handle_t *)&p->out, mn__agent_proc_handle_closed);
+    uv_close((uv_handle_t *)&p->err, mn__agent_proc_handle_closed);
     return rc;
   }
-  p->open_handles = 4;
+  p->open_handles = 5;
   a->nprocs++;
+  mn__agent_relay_open(p, sv[0]); /* on failure the proc still serves, only not through casts */
   uv_read_start((uv_stream_t *)&p->pipe, pipe_alloc, on_port);
   uv_read_start((uv_stream_t *)&p->out, log_alloc, log_read);
   uv_read_start((uv_stream_t *)&p->err, log_alloc, log_read);

@@ -12,7 +12,7 @@
 
 static const char usage[] =
     "usage: monarch-worker [--listen HOST:PORT] [--once] [--parent PID] [--port-fd FD]\n"
-    "       monarch-worker --proc --rank R --world W --bind HOST [--parent PID] [--port-fd FD] [--device D]\n"
+    "       monarch-worker --proc --rank R --world W --bind HOST [--parent PID] [--port-fd FD] [--relay-fd FD] [--device D]\n"
     "\n"
     "Runs a Monarch host agent: it authenticates controllers with the cluster\n"
     "token (MONARCH_TOKEN, or the file in MONARCH_TOKEN_FILE) and spawns procs.\n"
@@ -36,7 +36,7 @@ static int parse_int(const char *s, const char *flag, int *out) {
 
 int main(int argc, char **argv) {
   static char prefix[PATH_MAX], exe[PATH_MAX + 32], host[256] = "127.0.0.1";
-  int proc = 0, rank = 0, world = 1, parent = 0, port_fd = -1, port = 0, once = 0, device = -1;
+  int proc = 0, rank = 0, world = 1, parent = 0, port_fd = -1, relay_fd = -1, port = 0, once = 0, device = -1;
   double orphan = 10.0;
   const char *bind = "127.0.0.1";
   for (int i = 1; i < argc; i++) {
@@ -48,6 +48,7 @@ int main(int argc, char **argv) {
     else if (strcmp(a, "--world") == 0) rc = parse_int(v, a, &world), i++;
     else if (strcmp(a, "--parent") == 0) rc = parse_int(v, a, &parent), i++;
     else if (strcmp(a, "--port-fd") == 0) rc = parse_int(v, a, &port_fd), i++;
+    else if (strcmp(a, "--relay-fd") == 0) rc = parse_int(v, a, &relay_fd), i++;
     else if (strcmp(a, "--device") == 0) rc = parse_int(v, a, &device), i++;
     else if (strcmp(a, "--bind") == 0 && v) bind = v, i++;
     else if (strcmp(a, "--orphan-timeout") == 0 && v) orphan = atof(v), i++;
@@ -74,7 +75,7 @@ int main(int argc, char **argv) {
     return 2;
   }
   if (proc) {
-    mn_proc_opts_t o = {bind, rank, world, parent, port_fd, orphan, prefix, device};
+    mn_proc_opts_t o = {bind, rank, world, parent, port_fd, orphan, prefix, device, relay_fd};
     return mn_proc_main(&o);
   }
   snprintf(exe, sizeof(exe), "%s/bin/monarch-worker", prefix);

@@ -258,9 +258,12 @@ static int l_call(lua_State *L) {
       lua_pop(L, 1);
     }
     mn_conn_t *k = ready_conn(L, c, id, 1);
-    if (mn_ctl_call(&c->ctl, k, b->data, b->len, call, i) != 0) return luaL_error(L, "out of memory queueing a call");
+    /* A mesh-wide call goes through the host agents, one frame per host (ctl_cast.c). */
+    if (mn_ctl_cast_add(&c->ctl, k, b->data, b->len, call, i, n >= MN_CAST_MIN_TARGETS) != 0)
+      return luaL_error(L, "out of memory queueing a call");
     if (mn_ctl_inflight(k) > deepest) deepest = mn_ctl_inflight(k);
   }
+  if (mn_ctl_cast_end(&c->ctl, b->data, b->len) != 0) return luaL_error(L, "out of memory queueing a cast");
   /* The deepest queue among the targets: Lua holds back past its window. */
   lua_pushnumber(L, (lua_Number)deepest);
   return 1;
@@ -276,7 +279,8 @@ static int l_call_as(lua_State *L) {
   const char *kernel = luaL_checklstring(L, 4, &kl);
   encode_call(L, c, kernel, kl, 5);
   mn_conn_t *k = ready_conn(L, c, id, 1);
-  if (mn_ctl_call(&c->ctl, k, c->scratch.data, c->scratch.len, call, slot) != 0)
+  if (mn_ctl_call(&c->ctl, k, c->scratch.data, c->scratch.len, call, slot) != 0 ||
+      mn_ctl_cast_end(&c->ctl, c->scratch.data, c->scratch.len) != 0)
     return luaL_error(L, "out of memory queueing a call");
   lua_pushnumber(L, (lua_Number)mn_ctl_inflight(k));
   return 1;
@@ -354,7 +358,9 @@ static int take_result(lua_State *L, lctl_t *c, mn_conn_t *k, const msgpack_obje
     mn_ctl_refuse(&c->ctl, k, err);
     return MN_EPROTO;
   }
-  if (mn_ctl_take_result(k, r.seq, &p) != 0) {
+  int taken = mn_ctl_take_result(k, r.seq, &p);
+  if (taken == 1) return n; /* a second answer to a resent call: the first one counted */
+  if (taken != 0) {
     mn_ctl_refuse(&c->ctl, k, "proc sent a RESULT that matches no call in flight");
     return MN_EPROTO;
   }
@@ -378,6 +384,24 @@ static int is_heartbeat(const msgpack_object *m) {
          id->type == MSGPACK_OBJECT_POSITIVE_INTEGER && id->via.u64 >= MN_HB_PING_BASE;
 }
 
+/* A RESULTS frame from agent conn `agent`: each of its procs' results as if the proc had sent it. */
+static int take_results(lua_State *L, lctl_t *c, mn_conn_t *a, int agent, const msgpack_object *m, int ev, int n) {
+  char err[300];
+  uint32_t nr;
+  if (mn_msg_parse_results(m, &nr, err, sizeof(err)) != 0) {
+    mn_ctl_refuse(&c->ctl, a, err);
+    return MN_EPROTO;
+  }
+  for (uint32_t i = 0; i < nr; i++) {
+    const msgpack_object *e = &m->via.array.ptr[1 + 2 * i];
+    mn_conn_t *k = mn_ctl_relayed_conn(&c->ctl, agent, e[0].via.u64);
+    if (k == NULL) continue; /* a proc closed since (its calls failed with it) */
+    int r = take_result(L, c, k, &e[1], ev, n);
+    if (r >= 0) n = r; /* a bad one closed its proc's conn; the others stand */
+  }
+  return n;
+}
+
 /* Decodes the frames waiting on conn `id` into ev; returns the new count. */
 static int drain_conn(lua_State *L, lctl_t *c, int id, int ev, int n) {
   mn_conn_t *k = mn_ctl_conn(&c->ctl, id);
@@ -393,6 +417,10 @@ static int drain_conn(lua_State *L, lctl_t *c, int id, int ev, int n) {
     }
     if (mn_msg_type(&m) == MN_MSG_RESULT && mn_ctl_conn_kind(k) == MN_CONN_PROC) {
       int r = take_result(L, c, k, &m, ev, n);
+      if (r < 0) break;
+      n = r;
+    } else if (mn_msg_type(&m) == MN_MSG_RESULTS && mn_ctl_conn_kind(k) == MN_CONN_AGENT) {
+      int r = take_results(L, c, k, id, &m, ev, n);
       if (r < 0) break;
       n = r;
     } else if (!is_heartbeat(&m)) {
@@ -468,6 +496,30 @@ static int l_poll(lua_State *L) {
     }
   mn_ctl_events_done(ctl);
   lua_pushinteger(L, n);
+  return 1;
+}
+
+/* core.relay(proc_conn, agent_conn, pid): that agent relays casts to that proc (it spawned it as pid). */
+static int l_relay(lua_State *L) {
+  lctl_t *c = get_ctl(L);
+  mn_conn_t *k = mn_ctl_conn(&c->ctl, (int)luaL_checkinteger(L, 1));
+  if (k == NULL) return luaL_argerror(L, 1, "no such connection");
+  mn_ctl_set_relay(&c->ctl, k, (int)luaL_checkinteger(L, 2), (int64_t)luaL_checknumber(L, 3));
+  return 0;
+}
+
+/* core.relayed(conns) -> how many calls to these conns are in flight through their agents. */
+static int l_relayed(lua_State *L) {
+  lctl_t *c = get_ctl(L);
+  luaL_checktype(L, 1, LUA_TTABLE);
+  size_t total = 0;
+  for (int i = 1, n = (int)lua_objlen(L, 1); i <= n; i++) {
+    lua_rawgeti(L, 1, i);
+    mn_conn_t *k = mn_ctl_conn(&c->ctl, (int)lua_tointeger(L, -1));
+    lua_pop(L, 1);
+    if (k != NULL) total += mn_ctl_relayed(k);
+  }
+  lua_pushnumber(L, (lua_Number)total);
   return 1;
 }
 
@@ -632,8 +684,9 @@ static int l_put_chunk(lua_State *L) {
     lua_pop(L, 1);
     lua_pushvalue(L, keep);
     int ref = luaL_ref(L, LUA_REGISTRYINDEX);
-    if (mn_ctl_call_bulk(&c->ctl, k, head, h, src + soff, len, ref, call, i) != 0)
-      return luaL_error(L, "cannot queue a bulk put on connection %d", conn);
+    int rc = mn_ctl_call_bulk(&c->ctl, k, head, h, src + soff, len, ref, call, i);
+    if (rc == MN_EAGAIN) return luaL_error(L, "a bulk put on connection %d would overtake calls still going through its host agent (core.relayed)", conn);
+    if (rc != 0) return luaL_error(L, "cannot queue a bulk put on connection %d", conn);
     if (mn_ctl_inflight(k) > deepest) deepest = mn_ctl_inflight(k);
   }
   lua_pushnumber(L, (lua_Number)deepest);
@@ -725,6 +778,7 @@ int luaopen_monarch_core(lua_State *L) {
       {"connect", l_connect},     {"disconnect", l_disconnect}, {"info", l_info},
       {"send", l_send},           {"call", l_call},           {"call_as", l_call_as}, {"put_chunk", l_put_chunk}, {"fetch_into", l_fetch_into},           {"poll", l_poll},
       {"take_pending", l_take_pending}, {"inflight", l_inflight}, {"cancel", l_cancel}, {"oldest", l_oldest},
+      {"relay", l_relay}, {"relayed", l_relayed},
       {"configure", l_configure},         {"now", l_now},             {"generate_token", l_generate_token},
       {"prefix", l_prefix},       {"sleep", l_sleep},         {"catch_interrupts", l_catch_interrupts},
       {"interrupted", l_interrupted}, {"bulk_self", l_bulk_self}, {"hold", l_hold}, {"holds", l_holds},

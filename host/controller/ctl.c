@@ -18,49 +18,6 @@
 
 /* ---- connections ----------------------------------------------------------------- */
 
-/* One TCP attempt of a connection; replaced on every reconnect. */
-typedef struct {
-  uv_tcp_t tcp;
-  uv_connect_t req;
-  int writing;       /* uv_writes in flight (each owns its bytes) */
-  mn_conn_t *k;      /* NULL once this attempt is abandoned */
-  uint64_t started;  /* uv_now when the attempt began, for the handshake deadline */
-} mn_link_t;
-
-struct mn_conn_s {
-  mn_link_t *link;
-  mn_ctl_t *ctl;
-  int id;
-  mn_conn_kind_t kind;
-  mn_conn_state_t state;
-  char host[256];
-  int port;
-  uint8_t ns[MN_NONCE_LEN], nc[MN_NONCE_LEN];
-  mn_buf_t in;       /* bytes read, not yet drained */
-  size_t in_off;     /* bytes at the front of `in` already drained (compacted lazily) */
-  mn_buf_t out;      /* frames queued, not yet written */
-  mn_buf_t unacked;  /* CALL frames (procs) without a RESULT yet, in seq order: resent after a reconnect */
-  size_t unacked_off; /* bytes at the front of `unacked` already answered (compacted lazily) */
-  int dirty;         /* on ctl's dirty list */
-  int readable;      /* on ctl's readable list */
-  int ever_ready;
-  uint64_t session;  /* random id; the same across reconnects */
-  uint64_t seq;      /* last CALL sequence number sent */
-  uint64_t acked;    /* highest seq whose RESULT arrived */
-  uint64_t ack_sent; /* highest seq announced in an ACK */
-  uint64_t last_rx;  /* uv_now of the last bytes received */
-  uint64_t lost_at;  /* uv_now when reconnecting began */
-  uint64_t reconnect_ms;
-  int attempt;
-  uv_timer_t *retry; /* pending reconnect attempt */
-  mn_pending_t *ring;
-  size_t rhead, rcount, rcap;
-  char info_host[256];
-  int64_t info_pid;
-  char reason[256];  /* why it closed, or why it is reconnecting */
-  void *data;
-};
-
 int mn__ctl_push_event(mn_ctl_t *c, mn_ev_kind_t k, int conn, int64_t a, int64_t b) {
   if (c->nevents == c->evcap) {
     size_t cap = c->evcap ? c->evcap * 2 : 64;
@@ -150,6 +107,7 @@ void mn_ctl_disconnect(mn_ctl_t *c, int id, const char *reason) {
   k->out.len = 0;
   mn_buf_free(&k->unacked);
   k->unacked_off = 0;
+  if (k->kind == MN_CONN_AGENT) mn__ctl_unrelay_agent(c, id);
   mn__ctl_push_event(c, MN_EV_CLOSED, id, 0, 0);
 }
 
@@ -157,6 +115,7 @@ static void free_conn(mn_conn_t *k) {
   mn_buf_free(&k->in);
   mn_buf_free(&k->out);
   mn_buf_free(&k->unacked);
+  mn_buf_free(&k->cast);
   free(k->ring);
   free(k);
 }
@@ -208,11 +167,12 @@ void mn_ctl_close(mn_ctl_t *c) {
   free(c->readable);
   free(c->events);
   free(c->released);
+  free(c->casting);
 }
 
 /* ---- writing ------------------------------------------------------------------ */
 
-static void set_dirty(mn_ctl_t *c, mn_conn_t *k) {
+void mn__ctl_set_dirty(mn_ctl_t *c, mn_conn_t *k) {
   if (!k->dirty) {
     k->dirty = 1;
     mark(&c->dirty, &c->ndirty, k->id);
@@ -221,7 +181,7 @@ static void set_dirty(mn_ctl_t *c, mn_conn_t *k) {
 
 int mn_ctl_send(mn_ctl_t *c, mn_conn_t *k, const char *frame, size_t n) {
   if (mn_buf_append(&k->out, frame, n) != 0) return MN_ENOMEM;
-  set_dirty(c, k);
+  mn__ctl_set_dirty(c, k);
   return 0;
 }
 
@@ -245,7 +205,7 @@ int mn_ctl_cancel(mn_ctl_t *c, mn_conn_t *k, double call) {
   return rc == 0 ? (int)n : rc;
 }
 
-static int push_pending(mn_conn_t *k, double call, int32_t slot) {
+int mn__ctl_push_pending(mn_conn_t *k, double call, int32_t slot, int relay) {
   if (k->rcount == k->rcap) {
     size_t cap = k->rcap ? k->rcap * 2 : 256;
     mn_pending_t *r = malloc(cap * sizeof(*r));
@@ -256,14 +216,15 @@ static int push_pending(mn_conn_t *k, double call, int32_t slot) {
     k->rcap = cap;
     k->rhead = 0;
   }
-  k->ring[(k->rhead + k->rcount) % k->rcap] = (mn_pending_t){call, slot};
+  k->ring[(k->rhead + k->rcount) % k->rcap] = (mn_pending_t){call, slot, relay};
   k->rcount++;
   return 0;
 }
 
 int mn_ctl_call(mn_ctl_t *c, mn_conn_t *k, char *frame, size_t n, double call, int32_t slot) {
+  if (k->on_relay > 0) return mn_ctl_cast_add(c, k, frame, n, call, slot, 0); /* behind them, the same way */
   mn_msg_set_seq(frame, k->seq + 1);
-  if (push_pending(k, call, slot) != 0) return MN_ENOMEM;
+  if (mn__ctl_push_pending(k, call, slot, 0) != 0) return MN_ENOMEM;
   if (!c->no_acks && mn_buf_append(&k->unacked, frame, n) != 0) return MN_ENOMEM;
   /* While reconnecting, the copy in `unacked` goes out once the link is back. */
   if (k->state == MN_CS_READY && mn_ctl_send(c, k, frame, n) != 0) return MN_ENOMEM;
@@ -394,8 +355,12 @@ int mn_ctl_call_bulk(mn_ctl_t *c, mn_conn_t *k, char *head, size_t n, const char
     release_ref(c, ref);
     return MN_ECLOSED;
   }
+  if (k->on_relay > 0) { /* it would overtake calls still on their way through the agent */
+    release_ref(c, ref);
+    return MN_EAGAIN;
+  }
   mn_msg_set_seq(head, k->seq + 1);
-  if (push_pending(k, call, slot) != 0) {
+  if (mn__ctl_push_pending(k, call, slot, 0) != 0) {
     release_ref(c, ref);
     return MN_ENOMEM;
   }
@@ -471,6 +436,7 @@ static void conn_lost(mn_conn_t *k, const char *why) {
   if (k->state == MN_CS_CLOSED || k->state == MN_CS_RECONNECTING) return;
   drop_link(k);
   k->out.len = 0;
+  if (k->kind == MN_CONN_AGENT) mn__ctl_unrelay_agent(c, k->id);
   if (!k->ever_ready || k->reconnect_ms == 0 || c->closing) {
     mn_ctl_disconnect(c, k->id, why);
     return;
@@ -507,6 +473,7 @@ static int open_session(mn_ctl_t *c, mn_conn_t *k) {
   int rc = mn_msg_pack_session(&b, k->session, k->acked);
   /* Whatever was queued for the old link is superseded by this order. */
   k->out.len = 0;
+  mn__ctl_unrelay(k); /* everything unanswered goes this way now */
   if (rc == 0) rc = mn_ctl_send(c, k, b.data, b.len);
   if (rc == 0 && k->unacked.len > k->unacked_off)
     rc = mn_ctl_send(c, k, k->unacked.data + k->unacked_off, k->unacked.len - k->unacked_off);
@@ -761,10 +728,12 @@ static mn_pending_t pop_pending(mn_conn_t *k) {
   mn_pending_t p = k->ring[k->rhead];
   k->rhead = (k->rhead + 1) % k->rcap;
   k->rcount--;
+  if (p.relay && k->on_relay > 0) k->on_relay--;
   return p;
 }
 
 int mn_ctl_take_result(mn_conn_t *k, uint64_t seq, mn_pending_t *out) {
+  if (seq <= k->acked && k->via > 0) return 1; /* answered both ways after a resend: see ctl_cast.c */
   /* The oldest call in flight has seq k->seq - k->rcount + 1. */
   if (k->rcount == 0 || seq != k->seq - k->rcount + 1) return MN_EPROTO;
   *out = pop_pending(k);

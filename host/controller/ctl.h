@@ -46,6 +46,7 @@ typedef enum {
 typedef struct {
   double call;  /* Lua call id */
   int32_t slot; /* index of this proc in the call's targets */
+  int32_t relay; /* sent through the proc's agent (a cast) */
 } mn_pending_t;
 
 typedef struct mn_ctl_s mn_ctl_t;
@@ -95,6 +96,7 @@ struct mn_ctl_s {
   char agent_buf[32];
   size_t agent_blen;
   int closing;
+  int *casting, ncasting; /* agents with a cast gathered (ctl_cast.c) */
 };
 
 /* 0, or MN_EAUTH (a bad token) or MN_ENOMEM. */
@@ -144,7 +146,9 @@ size_t mn_ctl_inflight(const mn_conn_t *conn);
 /*
  * A RESULT for `seq` arrived on conn: if it answers the oldest call in
  * flight (procs answer in order), pops that call's (call, slot) into *out,
- * drops its frame copy and returns 0; otherwise MN_EPROTO, nothing taken.
+ * drops its frame copy and returns 0; 1 if seq was answered already (a
+ * call resent after a reconnect, answered both through the proc's agent and
+ * directly: the copy is to be ignored); otherwise MN_EPROTO, nothing taken.
  */
 int mn_ctl_take_result(mn_conn_t *conn, uint64_t seq, mn_pending_t *out);
 /*
@@ -158,6 +162,34 @@ int mn_ctl_cancel(mn_ctl_t *c, mn_conn_t *conn, double call);
 int mn_ctl_oldest(const mn_conn_t *conn, mn_pending_t *out);
 /* Pops the oldest unanswered call into *out; returns 1, or 0 when none is left (never fails). */
 int mn_ctl_take_pending(mn_conn_t *conn, mn_pending_t *out);
+
+/* ---- casts through host agents (ctl_cast.c) ---- */
+
+/* Calls to fewer procs go straight to each: below this, the agent's extra hop costs more than it saves
+ * (bench/scale.sh; on 2 cores, 4 procs gathered in 95 us directly and 127 us through the agent; 8 in 179 and 133). */
+#define MN_CAST_MIN_TARGETS 8
+
+/*
+ * Lets agent conn `agent` relay casts to proc conn `proc`, which it knows
+ * as `pid` (it spawned it). MONARCH_RELAY=0 turns casts off (every call
+ * then goes straight to each proc, as to measure the difference).
+ */
+void mn_ctl_set_relay(mn_ctl_t *c, mn_conn_t *proc, int agent, int64_t pid);
+/*
+ * Queues a CALL (frame and n as for mn_ctl_call) to conn as part of a cast:
+ * through its agent when `prefer` (a mesh-wide call) and nothing is in
+ * flight on its own link, or when calls are in flight through the agent
+ * already (order per proc holds: a proc's calls in flight all go one way);
+ * else on its own link, as mn_ctl_call. 0 or MN_ENOMEM. mn_ctl_cast_end
+ * sends what was gathered.
+ */
+int mn_ctl_cast_add(mn_ctl_t *c, mn_conn_t *conn, char *frame, size_t n, double call, int32_t slot, int prefer);
+/* Sends one CAST frame to each agent with procs gathered, sharing frame's bytes after its seq. 0 or MN_ENOMEM. */
+int mn_ctl_cast_end(mn_ctl_t *c, const char *frame, size_t n);
+/* Calls in flight to conn through its agent (a bulk put waits until none is). */
+size_t mn_ctl_relayed(const mn_conn_t *conn);
+/* The proc conn that agent conn `agent` names `tag` in a RESULTS frame, or NULL if it relays no such proc. */
+mn_conn_t *mn_ctl_relayed_conn(mn_ctl_t *c, int agent, uint64_t tag);
 
 /*
  * The next whole frame read from conn: returns its body's length and sets

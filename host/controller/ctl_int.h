@@ -1,12 +1,73 @@
-/* ctl_int.h - what ctl.c and ctl_agent.c share, and nothing else sees. */
+/* ctl_int.h - what ctl.c, ctl_agent.c and ctl_cast.c share, and nothing else sees: the connection struct. */
 #ifndef MN_CTL_INT_H
 #define MN_CTL_INT_H
 
 #include "ctl.h"
 
+#include "handshake.h"
+
+/* One TCP attempt of a connection; replaced on every reconnect. */
+typedef struct {
+  uv_tcp_t tcp;
+  uv_connect_t req;
+  int writing;       /* uv_writes in flight (each owns its bytes) */
+  mn_conn_t *k;      /* NULL once this attempt is abandoned */
+  uint64_t started;  /* uv_now when the attempt began, for the handshake deadline */
+} mn_link_t;
+
+struct mn_conn_s {
+  mn_link_t *link;
+  mn_ctl_t *ctl;
+  int id;
+  mn_conn_kind_t kind;
+  mn_conn_state_t state;
+  char host[256];
+  int port;
+  uint8_t ns[MN_NONCE_LEN], nc[MN_NONCE_LEN];
+  mn_buf_t in;       /* bytes read, not yet drained */
+  size_t in_off;     /* bytes at the front of `in` already drained (compacted lazily) */
+  mn_buf_t out;      /* frames queued, not yet written */
+  mn_buf_t unacked;  /* CALL frames (procs) without a RESULT yet, in seq order: resent after a reconnect */
+  size_t unacked_off; /* bytes at the front of `unacked` already answered (compacted lazily) */
+  int dirty;         /* on ctl's dirty list */
+  int readable;      /* on ctl's readable list */
+  int ever_ready;
+  uint64_t session;  /* random id; the same across reconnects */
+  uint64_t seq;      /* last CALL sequence number sent */
+  uint64_t acked;    /* highest seq whose RESULT arrived */
+  uint64_t ack_sent; /* highest seq announced in an ACK */
+  uint64_t last_rx;  /* uv_now of the last bytes received */
+  uint64_t lost_at;  /* uv_now when reconnecting began */
+  uint64_t reconnect_ms;
+  int attempt;
+  uv_timer_t *retry; /* pending reconnect attempt */
+  mn_pending_t *ring;
+  size_t rhead, rcount, rcap;
+  char info_host[256];
+  int64_t info_pid;
+  char reason[256];  /* why it closed, or why it is reconnecting */
+  void *data;
+  /* Casts (ctl_cast.c). A proc: */
+  int via;           /* the agent conn that relays its casts (0: none) */
+  uint64_t via_pid;  /* its pid, by which that agent knows it */
+  size_t on_relay;   /* calls in flight through the agent; while any is, every call goes that way (order) */
+  /* An agent: */
+  mn_buf_t cast;     /* (pid, seq, tag) triples, as uint64s, of the cast being gathered */
+  int in_cast;       /* on ctl's list of agents with a cast gathered */
+};
+
 /* Queues an event for the Lua face; 0 or MN_ENOMEM. */
 int mn__ctl_push_event(mn_ctl_t *c, mn_ev_kind_t k, int conn, int64_t a, int64_t b);
 /* A timer callback that does nothing: its firing only ends a uv_run(UV_RUN_ONCE). */
 void mn__ctl_on_timer(uv_timer_t *t);
+
+/* Marks k for the next flush. */
+void mn__ctl_set_dirty(mn_ctl_t *c, mn_conn_t *k);
+/* Appends a pending entry (call, slot, relayed) to k's ring; 0 or MN_ENOMEM. */
+int mn__ctl_push_pending(mn_conn_t *k, double call, int32_t slot, int relay);
+/* Agent conn `agent` is gone or reconnecting: its procs' relayed calls are resent on their own links. */
+void mn__ctl_unrelay_agent(mn_ctl_t *c, int agent);
+/* k's unanswered calls are (being) resent on its own link: none is relayed any more. */
+void mn__ctl_unrelay(mn_conn_t *k);
 
 #endif

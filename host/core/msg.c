@@ -48,6 +48,8 @@ static const spec_t specs[] = {
     [MN_MSG_STATUS] = {"STATUS", 2, 0, BY_CTL | BY_SCRIPT, "[27, req]"},
     [MN_MSG_CANCEL] = {"CANCEL", 2, 1, BY_CTL, "[28, [seq, ...]]"},
     [MN_MSG_PROC_HUNG] = {"PROC_HUNG", 4, 0, BY_SERVER, "[29, pid, rank, silent_ms]"},
+    [MN_MSG_CAST] = {"CAST", 3, 1, BY_CTL, "[30, [pid, seq, tag, ...], rest: bin]"},
+    [MN_MSG_RESULTS] = {"RESULTS", 1, 0, BY_SERVER, "[31, tag, result, tag, result, ...]"},
 };
 
 #define NSPECS (sizeof(specs) / sizeof(specs[0]))
@@ -319,6 +321,46 @@ size_t mn_msg_reply_head(mn_buf_t *b, msgpack_packer *pk, uint64_t req, int ok) 
   return answer_head(b, pk, MN_MSG_REPLY, req, ok);
 }
 
+int mn_msg_pack_cast(mn_buf_t *b, const uint64_t *targets, size_t n, const char *rest, size_t rlen) {
+  msgpack_packer pk;
+  size_t s;
+  int f = head(b, &pk, &s, 3, MN_MSG_CAST) | msgpack_pack_array(&pk, (uint32_t)(3 * n));
+  for (size_t i = 0; i < 3 * n; i++) f |= msgpack_pack_uint64(&pk, targets[i]);
+  f |= msgpack_pack_bin(&pk, rlen) | msgpack_pack_bin_body(&pk, rest, rlen);
+  return finish(b, s, f);
+}
+
+void mn_msg_call_from_cast(char out[MN_MSG_CALL_HEAD], uint64_t seq, size_t rlen) {
+  mn_put_be32(out, (uint32_t)(MN_MSG_CALL_HEAD - MN_FRAME_HEADER + rlen));
+  out[4] = (char)0x94;
+  out[5] = MN_MSG_CALL;
+  out[6] = (char)0xcf;
+  mn_msg_set_seq(out, seq);
+}
+
+int mn_msg_results_begin(mn_buf_t *b) {
+  /* The head's size does not depend on the count: array32, so end() patches it in place. */
+  char h[MN_MSG_RESULTS_HEAD] = {0, 0, 0, 0, (char)0xdd, 0, 0, 0, 0, MN_MSG_RESULTS};
+  b->len = 0;
+  return mn_buf_append(b, h, sizeof(h));
+}
+
+int mn_msg_results_add(mn_buf_t *b, uint64_t tag, const char *result, size_t len) {
+  msgpack_packer pk;
+  msgpack_packer_init(&pk, b, mn_buf_write_cb);
+  size_t was = b->len;
+  if (msgpack_pack_uint64(&pk, tag) != 0 || mn_buf_append(b, result, len) != 0) {
+    b->len = was;
+    return MN_ENOMEM;
+  }
+  return 0;
+}
+
+void mn_msg_results_end(mn_buf_t *b, uint32_t n) {
+  mn_put_be32(b->data, (uint32_t)(b->len - MN_FRAME_HEADER));
+  mn_put_be32(b->data + 5, 1 + 2 * n);
+}
+
 /* ---- parsers ------------------------------------------------------------------- */
 
 /* Writes "malformed X: want [layout]; <detail>" and returns MN_EPROTO. */
@@ -440,6 +482,39 @@ int mn_msg_parse_cancel(const msgpack_object *m, const msgpack_object **seqs, ch
     if (a->via.array.ptr[i].type != MSGPACK_OBJECT_POSITIVE_INTEGER)
       return bad(s, err, errlen, "seqs (element 1) holds something other than sequence numbers");
   *seqs = a;
+  return 0;
+}
+
+int mn_msg_parse_cast(const msgpack_object *m, const msgpack_object **targets, const char **rest, size_t *rlen,
+                      char *err, size_t errlen) {
+  int rc;
+  const spec_t *s = check(m, MN_MSG_CAST, &rc, err, errlen);
+  if (rc != 0) return rc;
+  const msgpack_object *t = at(m, 1);
+  if (t->type != MSGPACK_OBJECT_ARRAY || t->via.array.size % 3 != 0)
+    return bad(s, err, errlen, "targets (element 1) is not an array of (pid, seq, tag) triples");
+  for (uint32_t i = 0; i < t->via.array.size; i++)
+    if (t->via.array.ptr[i].type != MSGPACK_OBJECT_POSITIVE_INTEGER)
+      return bad(s, err, errlen, "targets (element 1) holds something other than uints");
+  if (at(m, 2)->type != MSGPACK_OBJECT_BIN) return bad(s, err, errlen, "rest (element 2) is not a bin");
+  *targets = t;
+  *rest = at(m, 2)->via.bin.ptr;
+  *rlen = at(m, 2)->via.bin.size;
+  return 0;
+}
+
+int mn_msg_parse_results(const msgpack_object *m, uint32_t *n, char *err, size_t errlen) {
+  int rc;
+  const spec_t *s = check(m, MN_MSG_RESULTS, &rc, err, errlen);
+  if (rc != 0) return rc;
+  uint32_t size = m->via.array.size;
+  if (size % 2 != 1) return bad(s, err, errlen, "got %u elements: a tag without its result", size);
+  for (uint32_t i = 1; i < size; i += 2) {
+    if (at(m, i)->type != MSGPACK_OBJECT_POSITIVE_INTEGER) return bad(s, err, errlen, "tag (element %u) is not a uint", i);
+    if (at(m, i + 1)->type != MSGPACK_OBJECT_ARRAY)
+      return bad(s, err, errlen, "result (element %u) is not an array", i + 1);
+  }
+  *n = (size - 1) / 2;
   return 0;
 }
 

@@ -47,11 +47,15 @@ typedef enum {
   MN_MSG_STATUS = 27,     /* controller -> agent: req; answered by REPLY with the agent's procs and recent exits */
   MN_MSG_PROC_HUNG = 29,  /* agent -> controller: pid, rank, ms: its I/O thread sent no status for that long */
   MN_MSG_CANCEL = 28,     /* controller -> proc: [seq, ...]: stop these calls (queued: skip; running: cancel flag) */
+  MN_MSG_CAST = 30,       /* controller -> agent: [pid, seq, tag, ...], the CALL after its seq: one call, many procs */
+  MN_MSG_RESULTS = 31,    /* agent -> controller: tag, RESULT, tag, RESULT...: its procs' answers to casts, batched */
 } mn_msg_t;
 
 #define MN_MSG_CALL_SEQ_OFFSET 7 /* a CALL frame's seq bytes: len(4) + fixarray(1) + type(1) + 0xcf(1) */
 #define MN_MSG_PUT_HEAD 52       /* bytes of a __tensor_put CALL before its payload */
 #define MN_MSG_LOST_LEN 23       /* bytes of the `__lost` CALL frame that stands in for a put */
+#define MN_MSG_CALL_HEAD 15      /* a CALL frame's bytes up to its kernel name: len, fixarray, type, seq */
+#define MN_MSG_RESULTS_HEAD 10   /* a RESULTS frame's bytes before its entries: len, array32 + count, type */
 #define MN_MSG_PONG_MAX 32       /* largest PONG frame the proc answers inline (a 28-byte PING body) */
 
 /* ---- the table ------------------------------------------------------------ */
@@ -90,6 +94,24 @@ int mn_msg_pack_spawn_failed(mn_buf_t *b, uint64_t req, int index, const char *m
 /* signal: a short name ("KILL"), "" for none. */
 int mn_msg_pack_proc_exit(mn_buf_t *b, int64_t pid, int64_t status, const char *signal, int rank);
 int mn_msg_pack_log(mn_buf_t *b, int rank, int stream, const char *text, size_t n);
+
+/*
+ * CAST [30, targets, rest]: one call for several procs of an agent. targets
+ * holds n (pid, seq, tag) triples, flat; rest is the CALL's bytes after its
+ * seq (kernel name and args), as a bin. The agent hands each proc
+ * [CALL, seq, ...rest] and answers with RESULTS, naming each result by tag.
+ */
+int mn_msg_pack_cast(mn_buf_t *b, const uint64_t *targets, size_t n, const char *rest, size_t rlen);
+/* The head of [CALL, seq, ...rest] for a rest of rlen bytes (the agent's copy of a cast); MN_MSG_CALL_HEAD bytes. */
+void mn_msg_call_from_cast(char out[MN_MSG_CALL_HEAD], uint64_t seq, size_t rlen);
+/*
+ * RESULTS [31, tag, result, tag, result, ...]: begin reserves the head in an
+ * empty b; add appends one (tag, RESULT body); end writes the head for n
+ * entries. 0 or MN_ENOMEM.
+ */
+int mn_msg_results_begin(mn_buf_t *b);
+int mn_msg_results_add(mn_buf_t *b, uint64_t tag, const char *result, size_t len);
+void mn_msg_results_end(mn_buf_t *b, uint32_t n);
 
 /* The old name of mn_msg_pack_error. */
 static inline int mn_pack_error(mn_buf_t *b, int code, const char *msg) { return mn_msg_pack_error(b, code, msg); }
@@ -216,6 +238,11 @@ int mn_msg_parse_spawn(const msgpack_object *m, mn_msg_spawn_t *out, char *err, 
 int mn_msg_parse_kill(const msgpack_object *m, mn_msg_kill_t *out, char *err, size_t errlen);
 /* Any of PERSIST, ATTACH, DETACH, LIST, STATUS, by m's type. */
 int mn_msg_parse_request(const msgpack_object *m, mn_msg_request_t *out, char *err, size_t errlen);
+/* CAST: *targets (an array of 3n uints), *rest and *rlen (its bin). */
+int mn_msg_parse_cast(const msgpack_object *m, const msgpack_object **targets, const char **rest, size_t *rlen,
+                      char *err, size_t errlen);
+/* RESULTS: *n entries, entry i being tag (element 1 + 2i, a uint) and a RESULT (element 2 + 2i, an array). */
+int mn_msg_parse_results(const msgpack_object *m, uint32_t *n, char *err, size_t errlen);
 /* PING and PONG: [type, id], exactly; *id is any value. */
 int mn_msg_parse_ping(const msgpack_object *m, const msgpack_object **id, char *err, size_t errlen);
 

@@ -54,6 +54,7 @@
 typedef struct item_s {
   struct item_s *next;
   uint64_t session; /* session the call arrived on */
+  int relay;        /* it came through the agent (a cast): its RESULT goes back that way */
   size_t len;
   char data[];
 } item_t;
@@ -68,6 +69,7 @@ typedef struct {
   int stop;
   pthread_mutex_t wlock;    /* guards fd, session, replay and every write */
   int fd;                   /* the controller connection, -1 when none */
+  int relay_fd;             /* the agent's relay for casts (--relay-fd), -1 when none */
   uint64_t session;         /* the controller session now served (0: none yet) */
   mn_replay_t replay;       /* unacknowledged RESULTs of `session` */
   int replay_on;            /* MONARCH_NO_REPLAY=1 turns the cache off (for measuring it) */
@@ -87,20 +89,23 @@ typedef struct {
 typedef struct {
   proc_t *p;
   int fd;
+  int relay;   /* the agent's relay: CALLs only, of the session being served */
   mn_buf_t in; /* bytes that arrived right behind AUTH */
 } conn_t;
 
-/* Writes bytes to `session`'s connection, if it is the one being served. Caller holds wlock. */
-static void write_locked(proc_t *p, uint64_t session, const char *data, size_t n) {
-  if (p->fd >= 0 && p->session == session && n > 0 && mn_write_all(p->fd, data, n) != 0) {
+/* Writes bytes to `session`'s connection (or the relay), if that session is
+ * the one being served. Caller holds wlock. */
+static void write_locked(proc_t *p, uint64_t session, int relay, const char *data, size_t n) {
+  int fd = relay ? p->relay_fd : p->fd;
+  if (fd >= 0 && p->session == session && n > 0 && mn_write_all(fd, data, n) != 0) {
     /* The I/O thread sees the broken connection too and drops it. */
-    shutdown(p->fd, SHUT_RDWR);
+    shutdown(fd, SHUT_RDWR);
   }
 }
 
 static void send_bytes(proc_t *p, uint64_t session, const char *data, size_t n) {
   pthread_mutex_lock(&p->wlock);
-  write_locked(p, session, data, n);
+  write_locked(p, session, 0, data, n);
   pthread_mutex_unlock(&p->wlock);
 }
 
@@ -123,12 +128,12 @@ static item_t *take_all(proc_t *p) {
 }
 
 /* Answers a resent CALL from the replay cache (or says its result is gone). */
-static void replay_one(proc_t *p, uint64_t session, uint64_t seq) {
+static void replay_one(proc_t *p, uint64_t session, int relay, uint64_t seq) {
   size_t len;
   pthread_mutex_lock(&p->wlock);
   const char *f = p->session == session ? mn_replay_find(&p->replay, seq, &len) : NULL;
   if (f != NULL) {
-    write_locked(p, session, f, len);
+    write_locked(p, session, relay, f, len);
   } else if (p->session == session && seq <= p->replay.evicted) {
     mn_buf_t b;
     char msg[160];
@@ -143,7 +148,7 @@ static void replay_one(proc_t *p, uint64_t session, uint64_t seq) {
     mn_pack_cstr(&pk, "message");
     mn_pack_cstr(&pk, msg);
     mn_frame_end(&b, s);
-    write_locked(p, session, b.data, b.len);
+    write_locked(p, session, relay, b.data, b.len);
     mn_buf_free(&b);
   }
   /* Otherwise it was acknowledged already: the controller has its result. */
@@ -155,7 +160,7 @@ static void replay_one(proc_t *p, uint64_t session, uint64_t seq) {
  * them all. A last result with a payload by reference (ref, rlen: tensor
  * bytes) is written straight from that memory and is too big to cache.
  */
-static void flush_out(proc_t *p, uint64_t session, mn_buf_t *out, uint64_t *seqs, size_t *offs, int n,
+static void flush_out(proc_t *p, uint64_t session, int relay, mn_buf_t *out, uint64_t *seqs, size_t *offs, int n,
                       const char *ref, size_t rlen) {
   pthread_mutex_lock(&p->wlock);
   if (p->replay_on && p->session == session) {
@@ -169,10 +174,11 @@ static void flush_out(proc_t *p, uint64_t session, mn_buf_t *out, uint64_t *seqs
       if (mn_replay_add(&p->replay, seqs[i], out->data + offs[i], end - offs[i]) != 0) break;
     }
   }
+  int fd = relay ? p->relay_fd : p->fd;
   if (rlen == 0) {
-    write_locked(p, session, out->data, out->len);
-  } else if (p->fd >= 0 && p->session == session && mn_write2_all(p->fd, out->data, out->len, ref, rlen) != 0) {
-    shutdown(p->fd, SHUT_RDWR);
+    write_locked(p, session, relay, out->data, out->len);
+  } else if (fd >= 0 && p->session == session && mn_write2_all(fd, out->data, out->len, ref, rlen) != 0) {
+    shutdown(fd, SHUT_RDWR);
   }
   pthread_mutex_unlock(&p->wlock);
   out->len = 0;
@@ -184,6 +190,7 @@ static void *executor(void *arg) {
   proc_t *p = arg;
   mn_exec_t *x = &p->exec;
   uint64_t xsession = 0; /* session whose sequence numbers x tracks */
+  int xrelay = 0;        /* where the batch's results go: the controller, or the agent's relay */
   uint64_t seqs[MN_BATCH];
   size_t offs[MN_BATCH];
   int nb = 0;
@@ -201,6 +208,12 @@ static void *executor(void *arg) {
         xsession = it->session;
         x->session = xsession;
       }
+      if (it->relay != xrelay) {
+        /* Results go back the way their calls came: a batch holds one way's. */
+        if (nb > 0) flush_out(p, xsession, xrelay, &x->out, seqs, offs, nb, NULL, 0);
+        nb = 0;
+        xrelay = it->relay;
+      }
       pthread_mutex_lock(&p->wlock);
       int live = it->session == p->session;
       pthread_mutex_unlock(&p->wlock);
@@ -209,9 +222,9 @@ static void *executor(void *arg) {
         rc = mn_exec_frame(x, it->data, it->len);
         mn_cancel_end(&p->cancels);
         if (rc == 1) {
-          if (x->out.len > 0) flush_out(p, xsession, &x->out, seqs, offs, nb, NULL, 0);
+          if (x->out.len > 0) flush_out(p, xsession, xrelay, &x->out, seqs, offs, nb, NULL, 0);
           nb = 0;
-          replay_one(p, xsession, x->dup_seq);
+          replay_one(p, xsession, xrelay, x->dup_seq);
           rc = 0;
         } else if (x->out.len > before) {
           seqs[nb] = rc == 0 ? x->last_seq : 0; /* ERROR frames are not replayed */
@@ -225,11 +238,12 @@ static void *executor(void *arg) {
       /* Flush when the burst is done, when the batch is full, before closing,
        * or at once behind a payload by reference (the next call may change it). */
       if (nb > 0 && (it == NULL || nb == MN_BATCH || x->out.len > (1u << 18) || rc < 0 || x->ref_len > 0)) {
-        flush_out(p, xsession, &x->out, seqs, offs, nb, x->ref_ptr, x->ref_len);
+        flush_out(p, xsession, xrelay, &x->out, seqs, offs, nb, x->ref_ptr, x->ref_len);
         x->ref_len = 0;
         nb = 0;
       }
       if (rc < 0) {
+        /* A protocol error ends the controller's link (its ERROR went the relay's way if the call did). */
         pthread_mutex_lock(&p->wlock);
         if (p->fd >= 0 && p->session == xsession) shutdown(p->fd, SHUT_RDWR);
         pthread_mutex_unlock(&p->wlock);
@@ -531,6 +545,7 @@ static int parse_frames(proc_t *p, conn_t *c, int *has_session) {
         break;
       }
       it->session = session;
+      it->relay = c->relay;
       batch_add(&q, it);
       off = in->len; /* consumed: the frame's start was all that was buffered */
       break;
@@ -544,19 +559,24 @@ static int parse_frames(proc_t *p, conn_t *c, int *has_session) {
       break;
     }
     off += MN_FRAME_HEADER + (size_t)len;
-    int handled;
-    if ((rc = control_frame(p, c, body, (size_t)len, has_session, &handled)) != 0) break;
-    if (handled) {
-      session = current_session(p);
-      continue;
+    int handled = 0;
+    if (c->relay) {
+      if (session == 0) continue; /* no controller yet: nobody to answer; it resends directly */
+    } else {
+      if ((rc = control_frame(p, c, body, (size_t)len, has_session, &handled)) != 0) break;
+      if (handled) {
+        session = current_session(p);
+        continue;
+      }
+      if (try_pong(p, session, body, (size_t)len)) continue;
     }
-    if (try_pong(p, session, body, (size_t)len)) continue;
     item_t *it = malloc(sizeof(*it) + (size_t)len);
     if (it == NULL) {
       rc = MN_ENOMEM;
       break;
     }
     it->session = session;
+    it->relay = c->relay;
     it->len = (size_t)len;
     memcpy(it->data, body, (size_t)len);
     batch_add(&q, it);
@@ -602,9 +622,36 @@ static void report_status(proc_t *p, int64_t *next) {
   }
 }
 
-static void io_loop(proc_t *p, int lfd, double orphan_timeout) {
-  conn_t *cur = NULL;
-  int has_session = 0;
+/* The agent's relay is gone (the agent died or closed it): casts now reach us directly. */
+static void drop_relay(proc_t *p, conn_t **relay) {
+  if (*relay == NULL) return;
+  pthread_mutex_lock(&p->wlock);
+  close(p->relay_fd);
+  p->relay_fd = -1;
+  pthread_mutex_unlock(&p->wlock);
+  mn_buf_free(&(*relay)->in);
+  free(*relay);
+  *relay = NULL;
+}
+
+static conn_t *open_relay(proc_t *p, int fd) {
+  if (fd < 0) return NULL;
+  conn_t *r = calloc(1, sizeof(*r));
+  if (r == NULL || fcntl(fd, F_SETFD, FD_CLOEXEC) != 0) {
+    free(r);
+    close(fd);
+    return NULL;
+  }
+  r->p = p;
+  r->fd = fd;
+  r->relay = 1;
+  p->relay_fd = fd;
+  return r;
+}
+
+static void io_loop(proc_t *p, int lfd, double orphan_timeout, int relay_fd) {
+  conn_t *cur = NULL, *relay = open_relay(p, relay_fd);
+  int has_session = 0, relay_session = 1; /* the relay carries CALLs of the session served, no SESSION */
   int64_t last_rx = mn_now_ns(), next_status = 0;
   /* 0 means never: procs of the local agent die with it (PDEATHSIG) instead,
    * so a controller that computes for a while does not lose them. */
@@ -615,7 +662,8 @@ static void io_loop(proc_t *p, int lfd, double orphan_timeout) {
     /* The orphan clock runs only without a controller: while one is connected, a
      * quiet one is only busy; if it vanishes, its agent ends the session (silence, grace). */
     if (cur != NULL && has_session) last_rx = mn_now_ns();
-    struct pollfd pfd[3] = {{lfd, POLLIN, 0}, {p->hs_pipe[0], POLLIN, 0}, {cur ? cur->fd : -1, POLLIN, 0}};
+    struct pollfd pfd[4] = {{lfd, POLLIN, 0}, {p->hs_pipe[0], POLLIN, 0}, {cur ? cur->fd : -1, POLLIN, 0},
+                            {relay ? relay->fd : -1, POLLIN, 0}};
     int64_t left = last_rx + orphan_ns - mn_now_ns();
     if (left <= 0 && !atomic_load(&persistent)) break; /* orphaned: no controller for orphan_timeout */
     if (left <= 0) {
@@ -624,8 +672,8 @@ static void io_loop(proc_t *p, int lfd, double orphan_timeout) {
     }
     /* Like the executor: yield briefly before sleeping, so the next frame finds this thread awake. */
     int r = 0;
-    for (int64_t until = mn_now_ns() + p->spin_ns; r == 0 && mn_now_ns() < until; sched_yield()) r = poll(pfd, 3, 0);
-    if (r == 0) r = poll(pfd, 3, (int)((left < slice_ns ? left : slice_ns) / 1000000) + 1);
+    for (int64_t until = mn_now_ns() + p->spin_ns; r == 0 && mn_now_ns() < until; sched_yield()) r = poll(pfd, 4, 0);
+    if (r == 0) r = poll(pfd, 4, (int)((left < slice_ns ? left : slice_ns) / 1000000) + 1);
     if (r < 0 && errno != EINTR) break;
     if (r <= 0) continue;
     if (pfd[0].revents & POLLIN) {
@@ -652,8 +700,11 @@ static void io_loop(proc_t *p, int lfd, double orphan_timeout) {
       last_rx = mn_now_ns();
       if (read_conn(p, cur, &has_session) < 0) drop_conn(p, &cur);
     }
+    if (relay != NULL && (pfd[3].revents & (POLLIN | POLLHUP | POLLERR)) && read_conn(p, relay, &relay_session) < 0)
+      drop_relay(p, &relay);
   }
   drop_conn(p, &cur);
+  drop_relay(p, &relay);
 }
 
 int mn_proc_main(const mn_proc_opts_t *o) {
@@ -692,6 +743,7 @@ int mn_proc_main(const mn_proc_opts_t *o) {
   pthread_cond_init(&p->space, NULL);
   pthread_mutex_init(&p->wlock, NULL);
   p->fd = -1;
+  p->relay_fd = -1;
   p->auth = &auth;
   mn_replay_init(&p->replay, MN_REPLAY_MAX_BYTES);
   const char *noreplay = getenv("MONARCH_NO_REPLAY");
@@ -726,7 +778,7 @@ int mn_proc_main(const mn_proc_opts_t *o) {
     }
   }
 
-  io_loop(p, lfd, o->orphan_timeout);
+  io_loop(p, lfd, o->orphan_timeout, o->relay_fd);
   /* Orphaned: stop running kernels and leave. Exiting without joining is
    * deliberate: a kernel that ignores cancellation must not keep us alive. */
   atomic_store(&p->cancel, 1);

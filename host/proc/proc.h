@@ -13,6 +13,7 @@ typedef struct {
   double orphan_timeout;   /* seconds without a controller before exiting */
   const char *prefix;      /* install prefix, for kernel libraries */
   int device;              /* GPU to pin this proc to (mn_gpu_pin), -1: a CPU proc */
+  int relay_fd;            /* the agent's end of a socketpair for cast CALLs and their RESULTs (-1: none) */
 } mn_proc_opts_t;
 
 /* Runs until orphaned or killed; returns the process exit code. */

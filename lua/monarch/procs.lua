@@ -262,6 +262,8 @@ function M.connect(p)
   local conn = core.connect(p.addr, p.port, "proc")
   p.conn = conn
   proc_at[conn] = p
+  -- Mesh-wide calls reach it through the agent that spawned it (one frame per host).
+  if p.agent and p.agent.conn and p.pid then core.relay(conn, p.agent.conn, p.pid) end
   runtime.handle(conn, proc_handler(p, conn))
 end
 

@@ -334,6 +334,8 @@ end
 function Tensor:_put_tcp(src, base, nbytes, owner, procs, futs)
   local targets = {}
   for i, p in ipairs(procs) do targets[i] = p.conn end
+  -- A put goes on each proc's own link: it waits for calls still on their way through the host agents.
+  while core.relayed(targets) > 0 do runtime.pump(0.01) end
   for off = 0, math.max(nbytes - 1, 0), M.CHUNK do
     local len = math.min(M.CHUNK, nbytes - off)
     local rec = runtime.submit_custom(procs, "__tensor_put", function(id)

@@ -1,0 +1,206 @@
+/*
+ * agent_relay.c - casts: one CAST frame from the controller becomes a CALL
+ * on each named proc's relay (a socketpair made at spawn), and their
+ * RESULTs go back batched in RESULTS frames. The controller then writes
+ * and reads one frame per host instead of one per proc. Results wait for
+ * their siblings at most MN_RELAY_FLUSH_MS; the last one of a burst sends
+ * the batch at once. Results for a controller that is away are dropped:
+ * when it comes back it resends those calls directly, and the procs answer
+ * them from their replay caches, so nothing runs twice.
+ */
+#include "agent_int.h"
+
+/* A cast's shared bytes: the CALL after its seq, written to every target. */
+typedef struct {
+  int refs;
+  size_t len;
+  char data[];
+} rest_t;
+
+typedef struct {
+  uv_write_t req;
+  rest_t *rest;
+  char head[MN_MSG_CALL_HEAD];
+} cast_write_t;
+
+typedef struct {
+  asession_t *s;
+  const msgpack_object *t; /* the (pid, seq, tag) triples */
+  rest_t *rest;
+} cast_t;
+
+static void rest_unref(rest_t *r) {
+  if (--r->refs == 0) free(r);
+}
+
+static void on_cast_written(uv_write_t *w, int status) {
+  cast_write_t *cw = w->data;
+  (void)status; /* a broken relay shows up as a read error; the controller resends directly */
+  rest_unref(cw->rest);
+  free(cw);
+}
+
+static void relay_write(aproc_t *p, uint64_t seq, rest_t *rest) {
+  cast_write_t *cw = malloc(sizeof(*cw));
+  if (cw == NULL) return; /* the call is lost here; the controller's timeout or a reconnect resends it */
+  cw->req.data = cw;
+  cw->rest = rest;
+  rest->refs++;
+  mn_msg_call_from_cast(cw->head, seq, rest->len);
+  uv_buf_t b[2] = {uv_buf_init(cw->head, MN_MSG_CALL_HEAD), uv_buf_init(rest->data, (unsigned)rest->len)};
+  if (uv_write(&cw->req, (uv_stream_t *)&p->relay, b, 2, on_cast_written) != 0) {
+    rest_unref(rest);
+    free(cw);
+    return;
+  }
+  p->relayed++;
+  p->owner->relayed++;
+}
+
+static void walk_cast(uv_handle_t *h, void *arg) {
+  cast_t *ct = arg;
+  if (h->type != UV_PROCESS || uv_is_closing(h)) return;
+  aproc_t *p = h->data;
+  if (p->owner != ct->s || !p->relay_open) return;
+  uint64_t pid = (uint64_t)((uv_process_t *)h)->pid;
+  const msgpack_object *v = ct->t->via.array.ptr;
+  for (uint32_t i = 0; i + 2 < ct->t->via.array.size; i += 3)
+    if (v[i].via.u64 == pid) {
+      p->tag = v[i + 2].via.u64;
+      relay_write(p, v[i + 1].via.u64, ct->rest);
+    }
+}
+
+void mn__agent_handle_cast(aconn_t *c, const msgpack_object *m) {
+  char err[300];
+  const msgpack_object *t;
+  const char *rest;
+  size_t rlen;
+  if (mn_msg_parse_cast(m, &t, &rest, &rlen, err, sizeof(err)) != 0) {
+    mn__agent_refuse(c, MN_EPROTO, err);
+    return;
+  }
+  rest_t *r = malloc(sizeof(*r) + rlen);
+  if (r == NULL) return; /* as for a lost write: resent after a reconnect, or the call times out */
+  r->refs = 1;
+  r->len = rlen;
+  memcpy(r->data, rest, rlen);
+  /* A pid that is not one of this session's procs is skipped: it died, and the controller hears so. */
+  cast_t ct = {c->session, t, r};
+  uv_walk(c->a->loop, walk_cast, &ct);
+  rest_unref(r);
+}
+
+/* ---- results ------------------------------------------------------------------- */
+
+static void on_batch_written(uv_write_t *w, int status) {
+  (void)status;
+  free(w->data);
+  free(w);
+}
+
+/* Sends the session's batch (handing its buffer to the write), if it has one and its controller is here. */
+static void flush_session(asession_t *s) {
+  if (s->nbatch == 0) return;
+  mn_msg_results_end(&s->batch, s->nbatch);
+  s->nbatch = 0;
+  uv_write_t *w = s->conn != NULL && !s->conn->closing ? malloc(sizeof(*w)) : NULL;
+  if (w == NULL) {
+    s->batch.len = 0;
+    return;
+  }
+  w->data = s->batch.data;
+  uv_buf_t b = uv_buf_init(s->batch.data, (unsigned)s->batch.len);
+  mn_buf_init(&s->batch);
+  if (uv_write(w, (uv_stream_t *)&s->conn->tcp, &b, 1, on_batch_written) != 0) on_batch_written(w, -1);
+}
+
+static void on_relay_timer(uv_timer_t *t) {
+  agent_t *a = t->data;
+  a->relay_timer_on = 0;
+  for (asession_t *s = a->sessions; s; s = s->next) flush_session(s);
+}
+
+static void take_result(aproc_t *p, const char *body, size_t len) {
+  asession_t *s = p->owner;
+  if (p->relayed > 0) p->relayed--;
+  if (s == NULL) return; /* killed or parked: its session is gone */
+  if (s->relayed > 0) s->relayed--;
+  if (s->nbatch == 0 && mn_msg_results_begin(&s->batch) != 0) return;
+  if (mn_msg_results_add(&s->batch, p->tag, body, len) == 0) s->nbatch++;
+  if (s->relayed == 0 || s->batch.len >= MN_RELAY_BATCH) {
+    flush_session(s);
+  } else if (!p->a->relay_timer_on) {
+    p->a->relay_timer_on = 1;
+    uv_timer_start(&p->a->relay_timer, on_relay_timer, MN_RELAY_FLUSH_MS, 0);
+  }
+}
+
+static void relay_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf) {
+  aproc_t *p = h->data;
+  (void)hint;
+  if (mn_buf_reserve(&p->rin, 64 * 1024) != 0) {
+    *buf = uv_buf_init(NULL, 0);
+    return;
+  }
+  *buf = uv_buf_init(p->rin.data + p->rin.len, (unsigned)(p->rin.cap - p->rin.len));
+}
+
+static void relay_closed(uv_handle_t *h) {
+  aproc_t *p = h->data;
+  mn_buf_free(&p->rin);
+  mn__agent_proc_handle_closed(h);
+}
+
+static void relay_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf) {
+  aproc_t *p = st->data;
+  (void)buf;
+  if (n < 0) {
+    mn__agent_relay_proc_gone(p);
+    return;
+  }
+  p->rin.len += (size_t)n;
+  size_t off = 0;
+  for (;;) {
+    const char *body;
+    int64_t len = mn_frame_peek(p->rin.data + off, p->rin.len - off, MN_MAX_FRAME, &body);
+    if (len == MN_EAGAIN) break;
+    if (len < 0) { /* the proc wrote garbage: stop listening to it; the controller resends directly */
+      mn__agent_relay_proc_gone(p);
+      return;
+    }
+    off += MN_FRAME_HEADER + (size_t)len;
+    take_result(p, body, (size_t)len);
+  }
+  mn_buf_consume(&p->rin, off);
+}
+
+int mn__agent_relay_open(aproc_t *p, int fd) {
+  agent_t *a = p->a;
+  if (a->relay_timer.data == NULL) {
+    uv_timer_init(a->loop, &a->relay_timer);
+    a->relay_timer.data = a;
+    uv_unref((uv_handle_t *)&a->relay_timer);
+  }
+  uv_pipe_init(a->loop, &p->relay, 0);
+  p->relay.data = p;
+  int rc = uv_pipe_open(&p->relay, fd);
+  if (rc == 0) rc = uv_read_start((uv_stream_t *)&p->relay, relay_alloc, relay_read);
+  p->relay_open = 1; /* closed by relay_proc_gone either way: it counts among the proc's handles */
+  if (rc != 0) mn__agent_relay_proc_gone(p);
+  return rc;
+}
+
+void mn__agent_relay_proc_gone(aproc_t *p) {
+  if (!p->relay_open) return;
+  p->relay_open = 0;
+  if (p->owner != NULL) p->owner->relayed -= p->relayed < p->owner->relayed ? p->relayed : p->owner->relayed;
+  p->relayed = 0;
+  uv_close((uv_handle_t *)&p->relay, relay_closed);
+}
+
+void mn__agent_relay_session_gone(asession_t *s) { mn_buf_free(&s->batch); }
+
+void mn__agent_relay_close(agent_t *a) {
+  if (a->relay_timer.data != NULL) uv_close((uv_handle_t *)&a->relay_timer, NULL);
+}

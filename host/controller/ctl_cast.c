@@ -1,0 +1,113 @@
+/*
+ * ctl_cast.c - casts: a mesh-wide call goes to each host agent as one CAST
+ * frame naming its procs, instead of one CALL frame per proc; the agent
+ * answers with batched RESULTS (host/agent/agent_relay.c). Every proc keeps
+ * its own sequence numbers, pending ring and unacked copies here, exactly
+ * as for a direct call, so replay, retries and failure handling do not
+ * change; only the bytes travel another way.
+ *
+ * Order per proc: a proc's calls in flight all travel one way. A call goes
+ * through the agent only if nothing is in flight on the proc's own link,
+ * and once calls are in flight through the agent, every call to that proc
+ * follows them until they are answered. If the agent's link is lost, each
+ * proc's relayed calls are resent on its own link; a proc that already ran
+ * one answers from its replay cache, and whichever answer comes second is
+ * ignored (mn_ctl_take_result), so nothing runs twice or is lost.
+ */
+#include "ctl_int.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define MN_CAST_MAX_REST (64u << 10) /* larger calls go straight to each proc: the agent would only copy them */
+
+static int relay_enabled(void) {
+  static int on = -1;
+  if (on < 0) {
+    const char *e = getenv("MONARCH_RELAY");
+    on = !(e && strcmp(e, "0") == 0);
+  }
+  return on;
+}
+
+void mn_ctl_set_relay(mn_ctl_t *c, mn_conn_t *k, int agent, int64_t pid) {
+  mn_conn_t *a = mn_ctl_conn(c, agent);
+  if (!relay_enabled() || c->no_acks || a == NULL || a->kind != MN_CONN_AGENT || k->kind != MN_CONN_PROC) return;
+  k->via = agent;
+  k->via_pid = (uint64_t)pid;
+}
+
+size_t mn_ctl_relayed(const mn_conn_t *k) { return k->on_relay; }
+
+mn_conn_t *mn_ctl_relayed_conn(mn_ctl_t *c, int agent, uint64_t tag) {
+  mn_conn_t *k = tag <= (uint64_t)c->nconns ? mn_ctl_conn(c, (int)tag) : NULL;
+  return k != NULL && k->kind == MN_CONN_PROC && k->via == agent && k->state != MN_CS_CLOSED ? k : NULL;
+}
+
+static int relay_usable(mn_ctl_t *c, mn_conn_t *k) {
+  mn_conn_t *a = k->via > 0 ? mn_ctl_conn(c, k->via) : NULL;
+  return a != NULL && a->state == MN_CS_READY && k->state == MN_CS_READY;
+}
+
+/* Adds (pid, seq, tag) to agent a's cast, putting a on the list of agents to send to. */
+static int gather(mn_ctl_t *c, mn_conn_t *a, mn_conn_t *k, uint64_t seq) {
+  uint64_t t[3] = {k->via_pid, seq, (uint64_t)k->id};
+  if (!a->in_cast) {
+    if (c->casting == NULL) c->casting = calloc((size_t)MN_MAX_CONNS, sizeof(int));
+    if (c->casting == NULL) return MN_ENOMEM;
+    a->in_cast = 1;
+    a->cast.len = 0;
+    c->casting[c->ncasting++] = a->id;
+  }
+  return mn_buf_append(&a->cast, (const char *)t, sizeof(t));
+}
+
+int mn_ctl_cast_add(mn_ctl_t *c, mn_conn_t *k, char *frame, size_t n, double call, int32_t slot, int prefer) {
+  /* Behind relayed calls, any call goes that way too (order); else a small one of a mesh-wide call, on an idle link. */
+  int relay = relay_usable(c, k) && (k->on_relay > 0 || (prefer && k->rcount == 0 && n - MN_MSG_CALL_HEAD <= MN_CAST_MAX_REST));
+  if (!relay) {
+    size_t was = k->on_relay;
+    k->on_relay = 0; /* none (or its agent is gone, and unrelay resent them): the direct path */
+    int rc = mn_ctl_call(c, k, frame, n, call, slot);
+    k->on_relay = was;
+    return rc;
+  }
+  uint64_t seq = k->seq + 1;
+  mn_msg_set_seq(frame, seq);
+  if (mn__ctl_push_pending(k, call, slot, 1) != 0) return MN_ENOMEM;
+  if (mn_buf_append(&k->unacked, frame, n) != 0) return MN_ENOMEM;
+  if (gather(c, mn_ctl_conn(c, k->via), k, seq) != 0) return MN_ENOMEM;
+  k->seq = seq;
+  k->on_relay++;
+  return 0;
+}
+
+int mn_ctl_cast_end(mn_ctl_t *c, const char *frame, size_t n) {
+  int rc = 0;
+  for (int i = 0; i < c->ncasting; i++) {
+    mn_conn_t *a = mn_ctl_conn(c, c->casting[i]);
+    a->in_cast = 0;
+    if (rc == 0 && mn_msg_pack_cast(&a->out, (const uint64_t *)a->cast.data, a->cast.len / (3 * sizeof(uint64_t)),
+                                    frame + MN_MSG_CALL_HEAD, n - MN_MSG_CALL_HEAD) != 0)
+      rc = MN_ENOMEM;
+    mn__ctl_set_dirty(c, a);
+  }
+  c->ncasting = 0;
+  return rc;
+}
+
+void mn__ctl_unrelay(mn_conn_t *k) {
+  k->on_relay = 0;
+  for (size_t i = 0; i < k->rcount; i++) k->ring[(k->rhead + i) % k->rcap].relay = 0;
+}
+
+void mn__ctl_unrelay_agent(mn_ctl_t *c, int agent) {
+  for (int i = 1; i <= c->nconns; i++) {
+    mn_conn_t *k = c->conns[i];
+    if (k->via != agent || k->on_relay == 0) continue;
+    mn__ctl_unrelay(k);
+    /* Ready: resend what is unanswered now. Reconnecting: its own reconnect resends it. */
+    if (k->state == MN_CS_READY && k->unacked.len > k->unacked_off)
+      mn_ctl_send(c, k, k->unacked.data + k->unacked_off, k->unacked.len - k->unacked_off);
+  }
+}
