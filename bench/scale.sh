@@ -28,12 +28,14 @@ for i in $(seq 1 "$agents"); do
   echo "127.0.0.1:$port" >>"$dir/hosts"
 done
 echo "scale bench ($(nproc) cores, $(date -u +%Y-%m-%dT%H:%MZ)): $agents agents x $per procs"
-# Before: the controller PINGs every proc (MONARCH_PROC_HEARTBEAT=1). Now: it PINGs
-# the agents only, and each agent watches its procs' status lines.
-before=$(MONARCH_PROC_HEARTBEAT=1 $B/bin/monarch-run --hostfile "$dir/hosts" bench/scale.lua "$per" "$calls")
+# Before: the controller PINGs every proc and writes every call to every proc
+# (MONARCH_PROC_HEARTBEAT=1 MONARCH_RELAY=0). Now: it PINGs the agents only
+# (each watches its procs' status lines), and a mesh-wide call goes to each
+# agent as one CAST frame, answered by one batched RESULTS frame.
+before=$(MONARCH_PROC_HEARTBEAT=1 MONARCH_RELAY=0 $B/bin/monarch-run --hostfile "$dir/hosts" bench/scale.lua "$per" "$calls")
 now=$($B/bin/monarch-run --hostfile "$dir/hosts" bench/scale.lua "$per" "$calls")
 get() { echo "$2" | awk -v k="$1" '$1 == k {print $2}'; }
-printf '%-40s %16s %16s %8s\n' "measure" "procs pinged" "agents watch" "ratio"
+printf '%-40s %16s %16s %8s\n' "measure" "per proc" "through agents" "ratio"
 for k in spawn_connect_s call_gather_ms ctl_cpu_per_call_ms ctl_idle_cpu_pct ctl_peak_rss_mib ctl_open_fds; do
   b=$(get $k "$before") n=$(get $k "$now")
   printf '%-40s %16s %16s %7.2fx\n' "$k" "$b" "$n" "$(echo "$n / $b" | bc -l)"

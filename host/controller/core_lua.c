@@ -523,6 +523,17 @@ static int l_relayed(lua_State *L) {
   return 1;
 }
 
+/* core.cast_stats() -> {casts = CAST frames sent, calls = the proc calls they carried} */
+static int l_cast_stats(lua_State *L) {
+  lctl_t *c = get_ctl(L);
+  lua_createtable(L, 0, 2);
+  lua_pushnumber(L, (lua_Number)c->ctl.casts);
+  lua_setfield(L, -2, "casts");
+  lua_pushnumber(L, (lua_Number)c->ctl.cast_calls);
+  lua_setfield(L, -2, "calls");
+  return 1;
+}
+
 /* core.oldest(id) -> the call id of the oldest call in flight there (the one running), or nil */
 static int l_oldest(lua_State *L) {
   lctl_t *c = get_ctl(L);
@@ -778,7 +789,7 @@ int luaopen_monarch_core(lua_State *L) {
       {"connect", l_connect},     {"disconnect", l_disconnect}, {"info", l_info},
       {"send", l_send},           {"call", l_call},           {"call_as", l_call_as}, {"put_chunk", l_put_chunk}, {"fetch_into", l_fetch_into},           {"poll", l_poll},
       {"take_pending", l_take_pending}, {"inflight", l_inflight}, {"cancel", l_cancel}, {"oldest", l_oldest},
-      {"relay", l_relay}, {"relayed", l_relayed},
+      {"relay", l_relay}, {"relayed", l_relayed}, {"cast_stats", l_cast_stats},
       {"configure", l_configure},         {"now", l_now},             {"generate_token", l_generate_token},
       {"prefix", l_prefix},       {"sleep", l_sleep},         {"catch_interrupts", l_catch_interrupts},
       {"interrupted", l_interrupted}, {"bulk_self", l_bulk_self}, {"hold", l_hold}, {"holds", l_holds},

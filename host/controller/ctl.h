@@ -97,6 +97,7 @@ struct mn_ctl_s {
   size_t agent_blen;
   int closing;
   int *casting, ncasting; /* agents with a cast gathered (ctl_cast.c) */
+  uint64_t casts, cast_calls; /* CAST frames sent, and the calls they carried (core.cast_stats) */
 };
 
 /* 0, or MN_EAUTH (a bad token) or MN_ENOMEM. */

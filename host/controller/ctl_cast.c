@@ -79,6 +79,7 @@ int mn_ctl_cast_add(mn_ctl_t *c, mn_conn_t *k, char *frame, size_t n, double cal
   if (gather(c, mn_ctl_conn(c, k->via), k, seq) != 0) return MN_ENOMEM;
   k->seq = seq;
   k->on_relay++;
+  c->cast_calls++;
   return 0;
 }
 
@@ -90,6 +91,7 @@ int mn_ctl_cast_end(mn_ctl_t *c, const char *frame, size_t n) {
     if (rc == 0 && mn_msg_pack_cast(&a->out, (const uint64_t *)a->cast.data, a->cast.len / (3 * sizeof(uint64_t)),
                                     frame + MN_MSG_CALL_HEAD, n - MN_MSG_CALL_HEAD) != 0)
       rc = MN_ENOMEM;
+    c->casts++;
     mn__ctl_set_dirty(c, a);
   }
   c->ncasting = 0;

@@ -106,7 +106,7 @@ static void test_names(void **state) {
   (void)state;
   int n = 0;
   mn_msg_each(count_type, &n);
-  assert_int_equal(n, 25);
+  assert_int_equal(n, 27);
   assert_string_equal(mn_msg_name(MN_MSG_CALL), "CALL");
   assert_null(mn_msg_name(0));
   assert_null(mn_msg_name(23));
@@ -437,6 +437,68 @@ static void test_result(void **state) {
   done(&m);
 }
 
+/* CAST carries a CALL's bytes after its seq; the agent's copy for one proc
+ * is the same frame as the controller's CALL to it. RESULTS round-trips. */
+static void test_cast_results(void **state) {
+  (void)state;
+  mn_buf_t b, c;
+  msgpack_packer pk;
+  mn_buf_init(&b);
+  size_t s = mn_msg_call_head(&b, &pk, "echo", 4, 1);
+  msgpack_pack_uint64(&pk, 7);
+  mn_frame_end(&b, s);
+  mn_msg_set_seq(b.data, 42);
+  uint64_t t[6] = {1001, 42, 3, 1002, 9, 4};
+  mn_buf_init(&c);
+  assert_int_equal(mn_msg_pack_cast(&c, t, 2, b.data + MN_MSG_CALL_HEAD, b.len - MN_MSG_CALL_HEAD), 0);
+  msg_t m;
+  take(&c, &m);
+  const msgpack_object *targets;
+  const char *rest;
+  size_t rlen;
+  assert_int_equal(mn_msg_parse_cast(&m.obj, &targets, &rest, &rlen, m.err, sizeof(m.err)), 0);
+  assert_int_equal(targets->via.array.size, 6);
+  assert_int_equal(targets->via.array.ptr[3].via.u64, 1002);
+  char head[MN_MSG_CALL_HEAD];
+  mn_msg_call_from_cast(head, 42, rlen);
+  assert_memory_equal(head, b.data, MN_MSG_CALL_HEAD);
+  assert_memory_equal(rest, b.data + MN_MSG_CALL_HEAD, rlen);
+  done(&m);
+  mn_buf_free(&b);
+
+  /* RESULTS: two entries, each a tag and a RESULT body. */
+  mn_buf_t r;
+  mn_buf_init(&r);
+  mn_buf_init(&b);
+  s = mn_msg_result_head(&b, &pk, 42, 1);
+  msgpack_pack_array(&pk, 0);
+  mn_frame_end(&b, s);
+  assert_int_equal(mn_msg_results_begin(&r), 0);
+  assert_int_equal(mn_msg_results_add(&r, 3, b.data + MN_FRAME_HEADER, b.len - MN_FRAME_HEADER), 0);
+  assert_int_equal(mn_msg_results_add(&r, 4, b.data + MN_FRAME_HEADER, b.len - MN_FRAME_HEADER), 0);
+  mn_msg_results_end(&r, 2);
+  mn_buf_free(&b);
+  take(&r, &m);
+  uint32_t n;
+  assert_int_equal(mn_msg_parse_results(&m.obj, &n, m.err, sizeof(m.err)), 0);
+  assert_int_equal(n, 2);
+  assert_int_equal(m.obj.via.array.ptr[3].via.u64, 4);
+  mn_msg_result_t res;
+  assert_int_equal(mn_msg_parse_result(&m.obj.via.array.ptr[4], &res, m.err, sizeof(m.err)), 0);
+  assert_int_equal(res.seq, 42);
+  done(&m);
+
+  /* Malformed: a tag without its result; a target list not in triples; rest not a bin. */
+  hand(&b, "uu", (uint64_t)MN_MSG_RESULTS, (uint64_t)3);
+  take(&b, &m);
+  expect_named(mn_msg_parse_results(&m.obj, &n, m.err, sizeof(m.err)), m.err, "RESULTS", "without its result");
+  done(&m);
+  hand(&b, "uas", (uint64_t)MN_MSG_CAST, "x");
+  take(&b, &m);
+  expect_named(mn_msg_parse_cast(&m.obj, &targets, &rest, &rlen, m.err, sizeof(m.err)), m.err, "CAST", "rest");
+  done(&m);
+}
+
 static void test_pong_from_ping(void **state) {
   (void)state;
   char out[MN_MSG_PONG_MAX];
@@ -643,6 +705,7 @@ int main(void) {
       cmocka_unit_test(test_call_malformed),
       cmocka_unit_test(test_put_and_lost),
       cmocka_unit_test(test_result),
+      cmocka_unit_test(test_cast_results),
       cmocka_unit_test(test_pong_from_ping),
       cmocka_unit_test(test_agent_events),
       cmocka_unit_test(test_spawn_kill),
