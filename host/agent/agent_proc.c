@@ -222,6 +222,32 @@ static void proc_env(char **env, size_t room, char bufs[PROC_ENV_VARS][48], int 
   env[n] = NULL;
 }
 
+/* Execs the proc with its stdout, stderr and port pipe, and the relay's end sv[1] as its fd 4; sv[0] stays ours. */
+static int spawn_exec(aproc_t *p, char **args, char **env, const int sv[2]) {
+  uv_stdio_container_t stdio[5];
+  stdio[0].flags = UV_IGNORE;
+  stdio[1].flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE;
+  stdio[1].data.stream = (uv_stream_t *)&p->out;
+  stdio[2].flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE;
+  stdio[2].data.stream = (uv_stream_t *)&p->err;
+  stdio[3].flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE;
+  stdio[3].data.stream = (uv_stream_t *)&p->pipe;
+  stdio[4].flags = UV_INHERIT_FD; /* dup'ed to fd 4 in the child, without CLOEXEC */
+  stdio[4].data.fd = sv[1];
+  uv_process_options_t po;
+  memset(&po, 0, sizeof(po));
+  po.file = p->a->o->exe;
+  po.args = args;
+  po.env = env;
+  po.exit_cb = on_proc_exit;
+  po.stdio = stdio;
+  po.stdio_count = 5;
+  int rc = uv_spawn(p->a->loop, &p->proc, &po);
+  close(sv[1]); /* the child has its copy */
+  if (rc != 0) close(sv[0]);
+  return rc;
+}
+
 int mn__agent_spawn_one(asession_t *c, uint64_t req, int index, int rank, int world, int device, int threads,
                         int spin_us) {
   agent_t *a = c->a;
@@ -261,34 +287,10 @@ int mn__agent_spawn_one(asession_t *c, uint64_t req, int index, int rank, int wo
   p->hang_ms = c->hang_ms;
   snprintf(p->running, sizeof(p->running), "-");
   int sv[2];
-  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
-    free(p);
-    free(env);
-    return uv_translate_sys_error(errno);
-  }
-  uv_stdio_container_t stdio[5];
-  stdio[0].flags = UV_IGNORE;
-  stdio[1].flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE;
-  stdio[1].data.stream = (uv_stream_t *)&p->out;
-  stdio[2].flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE;
-  stdio[2].data.stream = (uv_stream_t *)&p->err;
-  stdio[3].flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE;
-  stdio[3].data.stream = (uv_stream_t *)&p->pipe;
-  stdio[4].flags = UV_INHERIT_FD; /* the relay: dup'ed to fd 4 in the child, without CLOEXEC */
-  stdio[4].data.fd = sv[1];
-  uv_process_options_t po;
-  memset(&po, 0, sizeof(po));
-  po.file = a->o->exe;
-  po.args = args;
-  po.env = env;
-  po.exit_cb = on_proc_exit;
-  po.stdio = stdio;
-  po.stdio_count = 5;
-  int rc = uv_spawn(a->loop, &p->proc, &po);
+  int rc = socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0 ? uv_translate_sys_error(errno)
+                                                                        : spawn_exec(p, args, env, sv);
   free(env); /* the child has exec'd (or failed to) by now */
-  close(sv[1]);
   if (rc != 0) {
-    close(sv[0]);
     p->open_handles = 3;
     p->owner = NULL;
     a->nprocs++;
