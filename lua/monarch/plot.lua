@@ -205,18 +205,21 @@ local function draw_series(out, box, xs, ys, x, s, colour)
   end
 end
 
--- The legend: one row under the title, right-aligned, a swatch and a name per series.
+-- The legend: one row under the title, right-aligned, a swatch and a name
+-- per series, in the order of the series.
 local function draw_legend(out, box, entries)
-  local x = box.x1
+  local gap, total = 14, 0 -- px between entries
+  for i, e in ipairs(entries) do
+    e.w = 20 + CHAR_WIDTH * #e.name -- swatch, space, name
+    total = total + e.w + (i > 1 and gap or 0)
+  end
+  local x = box.x1 - total
   out[#out + 1] = '<g class="legend">'
-  for i = #entries, 1, -1 do
-    local e = entries[i]
-    local w = 22 + CHAR_WIDTH * #e.name
-    x = x - w
+  for _, e in ipairs(entries) do
     out[#out + 1] = fmt('<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="%s" stroke-width="3"/>',
       x, box.y0 - 12, x + 16, box.y0 - 12, e.colour)
     text(out, x + 20, box.y0 - 8, e.name)
-    x = x - 14
+    x = x + e.w + gap
   end
   out[#out + 1] = "</g>"
 end
