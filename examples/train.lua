@@ -663,14 +663,15 @@ local function write_curves()
   if opts.plot then
     local pct = {}
     for i, a in ipairs(c.accuracy) do pct[i] = 100 * a end
-    local svg = plot.svg {
+    local drawn, svg = pcall(plot.svg, {
       title = string.format("train.lua: digits, %d procs x batch %d, lr %g; test accuracy %.1f%%",
         world, batch, opts.lr, 100 * test_acc),
       x = { label = "step", values = c.step },
       y = { label = "loss (the step's batch)", min = 0 },
       y2 = { label = "accuracy % (the step's batch)", min = 0, max = 100 },
       series = { { name = "loss", values = c.loss }, { name = "accuracy", values = pct, axis = "y2" } },
-    }
+    })
+    if not drawn then die(tostring(svg)) end -- a NaN loss, say; the CSV (written first) has it
     local ok, err = plot.write(opts.plot, svg)
     if not ok then die(err) end
     note("plot: %s (%d steps)", opts.plot, #c.step)
