@@ -146,26 +146,39 @@ local function check_spec(spec)
     check_bound(ax, "max", a)
   end
   local w, h = spec.width or M.WIDTH, spec.height or M.HEIGHT
-  for k, v in pairs { width = w, height = h } do
-    if type(v) ~= "number" or v < MIN_SIZE then fail(fmt("%s must be a number of at least %d px", k, MIN_SIZE)) end
+  for _, kv in ipairs { { "width", w }, { "height", h } } do
+    if type(kv[2]) ~= "number" or kv[2] < MIN_SIZE then
+      fail(fmt("%s must be a number of at least %d px", kv[1], MIN_SIZE))
+    end
   end
   if #by_axis.y == 0 then fail("every series is on y2; put at least one on the left axis (y)") end
   return spec.x.values, by_axis, w, h
 end
 
+-- The pixel of value v on scale sc drawn from pixel a (its lo) to pixel b (its hi).
+local function px(sc, a, b, v) return a + (v - sc.lo) / (sc.hi - sc.lo) * (b - a) end
+
+local function line(out, x1, y1, x2, y2, attrs)
+  out[#out + 1] = fmt('<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f"%s/>', x1, y1, x2, y2, attrs or "")
+end
+
 -- The frame, the grid and the tick labels of the x axis and the left axis (y).
 local function draw_axes(out, box, xs, ys, labels)
-  local function gx(v) return box.x0 + (v - xs.lo) / (xs.hi - xs.lo) * (box.x1 - box.x0) end
-  local function gy(v) return box.y1 - (v - ys.lo) / (ys.hi - ys.lo) * (box.y1 - box.y0) end
+  local function gx(v) return px(xs, box.x0, box.x1, v) end
+  local function gy(v) return px(ys, box.y1, box.y0, v) end
   out[#out + 1] = '<g class="grid" stroke="#e4e4e4" stroke-width="1">'
-  for _, t in ipairs(xs.ticks) do out[#out + 1] = fmt('<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f"/>', gx(t), box.y0, gx(t), box.y1) end
-  for _, t in ipairs(ys.ticks) do out[#out + 1] = fmt('<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f"/>', box.x0, gy(t), box.x1, gy(t)) end
+  for _, t in ipairs(xs.ticks) do line(out, gx(t), box.y0, gx(t), box.y1) end
+  for _, t in ipairs(ys.ticks) do line(out, box.x0, gy(t), box.x1, gy(t)) end
   out[#out + 1] = "</g>"
   out[#out + 1] = fmt('<rect class="frame" x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="none" stroke="#444"/>',
     box.x0, box.y0, box.x1 - box.x0, box.y1 - box.y0)
   out[#out + 1] = '<g class="ticks" fill="#333">'
-  for _, t in ipairs(xs.ticks) do text(out, gx(t), box.y1 + 17, fmt("%." .. xs.decimals .. "f", t), ' text-anchor="middle"') end
-  for _, t in ipairs(ys.ticks) do text(out, box.x0 - 6, gy(t) + 4, fmt("%." .. ys.decimals .. "f", t), ' text-anchor="end"') end
+  for _, t in ipairs(xs.ticks) do
+    text(out, gx(t), box.y1 + 17, fmt("%." .. xs.decimals .. "f", t), ' text-anchor="middle"')
+  end
+  for _, t in ipairs(ys.ticks) do
+    text(out, box.x0 - 6, gy(t) + 4, fmt("%." .. ys.decimals .. "f", t), ' text-anchor="end"')
+  end
   out[#out + 1] = "</g>"
   if labels.x then text(out, (box.x0 + box.x1) / 2, box.y1 + 38, labels.x, ' class="xlabel" text-anchor="middle"') end
   if labels.y then
@@ -176,10 +189,10 @@ end
 
 -- The tick labels of the right axis (y2), and its label.
 local function draw_y2(out, box, ys, label, width)
-  local function gy(v) return box.y1 - (v - ys.lo) / (ys.hi - ys.lo) * (box.y1 - box.y0) end
+  local function gy(v) return px(ys, box.y1, box.y0, v) end
   out[#out + 1] = '<g class="ticks2" fill="#333">'
   for _, t in ipairs(ys.ticks) do
-    out[#out + 1] = fmt('<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#444"/>', box.x1, gy(t), box.x1 + 4, gy(t))
+    line(out, box.x1, gy(t), box.x1 + 4, gy(t), ' stroke="#444"')
     text(out, box.x1 + 7, gy(t) + 4, fmt("%." .. ys.decimals .. "f", t), ' text-anchor="start"')
   end
   out[#out + 1] = "</g>"
@@ -193,8 +206,7 @@ end
 local function draw_series(out, box, xs, ys, x, s, colour)
   local pts = {}
   for i, v in ipairs(s.values) do
-    pts[i] = fmt("%.1f,%.1f", box.x0 + (x[i] - xs.lo) / (xs.hi - xs.lo) * (box.x1 - box.x0),
-      box.y1 - (v - ys.lo) / (ys.hi - ys.lo) * (box.y1 - box.y0))
+    pts[i] = fmt("%.1f,%.1f", px(xs, box.x0, box.x1, x[i]), px(ys, box.y1, box.y0, v))
   end
   local width = s.width or 1.5
   out[#out + 1] = fmt('<polyline class="series" data-name="%s" fill="none" stroke="%s" stroke-width="%g" ' ..
@@ -216,8 +228,7 @@ local function draw_legend(out, box, entries)
   local x = box.x1 - total
   out[#out + 1] = '<g class="legend">'
   for _, e in ipairs(entries) do
-    out[#out + 1] = fmt('<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="%s" stroke-width="3"/>',
-      x, box.y0 - 12, x + 16, box.y0 - 12, e.colour)
+    line(out, x, box.y0 - 12, x + 16, box.y0 - 12, fmt(' stroke="%s" stroke-width="3"', e.colour))
     text(out, x + 20, box.y0 - 8, e.name)
     x = x + e.w + gap
   end
@@ -245,9 +256,9 @@ function M.svg(spec)
   local ylo, yhi = range_of(by_axis.y)
   local ys = scale(ylo, yhi, yopt, false)
   local out = {
-    fmt('<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" ' ..
+    fmt('<svg xmlns="http://www.w3.org/2000/svg" width="%g" height="%g" viewBox="0 0 %g %g" ' ..
       'font-family="DejaVu Sans, Helvetica, Arial, sans-serif" font-size="12">', w, h, w, h),
-    fmt('<rect width="%d" height="%d" fill="#ffffff"/>', w, h),
+    fmt('<rect width="%g" height="%g" fill="#ffffff"/>', w, h),
   }
   if spec.title then text(out, box.x0, 20, spec.title, ' class="title" font-size="14" font-weight="bold"') end
   draw_axes(out, box, xs, ys, { x = spec.x.label, y = yopt.label })
@@ -292,7 +303,8 @@ function M.csv(header, columns)
   end
   for i, name in ipairs(header) do
     if type(name) ~= "string" or name:find('[,"\r\n]') or name == "" then
-      fail(fmt("csv column name %d (%s) must be a non-empty string without commas, quotes or newlines", i, tostring(name)))
+      fail(fmt("csv column name %d (%s) must be a non-empty string without commas, quotes or newlines", i,
+        tostring(name)))
     end
     if type(columns[i]) ~= "table" then fail(fmt("csv column '%s' needs a list of numbers", name)) end
     if #columns[i] ~= #columns[1] then

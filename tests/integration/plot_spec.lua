@@ -157,8 +157,11 @@ describe("examples/train.lua --csv FILE --plot FILE", function()
       assert.are.equal(10, c.bands, name .. " should cross all 10 column bands of the plot")
     end
     -- Rows grow downwards: the loss ends lower in the picture than it starts, the accuracy higher.
-    assert.is_true(pic[LOSS].first < pic[LOSS].last, "loss: first band row " .. pic[LOSS].first .. ", last " .. pic[LOSS].last)
-    assert.is_true(pic[ACCURACY].first > pic[ACCURACY].last, "accuracy rows " .. pic[ACCURACY].first .. ", " .. pic[ACCURACY].last)
+    local loss, acc = pic[LOSS], pic[ACCURACY]
+    assert.is_true(loss.first < loss.last, string.format("loss: mean row %g in the first band, %g in the last", loss.first,
+      loss.last))
+    assert.is_true(acc.first > acc.last, string.format("accuracy: mean row %g in the first band, %g in the last", acc.first,
+      acc.last))
   end)
 
   it("writes the same curves with --fused K (K steps per call)", function()
@@ -220,7 +223,8 @@ describe("examples/rl/run.lua --csv FILE --plot FILE", function()
     local pic = render(r.svg, { RETURN, MEAN100 })
     assert.are.equal(10, pic[RETURN].bands)
     assert.are.equal(10, pic[MEAN100].bands)
-    assert.is_true(pic[MEAN100].first > pic[MEAN100].last, "mean100 rows " .. pic[MEAN100].first .. ", " .. pic[MEAN100].last)
+    local m = pic[MEAN100]
+    assert.is_true(m.first > m.last, string.format("mean100: mean row %g in the first band, %g in the last", m.first, m.last))
   end)
 end)
 end)

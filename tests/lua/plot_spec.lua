@@ -152,7 +152,8 @@ describe("plot.svg refuses bad input", function()
   end)
 
   it("no x values, no series, an unknown axis, a size too small, a NaN bound", function()
-    assert.matches("plot: x is empty", error_of(plot.svg, { x = { values = {} }, series = { { values = {} } } }), 1, true)
+    local no_x = { x = { values = {} }, series = { { values = {} } } }
+    assert.matches("plot: x is empty", error_of(plot.svg, no_x), 1, true)
     assert.matches("plot: no series to plot", error_of(plot.svg, { x = { values = { 1 } }, series = {} }), 1, true)
     local spec = two_axes()
     spec.series[2].axis = "right"
@@ -178,7 +179,8 @@ describe("plot.csv", function()
   end)
 
   it("refuses columns of different lengths, a value that is not a number, and a bad name", function()
-    assert.matches("csv column 'b' has 1 values but 'a' has 2", error_of(plot.csv, { "a", "b" }, { { 1, 2 }, { 1 } }), 1, true)
+    assert.matches("csv column 'b' has 1 values but 'a' has 2", error_of(plot.csv, { "a", "b" }, { { 1, 2 }, { 1 } }),
+      1, true)
     assert.matches("csv column 'a' value 2 is a string", error_of(plot.csv, { "a" }, { { 1, "x" } }), 1, true)
     assert.matches("csv has 2 column names but 1 columns", error_of(plot.csv, { "a", "b" }, { { 1 } }), 1, true)
     assert.matches("csv column name 1 (a,b) must be", error_of(plot.csv, { "a,b" }, { { 1 } }), 1, true)
