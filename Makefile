@@ -115,6 +115,7 @@ run: deps
 	$(BIN)/monarch-run examples/train.lua
 
 test: deps
+	@scripts/deps.sh --tests
 	@$(MAKE) --no-print-directory tests
 	@tests/run.sh
 

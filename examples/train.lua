@@ -24,6 +24,7 @@
 -- never interrupted.
 local monarch = require "monarch"
 local checkpoint = require "monarch.checkpoint"
+local plot = require "monarch.plot"
 local gpu = require "monarch.gpu"
 local ffi = require "ffi"
 
@@ -63,6 +64,8 @@ local OPTIONS = { -- name, default, kind, help
   { "snapshot-every", SNAPSHOT_EVERY, "int", "steps between in-memory copies of the weights, for recovery" },
   { "log-every", 20, "int", "steps between progress lines when stdout is not a terminal" },
   { "quiet", false, "flag", "print only the summary" },
+  { "plot", nil, "string", "SVG file for a line plot of the loss and accuracy of every step" },
+  { "csv", nil, "string", "CSV file for the loss and accuracy of every step" },
   { "fused", nil, "int", "run K steps per call (mlp_train: in-kernel all_reduce; CPU only)" },
   { "fail-at", nil, "int", "testing: fail step N once (simulated) to exercise recovery" },
   { "kill-at", nil, "int", "testing: kill the last proc at step N (needs restart support)" },
@@ -128,6 +131,13 @@ local function parse_args(argv)
   end
   if not (opts["test-fraction"] > 0 and opts["test-fraction"] < 1) then
     die("--test-fraction must be between 0 and 1")
+  end
+  -- A bad output path stops the run now, not after the training.
+  for _, name in ipairs { "plot", "csv" } do
+    if opts[name] then
+      local ok, err = plot.writable(opts[name])
+      if not ok then die("--" .. name .. ": " .. err) end
+    end
   end
   return opts
 end
@@ -618,3 +628,53 @@ note("test accuracy %.2f%% (%d/%d), test loss %.4f", 100 * test_acc, test_correc
 note("weights identical on all %d procs (%d parameters, crc32 %08x)", world, nparams, checkpoint.crc32(params))
 if recoveries > 0 then note("recovered from %d failed step(s)", recoveries) end
 if last_ckpt then note("checkpoint: %s", last_ckpt) end
+
+-- ---- curves (--csv, --plot) -------------------------------------------------------------------
+
+--- The steps trained in this run (1-based), with the mean loss and the
+-- accuracy of each one's global batch; a replayed step counts once (its
+-- metrics entry was overwritten).
+local function curves()
+  local c = { step = {}, epoch = {}, loss = {}, accuracy = {} }
+  local n = batch * world
+  for s = start_step, total_steps - 1 do
+    local m = metrics[s]
+    if m then
+      local i = #c.step + 1
+      c.step[i], c.epoch[i] = s + 1, math.floor(s / steps_per_epoch) + 1
+      c.loss[i], c.accuracy[i] = m[1] / n, m[2] / n
+    end
+  end
+  return c
+end
+
+local function write_curves()
+  local c = curves()
+  if #c.step == 0 then
+    note("curves: no steps were trained in this run; nothing written")
+    return
+  end
+  if opts.csv then
+    local ok, err = plot.write(opts.csv, plot.csv({ "step", "epoch", "loss", "accuracy" },
+      { c.step, c.epoch, c.loss, c.accuracy }))
+    if not ok then die(err) end
+    note("csv: %s (%d steps)", opts.csv, #c.step)
+  end
+  if opts.plot then
+    local pct = {}
+    for i, a in ipairs(c.accuracy) do pct[i] = 100 * a end
+    local drawn, svg = pcall(plot.svg, {
+      title = string.format("train.lua: digits, %d procs x batch %d, lr %g; test accuracy %.1f%%",
+        world, batch, opts.lr, 100 * test_acc),
+      x = { label = "step", values = c.step },
+      y = { label = "loss (the step's batch)", min = 0 },
+      y2 = { label = "accuracy % (the step's batch)", min = 0, max = 100 },
+      series = { { name = "loss", values = c.loss }, { name = "accuracy", values = pct, axis = "y2" } },
+    })
+    if not drawn then die(tostring(svg)) end -- a NaN loss, say; the CSV (written first) has it
+    local ok, err = plot.write(opts.plot, svg)
+    if not ok then die(err) end
+    note("plot: %s (%d steps)", opts.plot, #c.step)
+  end
+end
+if opts.plot or opts.csv then write_curves() end

@@ -3,6 +3,7 @@
 --
 --   monarch-run examples/rl/run.lua [--procs 3] [--envs 16] [--seed 1]
 --                                   [--kill-at UPDATE] [--restart] [--max-seconds 300]
+--                                   [--plot FILE.svg] [--csv FILE.csv]
 --   make rl
 --
 -- Prints progress about once a second (episodes, mean return over the last
@@ -10,12 +11,15 @@
 -- 100 consecutive episodes reaches 195 (CartPole-v0's "solved"), the episodes
 -- and wall time it took. --kill-at N kills one environment proc (SIGKILL)
 -- after update N, to show rollouts going on without it; with --restart the
--- mesh restarts it and its actor comes back.
+-- mesh restarts it and its actor comes back. --plot writes the return of
+-- every episode and its mean over the last 100 as an SVG line plot, --csv
+-- the same per episode (with the env proc and the policy version) as CSV.
 local here = (arg and arg[0] or ""):match("^(.*)/[^/]*$") or "."
 local root = here:match("^(.*)/rl$") or (here == "rl" and ".") or (here .. "/..")
 package.path = root .. "/?.lua;" .. package.path
 
 local monarch = require "monarch"
+local plot = require "monarch.plot"
 local trainer = require "rl.trainer"
 
 local opts = { procs = 3, envs = 16, seed = 1, max_seconds = 300 }
@@ -26,6 +30,13 @@ while arg and arg[i] do
   elseif a == "--procs" or a == "--envs" or a == "--seed" or a == "--kill-at" or a == "--max-seconds" then
     local n = tonumber(v) or error(a .. " wants a number", 0)
     opts[a:sub(3):gsub("-", "_")] = n
+    i = i + 1
+  elseif a == "--plot" or a == "--csv" then
+    if not v then error(a .. " wants a file name", 0) end
+    -- A bad output path stops the run now, not after the training.
+    local ok, err = plot.writable(v)
+    if not ok then error(a .. ": " .. err, 0) end
+    opts[a:sub(3)] = v
     i = i + 1
   else
     error("unknown option " .. a .. " (see the header of examples/rl/run.lua)", 0)
@@ -43,8 +54,13 @@ end)
 print(string.format("CartPole-v0: %d env procs x %d envs, REINFORCE (linear softmax policy)", opts.procs, opts.envs))
 
 local killed = false
+local curves = { episode = {}, ret = {}, mean100 = {}, rank = {}, version = {}, seconds = {} }
+local function record(e)
+  for k, col in pairs(curves) do col[#col + 1] = e[k] end
+end
 local summary = trainer.train {
   procs = procs, envs = opts.envs, seed = opts.seed, max_seconds = opts.max_seconds,
+  on_episode = (opts.plot or opts.csv) and record or nil,
   on_update = function(s)
     if s.updates % 10 == 0 then
       print(string.format("update %4d  episodes %6d  mean100 %6.1f  version %4d  steps/s %8.0f  lag %.2f  dropped %d",
@@ -74,5 +90,31 @@ end
 local by_rank = {}
 for r = 0, opts.procs - 1 do by_rank[#by_rank + 1] = string.format("rank %d: %d", r, summary.episodes_by_rank[r] or 0) end
 print("episodes by env proc: " .. table.concat(by_rank, ", ") .. string.format("; %d env proc failure(s)", #summary.failures))
+
+-- The curves: every episode that arrived (those in flight when the run
+-- stopped included), in the order they arrived.
+local function write(path, text)
+  local ok, err = plot.write(path, text)
+  if not ok then error(err, 0) end
+end
+if opts.csv then
+  write(opts.csv, plot.csv({ "episode", "return", "mean100", "rank", "version", "seconds" },
+    { curves.episode, curves.ret, curves.mean100, curves.rank, curves.version, curves.seconds }))
+  print(string.format("csv: %s (%d episodes)", opts.csv, #curves.episode))
+end
+if opts.plot then
+  local outcome = summary.solved and string.format("solved after %d episodes", summary.solved_episodes) or "not solved"
+  write(opts.plot, plot.svg {
+    title = string.format("CartPole-v0, REINFORCE, %d env procs x %d envs: %s", opts.procs, opts.envs,
+      outcome),
+    x = { label = "episode", values = curves.episode },
+    y = { label = "return", min = 0, max = 200 },
+    series = {
+      { name = "return", values = curves.ret, colour = "#9cc3e6", width = 1 },
+      { name = "mean of the last 100", values = curves.mean100, colour = "#e8710a", width = 2 },
+    },
+  })
+  print(string.format("plot: %s (%d episodes)", opts.plot, #curves.episode))
+end
 monarch.shutdown()
 if not summary.solved then os.exit(1) end

@@ -48,6 +48,9 @@ end
     stop_when      fn(stats) -> true to stop early (checked after every update)
     on_progress    fn(stats), called about every progress_every seconds (1)
     on_update      fn(stats), called after every update (faults can be injected here)
+    on_episode     fn(e), called for every episode that arrives, e = { episode (1-based count),
+                   ret, mean100 (mean return of the last 100 episodes, this one included),
+                   rank (env proc), version (policy version that played it), seconds }
   Returns stats: solved, episodes, updates, version, seconds, env_steps, mean100,
   dropped, failures (list of errors of env procs), episodes_by_rank. ]]
 function M.train(opts)
@@ -73,6 +76,10 @@ function M.train(opts)
       st.episodes = st.episodes + 1
       st.episodes_by_rank[res.rank] = (st.episodes_by_rank[res.rank] or 0) + 1
       push_return(window, ep.ret)
+      if opts.on_episode then
+        opts.on_episode { episode = st.episodes, ret = ep.ret, mean100 = mean(window), rank = res.rank,
+          version = ep.version, seconds = monarch.now() - t0 }
+      end
       learner:add(ep)
       if not st.solved and window.n == WINDOW and mean(window) >= target then
         st.solved, st.solved_episodes, st.solved_seconds = true, st.episodes, monarch.now() - t0

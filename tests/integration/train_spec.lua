@@ -47,40 +47,10 @@ local function tmpdir()
   return d
 end
 
--- A digits-like set (10 noisy prototypes of 64 values in 0..16) for machines
--- that cannot fetch the real one; plain CSV, which the loader reads as well.
-local function synthetic_digits(path)
-  local state = 12345
-  local function rand(n) -- a small LCG: deterministic everywhere
-    state = (state * 1103515245 + 12345) % 2147483648
-    return state % n
-  end
-  local protos = {}
-  for c = 0, 9 do
-    protos[c] = {}
-    for j = 1, 64 do protos[c][j] = rand(17) end
-  end
-  local lines = {}
-  for r = 0, 899 do
-    local c = r % 10
-    local row = {}
-    for j = 1, 64 do row[j] = math.max(0, math.min(16, protos[c][j] + rand(9) - 4)) end
-    row[65] = c
-    lines[#lines + 1] = table.concat(row, ",")
-  end
-  write(path, table.concat(lines, "\n") .. "\n")
-end
-
--- The real data set when it is here or can be fetched, else the synthetic one.
+-- The real data set when it is here or can be fetched, else a synthetic one.
 local data_arg = ""
 local function ensure_data()
-  if exists("data/digits.csv.gz") then return end
-  local out, rc = sh("scripts/fetch-digits.sh")
-  if rc == 0 and exists("data/digits.csv.gz") then return end
-  io.stderr:write("train_spec: the digits data set is not available (", out:gsub("\n", " "), "); using a synthetic one\n")
-  local p = tmpdir() .. "/synthetic.csv"
-  synthetic_digits(p)
-  data_arg = " --data " .. p
+  data_arg = require("digits").data_arg(tmpdir())
 end
 
 -- Runs train.lua with args; returns its output and exit code.
