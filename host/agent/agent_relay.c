@@ -152,11 +152,18 @@ static void relay_closed(uv_handle_t *h) {
   mn__agent_proc_handle_closed(h);
 }
 
+/* The relay broke while its proc lives (it wrote garbage, or closed its end): calls in flight
+ * through it would never be answered, so the proc goes, and the controller hears of its death. */
+static void relay_broke(aproc_t *p) {
+  if (!uv_is_closing((uv_handle_t *)&p->proc)) uv_process_kill(&p->proc, SIGKILL);
+  mn__agent_relay_proc_gone(p);
+}
+
 static void relay_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf) {
   aproc_t *p = st->data;
   (void)buf;
   if (n < 0) {
-    mn__agent_relay_proc_gone(p);
+    relay_broke(p);
     return;
   }
   p->rin.len += (size_t)n;
@@ -165,8 +172,8 @@ static void relay_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf) {
     const char *body;
     int64_t len = mn_frame_peek(p->rin.data + off, p->rin.len - off, MN_MAX_FRAME, &body);
     if (len == MN_EAGAIN) break;
-    if (len < 0) { /* the proc wrote garbage: stop listening to it; the controller resends directly */
-      mn__agent_relay_proc_gone(p);
+    if (len < 0) {
+      relay_broke(p);
       return;
     }
     off += MN_FRAME_HEADER + (size_t)len;
