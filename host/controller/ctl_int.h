@@ -21,9 +21,6 @@ struct mn_conn_s {
   int id;
   mn_conn_kind_t kind;
   mn_conn_state_t state;
-  char host[256];
-  int port;
-  uint8_t ns[MN_NONCE_LEN], nc[MN_NONCE_LEN];
   mn_buf_t in;       /* bytes read, not yet drained */
   size_t in_off;     /* bytes at the front of `in` already drained (compacted lazily) */
   mn_buf_t out;      /* frames queued, not yet written */
@@ -43,9 +40,6 @@ struct mn_conn_s {
   uv_timer_t *retry; /* pending reconnect attempt */
   mn_pending_t *ring;
   size_t rhead, rcount, rcap;
-  char info_host[256];
-  int64_t info_pid;
-  char reason[256];  /* why it closed, or why it is reconnecting */
   void *data;
   /* Casts (ctl_cast.c). A proc: */
   int via;           /* the agent conn that relays its casts (0: none) */
@@ -54,6 +48,13 @@ struct mn_conn_s {
   /* An agent: */
   mn_buf_t cast;     /* (pid, seq, tag) triples, as uint64s, of the cast being gathered */
   int in_cast;       /* on ctl's list of agents with a cast gathered */
+  /* Cold: the names and texts, last, so that the fields a RESULT touches share cache lines. */
+  int port;
+  int64_t info_pid;
+  uint8_t ns[MN_NONCE_LEN], nc[MN_NONCE_LEN];
+  char host[256];
+  char info_host[256];
+  char reason[256];  /* why it closed, or why it is reconnecting */
 };
 
 /* Queues an event for the Lua face; 0 or MN_ENOMEM. */
