@@ -53,10 +53,11 @@ typedef struct {
   int interactive, slurm, status, quiet;
 } opts_t;
 
-/* Adds a traceback to errors, keeping structured error objects intact. */
+/* Adds a traceback to errors, except to structured ones (a MonarchError: a lost host, a failed proc,
+ * a timeout): those are expected failures, and their text already says what failed and where. */
 static int msgh(lua_State *L) {
   if (lua_type(L, 1) == LUA_TTABLE && luaL_callmeta(L, 1, "__tostring")) {
-    /* stack: err, str */
+    return 1; /* stack: err, str */
   } else if (lua_type(L, 1) != LUA_TSTRING) {
     lua_pushfstring(L, "(error object is a %s value)", luaL_typename(L, 1));
   } else {

@@ -528,6 +528,7 @@ static int handshake_step(mn_ctl_t *c, mn_conn_t *k) {
         k->info_pid = new_pid;
         int again = k->ever_ready;
         k->state = MN_CS_READY;
+        k->peer_closed = 0;
         k->ever_ready = 1;
         k->attempt = 0;
         rc = open_session(c, k);
@@ -554,6 +555,8 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
   if (n < 0) {
     const char *why = n == UV_EOF ? "connection closed by peer" : uv_strerror((int)n);
     if (k->state == MN_CS_READY) {
+      /* The peer's kernel ended it: its process is gone, or closed it (a silent link would time out). */
+      k->peer_closed = n == UV_EOF || n == UV_ECONNRESET;
       conn_lost(k, why);
     } else {
       drop_link(k);
@@ -575,6 +578,16 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
   }
 }
 
+/* An agent whose connection its host's kernel closed, and whose address then refuses connections,
+ * is gone: its process died. Decided once refusals have gone on for MN_REFUSED_MS (a few attempts),
+ * not after the whole reconnect window, so the script can go on without the host at once. A link that
+ * went silent keeps the window even if refused: a local interface that is down answers that way too. */
+static int agent_gone(mn_conn_t *k, int status) {
+  uv_update_time(&k->ctl->loop);
+  return k->kind == MN_CONN_AGENT && k->peer_closed && (status == UV_ECONNREFUSED || status == UV_ECONNRESET) &&
+         uv_now(&k->ctl->loop) - k->lost_at >= MN_REFUSED_MS;
+}
+
 static void on_connect(uv_connect_t *req, int status) {
   mn_link_t *l = req->data;
   mn_conn_t *k = l->k;
@@ -583,8 +596,13 @@ static void on_connect(uv_connect_t *req, int status) {
     char msg[400];
     snprintf(msg, sizeof(msg), "cannot connect to %s:%d: %s", k->host, k->port, uv_strerror(status));
     drop_link(k);
-    /* Even "refused" is retried within the window: a cut link can answer
-     * that way locally. A proc that really died is reported by its agent. */
+    if (k->ever_ready && agent_gone(k, status)) {
+      char why[340];
+      snprintf(why, sizeof(why), "%.256s, then refused: no host agent listens there any more", k->reason);
+      mn_ctl_disconnect(k->ctl, k->id, why);
+      return;
+    }
+    /* A proc's "refused" is retried within the window: a proc that really died is reported by its agent. */
     if (k->ever_ready) schedule_retry(k, msg);
     else mn_ctl_disconnect(k->ctl, k->id, msg);
     return;

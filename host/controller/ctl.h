@@ -41,6 +41,7 @@ typedef enum {
 #define MN_RECONNECT_MS 5000        /* default window for reconnecting a lost connection */
 #define MN_BACKOFF_MIN_MS 50        /* first reconnect delay; doubles per attempt */
 #define MN_BACKOFF_MAX_MS 1000      /* longest reconnect delay */
+#define MN_REFUSED_MS 300           /* an agent's address that refuses for this long has no agent: the host is lost */
 #define MN_HB_PING_BASE (1ull << 40) /* PING ids at or above this are heartbeats, not Lua pings */
 
 typedef struct {

@@ -37,6 +37,7 @@ struct mn_conn_s {
   uint64_t lost_at;  /* uv_now when reconnecting began */
   uint64_t reconnect_ms;
   int attempt;
+  int peer_closed;   /* the last loss was an EOF or reset from the peer, not silence */
   uv_timer_t *retry; /* pending reconnect attempt */
   mn_pending_t *ring;
   size_t rhead, rcount, rcap;

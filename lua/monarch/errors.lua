@@ -50,6 +50,7 @@ M.KINDS = {
   -- from the controller
   { "proc_failed", "the proc died, or was already dead, before it answered" },
   { "unresponsive", "the proc stopped answering heartbeats while its host agent still answers, or still ran a cancelled call after `cancel_grace` (it is then killed)" },
+  { "host_lost", "a host agent is gone for good (its address refuses connections, or it stayed unreachable for the reconnect window), and every proc on it with it: one event per host, with host, addr, cause and ranks" },
   { "timeout", "a call `options` timeout, or a `get(timeout)` or spawn/connect wait ran out" },
   { "load", "`ProcMesh:load` failed" },
   { "spawn", "`spawn_procs` could not start or reach every proc" },

@@ -134,6 +134,12 @@ function M.configure(t)
   if type(t.heartbeat_timeout) == "number" then require("monarch.procs").hang_timeout = t.heartbeat_timeout end
 end
 
+--- fn(ev) is called once for each host lost for good (kind host_lost: ev.host, ev.addr, ev.cause,
+-- ev.ranks): its agent's address refuses connections, or it stayed unreachable for the reconnect
+-- window. Without a handler (and with no call waiting on its procs) the event stops the script.
+-- mesh:survivors() is the mesh without the lost hosts.
+function M.on_host_loss(fn) require("monarch.procs").on_host_loss(fn) end
+
 --- Waits for every task, then stops all procs and host agents this script started.
 function M.shutdown()
   local ok, err = true, nil

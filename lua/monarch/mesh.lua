@@ -174,7 +174,7 @@ M.METHODS = {
   -- monarch.mesh: shape, views and policies
   size = "monarch.mesh", sizes = "monarch.mesh", rank = "monarch.mesh", procs = "monarch.mesh",
   slice = "monarch.mesh", options = "monarch.mesh", on_restart = "monarch.mesh", on_failure = "monarch.mesh",
-  ready = "monarch.mesh", stop = "monarch.mesh", ping = "monarch.mesh",
+  ready = "monarch.mesh", stop = "monarch.mesh", ping = "monarch.mesh", survivors = "monarch.mesh",
   -- monarch.mesh: kernel calls (_submit is the one they share, also used by the modules below)
   load = "monarch.mesh", call = "monarch.mesh", call_one = "monarch.mesh", broadcast = "monarch.mesh",
   choose = "monarch.mesh", stream = "monarch.mesh", tensor = "monarch.mesh", _submit = "monarch.mesh",
@@ -305,6 +305,44 @@ function ProcMesh:on_restart(fn)
     p.init_hooks[#p.init_hooks + 1] = fn
   end
   return self
+end
+
+-- Whether p's host is gone for good (its agent closed): it and every proc on it.
+local function host_gone(p) return p.host_lost ~= nil or (p.agent and p.agent.state == "dead") end
+
+--- The mesh without the hosts that were lost (kind host_lost): same
+-- dimensions, fewer positions along "hosts" (a mesh without that dimension
+-- drops the lost procs along its only one). Returns the mesh and the number
+-- of procs dropped. Its collectives form new groups over the survivors.
+function ProcMesh:survivors()
+  local names, sizes = self.shape.names, self.shape.sizes
+  local hsize, hdim = self.shape:dim("hosts")
+  if not hsize then
+    if #names ~= 1 then error("survivors: a mesh without a 'hosts' dimension must have one dimension", 2) end
+    hsize, hdim = sizes[1], 1
+  end
+  local stride = 1
+  for d = hdim + 1, #names do stride = stride * sizes[d] end
+  local keep, nhosts = {}, 0
+  for h = 0, hsize - 1 do
+    local gone = false
+    for i = 1, #self._procs do
+      if math.floor((i - 1) / stride) % hsize == h and host_gone(self._procs[i]) then gone = true end
+    end
+    if not gone then nhosts = nhosts + 1 end
+    keep[h] = not gone
+  end
+  if nhosts == hsize then return self, 0 end
+  if nhosts == 0 then
+    error(errors.new { kind = "host_lost", message = "survivors: every host of " .. tostring(self) .. " was lost" }, 2)
+  end
+  local procs = {}
+  for i, p in ipairs(self._procs) do
+    if keep[math.floor((i - 1) / stride) % hsize] then procs[#procs + 1] = p end
+  end
+  local nsizes = {}
+  for d = 1, #names do nsizes[d] = d == hdim and nhosts or sizes[d] end
+  return M.proc_mesh(procs, shape_mod.new(names, nsizes), self._opts, self._libs), #self._procs - #procs
 end
 
 --- Waits until every proc of this mesh is ready (restarted ones included);

@@ -96,6 +96,9 @@ function M.finalize_death(p)
   if will_restart then
     log.log("warn", tostring(ev):gsub("^monarch: ", "") .. " (restarting)")
     restart_proc(p)
+  elseif p.host_lost then
+    -- Its host's one event stands for it (host_lost, below); say whether the script heard of it here.
+    p.host_lost.heard = p.host_lost.heard or handled or script_calls > 0
   elseif not handled and script_calls == 0 and not M.shutting_down then
     -- Nobody was waiting on it and nobody asked to hear: stop the script rather than fail silently later.
     -- Unless a call to it fails before the pump ends: its last answer may have come in this same pump,
@@ -270,6 +273,51 @@ end
 -- ---- host agents -----------------------------------------------------------------
 
 local next_req = 0
+local host_loss_handlers = {}
+
+--- fn(ev) is called once for every host lost for good, ev being a MonarchError of kind host_lost
+-- with host, addr, cause and ranks (the procs lost with it, ascending).
+function M.on_host_loss(fn)
+  if type(fn) ~= "function" then error("on_host_loss wants a function", 2) end
+  host_loss_handlers[#host_loss_handlers + 1] = fn
+end
+
+local function rank_list(ranks)
+  local parts, i = {}, 1
+  while i <= #ranks do
+    local j = i
+    while j < #ranks and ranks[j + 1] == ranks[j] + 1 do j = j + 1 end
+    parts[#parts + 1] = j > i and (ranks[i] .. "-" .. ranks[j]) or tostring(ranks[i])
+    i = j + 1
+  end
+  return table.concat(parts, ",")
+end
+
+-- Host agent a is gone for good, and its live procs `lost` with it: one event for the host; each
+-- proc fails at once (no exit report will come), and its calls with it.
+local function host_lost(a, reason, lost)
+  table.sort(lost, function(x, y) return x.rank < y.rank end)
+  local ranks = {}
+  for i, p in ipairs(lost) do ranks[i] = p.rank end
+  local ev = errors.new { kind = "host_lost", host = a.hostname or a.addr, addr = a.addr .. ":" .. a.port,
+    cause = tostring(reason), ranks = ranks,
+    message = string.format("host %s (%s:%d) lost: %s; %d proc%s lost with it (rank%s %s)", a.hostname or a.addr,
+      a.addr, a.port, tostring(reason), #lost, #lost == 1 and "" or "s", #lost == 1 and "" or "s", rank_list(ranks)) }
+  log.log("warn", tostring(ev):gsub("^monarch: ", ""))
+  for _, p in ipairs(lost) do
+    p.host_lost = ev
+    p.close_reason = string.format("lost with its host %s:%d (%s)", a.addr, a.port, tostring(reason))
+    core.disconnect(p.conn, p.close_reason)
+    mark_dying(p, p.close_reason)
+    M.finalize_death(p)
+  end
+  for _, fn in ipairs(host_loss_handlers) do
+    ev.heard = true
+    local ok, err = pcall(fn, ev)
+    if not ok then runtime.unhandled(errors.new { kind = "script", message = "on_host_loss handler failed: " .. tostring(err) }) end
+  end
+  if not ev.heard then runtime.unhandled(ev) end
+end
 
 local function agent_handler(a)
   return {
@@ -281,18 +329,23 @@ local function agent_handler(a)
     on_closed = function(reason)
       a.state = "dead"
       a.reason = reason
+      local lost = {}
       for _, p in pairs(a.procs) do
         if p.state == "restarting" then
           p.state = "dead"
           p.cause = "host agent lost while restarting: " .. tostring(reason)
           runtime.flush_queue(p)
-        elseif (p.state == "ready" or p.state == "reconnecting") and not M.shutting_down then
-          -- The host is gone for good: its procs with it (their own links may not have noticed).
-          local why = "connection lost: " .. tostring(reason)
-          core.disconnect(p.conn, why)
-          mark_dying(p, why)
+        elseif (p.state == "ready" or p.state == "reconnecting" or p.state == "dying" or p.state == "initializing")
+          and not M.shutting_down then
+          if p.stopping then -- the script stopped it: not a loss
+            core.disconnect(p.conn, "host agent gone")
+            mark_dying(p, "host agent gone")
+          else
+            lost[#lost + 1] = p -- the host is gone for good: its procs with it (their own links may not have noticed)
+          end
         end
       end
+      if #lost > 0 then host_lost(a, reason, lost) end
     end,
     on_reconnecting = function(reason)
       a.state = "reconnecting"

@@ -44,9 +44,10 @@ describe("supervision through the host agents", function()
   it("connects to an agent after the script blocked longer than the handshake timeout", function()
     local m0 = mesh(1) -- a live connection, so heartbeats tick
     os.execute("sleep 5.5")
-    local m = mesh(1)
+    local m = mesh(1) -- its finally replaces m0's: m0 is stopped below
     assert.are.equal(7, m:call_one("echo", 7):get(5))
     assert.are.equal(8, m0:call_one("echo", 8):get(5))
+    m0:stop()
   end)
 
   it("has the agent report a stopped proc; the controller kills it and names it unresponsive", function()
