@@ -22,6 +22,12 @@
 -- reproducible bit for bit: a run resumed from a checkpoint, or one that
 -- recovers from a failed proc, ends with the same weights as a run that was
 -- never interrupted.
+--
+-- A host lost for good (its agent gone, with its procs) does not end the
+-- run: training goes on data-parallel on the surviving hosts from the step
+-- that failed. Each proc keeps a copy of its weights and Adam state from
+-- before the step; the survivors put those back, drop the lost shards, and
+-- average the gradients over the procs that are left (docs/training.md).
 local monarch = require "monarch"
 local checkpoint = require "monarch.checkpoint"
 local plot = require "monarch.plot"
@@ -69,6 +75,7 @@ local OPTIONS = { -- name, default, kind, help
   { "fused", nil, "int", "run K steps per call (mlp_train: in-kernel all_reduce; CPU only)" },
   { "fail-at", nil, "int", "testing: fail step N once (simulated) to exercise recovery" },
   { "kill-at", nil, "int", "testing: kill the last proc at step N (needs restart support)" },
+  { "kill-host-at", nil, "int", "testing: kill the last host's agent (and so its procs) at step N" },
   { "help", false, "flag", "show this help" },
 }
 
@@ -239,6 +246,14 @@ end
 
 local restartable = procs.ready ~= nil
 if restartable then procs = procs:options{ restart = true } end
+
+-- A host lost for good: noted here, handled where the step that failed is (shrink, below).
+local lost_hosts = {}
+local elastic = not on_gpu -- the per-step backup uses basic's copy, a CPU kernel
+monarch.on_host_loss(function(ev)
+  ev.at = monarch.now()
+  lost_hosts[#lost_hosts + 1] = ev
+end)
 local world = procs:size()
 local rank0 = procs:slice{ hosts = 0, procs = 0 }
 
@@ -246,6 +261,7 @@ local rank0 = procs:slice{ hosts = 0, procs = 0 }
 -- that its model kernels shadow mlp's and digits_load stays mlp's.
 local function load_kernels()
   procs:load "mlp"
+  if elastic then procs:load "basic" end
   if on_gpu then procs:load "cuda_mlp" end
 end
 load_kernels()
@@ -275,6 +291,9 @@ local function setup()
     G = new("f32", { nparams }),      -- gradients, same layout
     S = new("f32", { 2 * nparams }),  -- Adam moments m | v
   }
+  if elastic then -- P and S as they were before the step now running: what survivors go on from
+    st.P0, st.S0 = new("f32", { nparams }), new("f32", { 2 * nparams })
+  end
   local data_shapes = { X = { "f32", { shard, features } }, Y = { "i32", { shard } },
     Xt = { "f32", { n_test, features } }, Yt = { "i32", { n_test } } }
   local cpu = {}
@@ -386,7 +405,14 @@ end
 
 -- ---- one step ---------------------------------------------------------------------------------
 
-local metrics = {} -- metrics[step] = {loss_sum, correct}; a replayed step overwrites its entry
+local metrics = {} -- metrics[step] = {loss_sum, correct, samples}; a replayed step overwrites its entry
+
+-- Keeps each proc's own copy of P and S from before a step (basic's copy, on the proc).
+local function backup()
+  if not elastic then return end
+  procs:call("copy", st.P, st.P0)
+  procs:call("copy", st.S, st.S0)
+end
 local injected = {}
 
 --- Runs step s (0-based): gradients on every proc, all-reduce, Adam.
@@ -400,6 +426,14 @@ local function train_step(s)
     -- Its future fails with the proc; the step's own calls report the failure.
     procs:slice{ hosts = 0, procs = procs:size("procs") - 1 }:call_one("exit", 9)
   end
+  if opts["kill-host-at"] == s and not injected.kill_host then
+    injected.kill_host = true
+    local agents = monarch.hosts().agents
+    if #agents < 2 then die("--kill-host-at needs at least two hosts (--hosts)") end
+    os.execute("kill -9 " .. agents[#agents].pid)
+    injected.host_killed_at = monarch.now()
+  end
+  backup()
   local fb = procs:call("mlp_forward_backward", st.P, st.X, st.Y, st.G, hidden, classes, batch, seed, epoch, k)
   all_reduce(st.G)
   local upd = procs:call("mlp_adam", st.P, st.G, st.S, opts.lr, s + 1, 1 / world)
@@ -415,7 +449,7 @@ local function train_step(s)
     loss = loss + results[r][1]
     correct = correct + results[r][2]
   end
-  metrics[s] = { loss, correct }
+  metrics[s] = { loss, correct, batch * world }
 end
 
 --- Runs steps s .. s+n-1 (0-based) in one call per proc: mlp_train does each
@@ -425,6 +459,7 @@ end
 local kgroup
 local function train_fused(s, n)
   if not kgroup or kgroup._dead then kgroup = procs:group() end
+  backup()
   local r = procs:call("mlp_train", kgroup, st.P, st.X, st.Y, st.G, hidden, classes, batch, st.S, seed, opts.lr, s, n,
     steps_per_epoch):get()
   for i = 0, n - 1 do
@@ -433,7 +468,7 @@ local function train_fused(s, n)
       loss = loss + r[p][2 * i + 1]
       correct = correct + r[p][2 * i + 2]
     end
-    metrics[s + i] = { loss, correct }
+    metrics[s + i] = { loss, correct, batch * world }
   end
 end
 
@@ -450,7 +485,7 @@ local recoveries = 0
 --- After a failed step: waits for the mesh to be whole again, rebuilds every
 -- proc's state and puts back the last consistent parameters. Returns the step
 -- to continue from. Raises err again when it is not a recoverable failure.
-local PROC_LOST = { proc_failed = true, unresponsive = true }
+local PROC_LOST = { proc_failed = true, unresponsive = true, host_lost = true }
 
 --- Whether err comes from a proc that died. The survivors of a collective
 -- fail too ("lost the link from rank 3"), and their error may be the one that
@@ -461,7 +496,7 @@ local function proc_was_lost(err)
   for _, f in ipairs(err.failures or {}) do
     if errors.is(f) and PROC_LOST[f.kind] then return true end
   end
-  if err.kind == "collective" then
+  if err.kind == "collective" or err.kind == "host_lost" then
     for _, p in ipairs(procs:procs()) do
       if p.state ~= "ready" then return true end
     end
@@ -469,7 +504,35 @@ local function proc_was_lost(err)
   return false
 end
 
+--- After a step failed because hosts were lost: goes on with the surviving
+-- hosts from step s. Their procs put back P and S from before the step, the
+-- lost procs' shards drop out, and gradients are averaged over the procs
+-- left. Returns s, or nil when no host of the mesh was lost.
+local resume_clock -- set by shrink: when the hosts were lost, until the survivors have taken a step
+local function shrink(s)
+  local survivors, dropped = procs:survivors()
+  if dropped == 0 then return nil end
+  local before = world
+  -- Measured from the kill when this run made it (--kill-host-at), else from the loss event.
+  resume_clock = injected.host_killed_at or (lost_hosts[1] and lost_hosts[1].at) or monarch.now()
+  lost_hosts = {}
+  procs, world, kgroup = survivors, survivors:size(), nil
+  rank0 = procs:slice{ hosts = 0, procs = 0 }
+  for k, t in pairs(st) do st[k] = t:on(procs) end
+  procs:call("copy", st.P0, st.P)
+  procs:call("copy", st.S0, st.S):get()
+  snapshot = fetch_state(s)
+  note("elastic: %d procs lost; training goes on with %d procs on %d hosts from step %d: global batch %d -> %d, "
+    .. "gradients averaged over %d procs", dropped, world, procs:size("hosts"), s + 1, batch * before, batch * world,
+    world)
+  return s
+end
+
 local function recover(err, s)
+  if elastic and proc_was_lost(err) then
+    local at = shrink(s)
+    if at then return at end
+  end
   local simulated = opts["fail-at"] ~= nil and injected.fail and not injected.recovered_fail
   if not (proc_was_lost(err) and (restartable or simulated)) then error(err, 0) end
   recoveries = recoveries + 1
@@ -523,7 +586,7 @@ local function epoch_stats(e, upto)
   for s = e * steps_per_epoch, upto - 1 do
     local m = metrics[s]
     if m then
-      loss, correct, n = loss + m[1], correct + m[2], n + batch * world
+      loss, correct, n = loss + m[1], correct + m[2], n + m[3]
     end
   end
   return n > 0 and loss / n or 0, n > 0 and correct / n or 0
@@ -571,6 +634,11 @@ local function advance(s)
     train_step(s)
   end
   t_train = t_train + (monarch.now() - t0)
+  if resume_clock then
+    note("elastic: stepping again %.3f s after the %s", monarch.now() - resume_clock,
+      injected.host_killed_at and "host was killed" or "loss was reported")
+    resume_clock = nil
+  end
   samples = samples + n * batch * world
   s = s + n
   progress(s, samples / t_train)
@@ -636,13 +704,12 @@ if last_ckpt then note("checkpoint: %s", last_ckpt) end
 -- metrics entry was overwritten).
 local function curves()
   local c = { step = {}, epoch = {}, loss = {}, accuracy = {} }
-  local n = batch * world
   for s = start_step, total_steps - 1 do
     local m = metrics[s]
     if m then
       local i = #c.step + 1
       c.step[i], c.epoch[i] = s + 1, math.floor(s / steps_per_epoch) + 1
-      c.loss[i], c.accuracy[i] = m[1] / n, m[2] / n
+      c.loss[i], c.accuracy[i] = m[1] / m[3], m[2] / m[3]
     end
   end
   return c

@@ -10,6 +10,7 @@
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
+#include <string.h>
 #include <time.h>
 
 #include "monarch_kernel.h"
@@ -209,6 +210,22 @@ static int k_axpy(mk_ctx_t *ctx, int argc, const mk_arg_t *argv) {
   return 0;
 }
 
+/* copy(src, dst): dst = src, bit for bit (any dtype): a proc's own backup of a tensor. */
+static int k_copy(mk_ctx_t *ctx, int argc, const mk_arg_t *argv) {
+  (void)argc;
+  const mk_tensor_t *x = argv[0].v.tensor;
+  mk_tensor_t *y = argv[1].v.tensor;
+  char xd[SHAPE_BUF], yd[SHAPE_BUF];
+  if (check_cpu(ctx, "copy", x) || check_cpu(ctx, "copy", y))
+    return -1;
+  if (x->dtype != y->dtype || x->numel != y->numel)
+    return mk_errorf(ctx, "copy: src is %s but dst is %s (need the same dtype and element count)",
+                     desc(x, xd, sizeof(xd)), desc(y, yd, sizeof(yd)));
+  if (x->data != y->data)
+    memmove(y->data, x->data, (size_t)x->numel * mk_dtype_size(x->dtype));
+  return 0;
+}
+
 static int k_scale(mk_ctx_t *ctx, int argc, const mk_arg_t *argv) {
   (void)argc;
   mk_tensor_t *t = argv[0].v.tensor;
@@ -347,6 +364,7 @@ static const mk_kernel_t kernels[] = {
   { "fill", k_fill, "tn", "fill(t, v): sets every element of t to v (f32, f64, i32, i64, u8)." },
   { "iota", k_iota, "tn?", "iota(t, start=0): t[i] = start + i (f32, f64, i32, i64, u8)." },
   { "axpy", k_axpy, "ntt", "axpy(alpha, x, y): y = alpha*x + y (f32 or f64, same dtype and numel)." },
+  { "copy", k_copy, "tt", "copy(src, dst): dst = src, bit for bit (same dtype and numel)." },
   { "scale", k_scale, "tn", "scale(t, alpha): t = alpha*t (f32, f64)." },
   { "sum", k_sum, "t", "sum(t): sum of all elements as a number, accumulated in double." },
   { "dot", k_dot, "tt", "dot(x, y): inner product as a number (f32 or f64, same dtype and numel)." },

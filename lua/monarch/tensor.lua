@@ -175,6 +175,24 @@ local function check_live(t)
   if rawget(t, "freed") then error("tensor " .. t.__mn_tensor .. " was freed", 3) end
 end
 
+--- The same tensor seen from `mesh`, whose procs must all hold it: a part of
+-- its own mesh, such as mesh:survivors(). Calls, fetch and put on the view
+-- reach only mesh's procs. The view keeps the original handle alive, and
+-- the original (not the view) frees the tensor.
+function Tensor:on(mesh)
+  check_live(self)
+  local holds = {}
+  for _, p in ipairs(self.mesh._procs) do holds[p] = true end
+  for _, p in ipairs(mesh._procs) do
+    if not holds[p] then
+      error(string.format("tensor:on: rank %d is not one of the procs that hold tensor %d", p.rank, self.__mn_tensor), 2)
+    end
+  end
+  local v = M.adopt(mesh, self.__mn_tensor, self.dtype, self.shape)
+  rawset(v, "_owner", rawget(self, "_owner") or self)
+  return v
+end
+
 --- Bytes per bulk message: big tensors stream in chunks of this size, so
 -- neither side ever holds a second copy of the whole tensor.
 M.CHUNK = 4 * 1024 * 1024

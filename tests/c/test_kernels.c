@@ -346,7 +346,7 @@ static void test_basic_table(void **state) {
   (void)state;
   static const char *const expect[] = {
     "noop", "", "echo", "*", "rank", "", "fill", "tn", "iota", "tn?", "axpy", "ntt",
-    "scale", "tn", "sum", "t", "dot", "tt", "sgemm", "tttn?nBB", "sleep", "n", NULL,
+    "copy", "tt", "scale", "tn", "sum", "t", "dot", "tt", "sgemm", "tttn?nBB", "sleep", "n", NULL,
   };
   check_table(basic, "basic", expect);
   /* The same table comes back on every call (the host may call it more than once). */
@@ -529,6 +529,18 @@ static void test_iota(void **state) {
   assert_int_equal(CALL(basic, "iota", A_T(&tu), A_NUM(250)), -1);
   assert_string_equal(rec.err, "iota: 7 values from 250 do not fit in u8");
   assert_int_equal(u8[0], 249);
+}
+
+static void test_copy(void **state) {
+  (void)state;
+  int32_t a[3] = { 1, -2, 3 }, b[3] = { 0 };
+  mk_tensor_t ta = tensor(MK_I32, a, 3, -1), tb = tensor(MK_I32, b, 3, -1);
+  assert_int_equal(CALL(basic, "copy", A_T(&ta), A_T(&tb)), 0);
+  assert_memory_equal(a, b, sizeof(a));
+  float f[3] = { 0 };
+  mk_tensor_t tf = tensor(MK_F32, f, 3, -1);
+  assert_int_equal(CALL(basic, "copy", A_T(&ta), A_T(&tf)), -1);
+  assert_string_equal(rec.err, "copy: src is i32[3] but dst is f32[3] (need the same dtype and element count)");
 }
 
 static void test_axpy(void **state) {
@@ -806,6 +818,7 @@ int main(void) {
     cmocka_unit_test(test_fill_sum_f64),
     cmocka_unit_test(test_fill_sum_ints),
     cmocka_unit_test(test_iota),
+    cmocka_unit_test(test_copy),
     cmocka_unit_test(test_axpy),
     cmocka_unit_test(test_scale),
     cmocka_unit_test(test_dot),
