@@ -21,7 +21,6 @@ M.TAKE = 16384          -- spans asked for per drain call (MN_TRACE_TAKE_MAX)
 
 local now = core.now
 local st -- the recording in progress, or nil
-local track_of = setmetatable({}, { __mode = "k" }) -- proc record -> its current track
 
 local function runtime() return require "monarch.runtime" end
 
@@ -136,7 +135,6 @@ end
 function M.proc_up(p)
   local tr = { p = p, rank = p.rank, pid = p.pid, agent = p.agent, bins = {}, waiting = 0, left = 0, dropped = 0 }
   st.tracks[#st.tracks + 1] = tr
-  track_of[p] = tr
   ask(tr, "start", st.spans)
 end
 
@@ -161,14 +159,36 @@ local function settle(trs, deadline, spin)
   while busy() and now() < deadline do runtime().pump(spin and 0 or 0.01) end
 end
 
--- At stop: every live proc stops recording, answers a few clock round trips
--- and hands over what it still holds.
-local function collect(s)
-  local trs, deadline = {}, now() + M.STOP_TIMEOUT
+local function live_tracks(s)
+  local trs = {}
   for _, tr in ipairs(s.tracks) do
     if live(tr) then trs[#trs + 1] = tr end
   end
+  return trs
+end
+
+-- Takes every span the procs of trs hold (a take returns at most M.TAKE).
+local function take_all(trs, deadline)
   settle(trs, deadline) -- drains in flight first: their spans come before the rest
+  local first = true
+  repeat
+    local more = false
+    for _, tr in ipairs(trs) do
+      if live(tr) and (first or tr.left > 0) then
+        more = true
+        take(tr)
+      end
+    end
+    first = false
+    settle(trs, deadline)
+  until not more or now() >= deadline
+end
+
+-- At stop: every live proc stops recording, answers a few clock round trips
+-- and hands over what it still holds.
+local function collect(s)
+  local trs, deadline = live_tracks(s), now() + M.STOP_TIMEOUT
+  settle(trs, deadline) -- drains in flight first
   for _, tr in ipairs(trs) do ask(tr, "stop") end
   for _ = 1, M.CLOCK_SAMPLES do
     settle(trs, deadline, true)
@@ -178,18 +198,15 @@ local function collect(s)
     for _, h in ipairs(hs) do h.t_send = t end
   end
   settle(trs, deadline, true)
-  repeat
-    settle(trs, deadline)
-    local more = false
-    for _, tr in ipairs(trs) do
-      if live(tr) and (not tr.took_all or tr.left > 0) then
-        tr.took_all = true
-        more = true
-        take(tr)
-      end
-    end
-  until not more or now() >= deadline
-  settle(trs, deadline)
+  take_all(trs, deadline)
+end
+
+--- Collects what every live proc has recorded so far, and waits for it
+-- (at most timeout seconds, default STOP_TIMEOUT): those spans then survive
+-- the proc's death. Drains do this every DRAIN seconds anyway.
+function M.flush(timeout)
+  if not st then error("monarch.trace.flush: not tracing (monarch.trace.start(path) first)", 2) end
+  take_all(live_tracks(st), now() + (timeout or M.STOP_TIMEOUT))
 end
 
 -- ---- start and stop ------------------------------------------------------------------
