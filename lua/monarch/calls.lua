@@ -258,7 +258,7 @@ function M.call_record(id) return calls[id] end
   to a proc that is initializing: the restore calls themselves).
   Returns the record; rec.future is the Future (nil for broadcast). ]]
 function M.submit(procs, kernel, args, nargs, opts)
-  local t0 = trace.on and core.now()
+  local t0 = trace.on and trace.now()
   next_call = next_call + 1
   local id = next_call
   local rec = {

@@ -97,7 +97,7 @@ function Future:get(timeout)
     end
   elseif self.state == "pending" then
     local deadline = timeout and runtime.now() + timeout
-    local t0 = trace.on and runtime.now()
+    local t0 = trace.on and trace.now()
     local outer = M.waiting
     M.waiting = self -- left set if the wait raises: what was being waited for
     while self.state == "pending" do

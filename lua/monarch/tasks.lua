@@ -125,7 +125,7 @@ function M.wait_for(fut, timeout)
     end
   end
   local cancel = timeout and M.at(M.now() + timeout, wake)
-  local t0 = trace.on and core.now()
+  local t0 = trace.on and trace.now()
   fut:on_done(wake)
   coroutine.yield()
   if t0 and trace.on then trace.wait(fut, t0) end
