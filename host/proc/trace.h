@@ -19,7 +19,7 @@
 
 #define MN_TRACE_NAME 52                 /* bytes of a span's name kept; a longer name is cut */
 #define MN_TRACE_SPANS_DEFAULT (1u << 16) /* ring size when __trace("start") names none: 6 MiB */
-#define MN_TRACE_SPANS_MAX (1u << 22)     /* largest ring a start may ask for: 384 MiB */
+#define MN_TRACE_SPANS_MAX (1u << 20)     /* largest ring a start may ask for: 96 MiB */
 #define MN_TRACE_TAKE_MAX (1u << 14)      /* most spans one __trace("take") returns: 1.5 MiB */
 #define MN_TRACE_REC 96                   /* bytes of one span as __trace("take") packs it */
 

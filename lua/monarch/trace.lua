@@ -237,8 +237,8 @@ function M.start(path, opts)
   if st then error("monarch.trace.start: already tracing into " .. st.path .. " (stop it first)", 2) end
   opts = opts or {}
   local spans = opts.spans
-  if spans ~= nil and (type(spans) ~= "number" or spans < 1 or spans ~= math.floor(spans) or spans > 4194304) then
-    error("monarch.trace.start: spans wants an integer 1..4194304 (spans per proc), got " .. tostring(spans), 2)
+  if spans ~= nil and (type(spans) ~= "number" or spans < 1 or spans ~= math.floor(spans) or spans > 1048576) then
+    error("monarch.trace.start: spans wants an integer 1..1048576 (spans per proc), got " .. tostring(spans), 2)
   end
   local f, err = io.open(path, "w")
   if not f then error("monarch.trace.start: cannot write the trace: " .. tostring(err), 2) end
