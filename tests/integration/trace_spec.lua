@@ -1,7 +1,10 @@
 -- The job's timeline (monarch.trace, docs/tracing.md): a real monarch-run
 -- with MONARCH_TRACE on real procs, read back with a JSON library.
+local agent = require "agent"
 local cjson = require "cjson"
 local monarch = require "monarch"
+local mesh_mod = require "monarch.mesh"
+local runtime = require "monarch.runtime"
 
 local B = os.getenv("MONARCH_BUILD") or "build"
 local RUN = B .. "/bin/monarch-run"
@@ -226,14 +229,20 @@ describe("monarch.trace", function()
   end)
 
   describe("start and stop from a script", function()
-    local procs
+    local procs, daemon
 
     setup(function()
-      procs = monarch.hosts():spawn_procs{ procs = 2 }
+      monarch.hosts()
+      -- An agent of its own: the suite's earlier specs may have left the shared one in any state.
+      daemon = agent.start{ token = runtime.token }
+      procs = mesh_mod.host_mesh(mesh_mod.connect_agents{ daemon.addr }):spawn_procs{ procs = 2 }
       procs:load "basic"
     end)
 
-    teardown(function() procs:stop() end)
+    teardown(function()
+      if procs then procs:stop() end
+      if daemon then daemon:stop() end
+    end)
 
     it("writes what ran between them, and nothing after", function()
       local path = dir .. "/inline.json"
