@@ -171,7 +171,10 @@ function M.status(out) return require("monarch.status").print(M, out) end
 M.trace = trace
 -- MONARCH_TRACE=path traces the whole run; shutdown writes it, after a failure too.
 local trace_env = os.getenv("MONARCH_TRACE")
-if trace_env and trace_env ~= "" and not trace.active() then trace.start(trace_env) end
+if trace_env and trace_env ~= "" and not trace.active() then
+  local ok, err = pcall(trace.start, trace_env)
+  if not ok then error("MONARCH_TRACE=" .. trace_env .. ": " .. tostring(err), 0) end
+end
 
 M.errors, M.future, M.value_mesh, M.tensor, M.runtime = errors, future, value_mesh, tensor, runtime
 M.Future, M.ValueMesh = future.Future, value_mesh.ValueMesh
