@@ -298,7 +298,7 @@ function M.submit(procs, kernel, args, nargs, opts)
     rec.timeout = opts.timeout
     timed[#timed + 1] = rec
   end
-  if t0 and trace.on then trace.submit(t0, kernel, #procs, id) end
+  if t0 and trace.on then trace.submit(t0, kernel, #procs) end
   return rec
 end
 

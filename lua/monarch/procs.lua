@@ -88,7 +88,9 @@ function M.finalize_death(p)
   if p.stopping then return end
   local ev = fail_event(p, first_kernel)
   ev.restarting = will_restart
-  if trace.on then trace.instant("proc failed", p, { cause = p.cause, kind = ev.kind, pid = p.pid, restarting = will_restart }) end
+  if trace.on then
+    trace.instant("proc failed", p, { cause = p.cause, kind = ev.kind, pid = p.pid, restarting = will_restart })
+  end
   local handled = will_restart
   for _, fn in ipairs(p.listeners or {}) do
     handled = true
@@ -383,7 +385,9 @@ restart_proc = function(p)
         p.cause = nil
         p.state = "ready"
         p.restart_time = runtime.now() - p.t_restart
-        if trace.on then trace.instant("proc restarted", p, { pid = p.pid, restarts = p.restarts, seconds = p.restart_time }) end
+        if trace.on then
+          trace.instant("proc restarted", p, { pid = p.pid, restarts = p.restarts, seconds = p.restart_time })
+        end
         runtime.flush_queue(p)
       else
         p.state = "dead"

@@ -61,8 +61,8 @@ local function tid_now()
   return t and t.trace_tid or 0
 end
 
---- Hook (calls.lua): a submit of `kernel` to n procs, call id, began at t0.
-function M.submit(t0, kernel, n, id)
+--- Hook (calls.lua): a submit of `kernel` to n procs began at t0.
+function M.submit(t0, kernel, n)
   if kernel == "__trace" then return end -- our own drains
   add("submit", kernel, t0, now(), tid_now(), n)
 end

@@ -150,9 +150,10 @@ function M.write(s, f)
   local spans, dropped = 0, s.dropped
   for _, tr in ipairs(s.tracks) do
     local pid = host_pid(tr.agent)
-    metadata(w, "thread_name", pid, tr.rank, { name = "proc " .. tr.rank, proc_pid = tr.pid, aligned = tr.offset_ns ~= nil,
-      clock_offset_us = tr.offset_ns and tr.offset_ns / 1e3 or 0, clock_uncertainty_us = tr.rtt and tr.rtt / 2 * 1e6 or -1,
-      spans_dropped = tr.dropped, error = tr.error })
+    -- Its clock: unaligned (no sample came back) shows offset 0 and uncertainty -1.
+    metadata(w, "thread_name", pid, tr.rank, { name = "proc " .. tr.rank, proc_pid = tr.pid,
+      aligned = tr.offset_ns ~= nil, clock_offset_us = tr.offset_ns and tr.offset_ns / 1e3 or 0,
+      clock_uncertainty_us = tr.rtt and tr.rtt / 2 * 1e6 or -1, spans_dropped = tr.dropped, error = tr.error })
     metadata(w, "thread_sort_index", pid, tr.rank, { sort_index = tr.rank })
     spans = spans + proc_events(w, s, tr, pid)
     dropped = dropped + tr.dropped
