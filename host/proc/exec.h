@@ -173,7 +173,8 @@ void mn_exec_close(mn_exec_t *x);
  * ERROR) frame to x->out. Returns 0, the documented non-negative 1 for a
  * CALL that already ran (its seq in x->dup_seq; nothing appended), or a
  * negative MN_E* code (the decoder's, or MN_EPROTO) when the connection
- * should be closed after the ERROR is written.
+ * should be closed after the ERROR is written. While x->trace.on, a call
+ * that ran (other than __trace) also leaves its span in x->trace.
  */
 int mn_exec_frame(mn_exec_t *x, const char *body, size_t len);
 /* Starts a new controller session: CALL sequence numbers restart at 1. */

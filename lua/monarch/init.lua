@@ -135,6 +135,13 @@ function M.configure(t)
   if type(t.heartbeat_timeout) == "number" then require("monarch.procs").hang_timeout = t.heartbeat_timeout end
 end
 
+-- Stops tracing (monarch.trace.stop) and says on stderr where the trace went.
+local function stop_trace()
+  local s = trace.stop()
+  io.stderr:write(string.format("monarch: trace written to %s: %d spans from %d procs%s (open it in ui.perfetto.dev)\n",
+    s.path, s.spans, s.procs, s.dropped > 0 and (", " .. s.dropped .. " dropped") or ""))
+end
+
 --- Waits for every task, then stops all procs and host agents this script started.
 function M.shutdown()
   local ok, err = true, nil
@@ -144,20 +151,12 @@ function M.shutdown()
     pcall(M.log.drain)
   end
   local tok, terr = true, nil
-  if trace.active() then tok, terr = pcall(M.stop_trace) end -- the procs are still there to hand in their spans
+  if trace.active() then tok, terr = pcall(stop_trace) end -- the procs are still there to hand in their spans
   mesh.shutting_down = true
   require("monarch.procs").shutting_down = true
   core.shutdown()
   if not ok then error(err, 0) end
   if not tok then error(terr, 0) end
-end
-
---- Stops tracing (monarch.trace.stop) and says on stderr where the trace went.
-function M.stop_trace()
-  local s = trace.stop()
-  io.stderr:write(string.format("monarch: trace written to %s: %d spans from %d procs%s (open it in ui.perfetto.dev)\n",
-    s.path, s.spans, s.procs, s.dropped > 0 and (", " .. s.dropped .. " dropped") or ""))
-  return s
 end
 
 M.log = require "monarch.log"
