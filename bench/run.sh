@@ -17,6 +17,8 @@ rtt=$(get call_one_rtt_us "$out"); rate=$(get pipelined_calls_per_s "$out"); g8=
 # The same round trip with the sequence/ack machinery off (no unacked copies, no replay cache).
 noack=$(MONARCH_NO_ACK=1 MONARCH_NO_REPLAY=1 $B/bin/monarch-run bench/core.lua $q)
 rtt0=$(get call_one_rtt_us "$noack")
+# Tracing (monarch.trace): the same round trip with it off and on, in alternating batches of one run.
+trc=$($B/bin/monarch-run bench/trace.lua $q)
 fail=$($B/bin/monarch-run bench/failures.lua $q 2>/dev/null)
 printf '\n%-52s %14s %12s\n' "measure" "value" "vs baseline"
 printf '%-52s %11.1f us %12s\n' "raw C TCP ping-pong round trip (baseline)" "$base" "1.00x"
@@ -27,6 +29,10 @@ printf '%-52s %11.0f /s %12s\n' "pipelined no-op calls to one proc" "$rate" "tar
 printf '%-52s %11.1f us %11.2fx\n' "call(\"noop\") + gather on 8 procs" "$g8" "$(ratio "$g8" "$base")"
 printf '%-52s %11.1f us %11.2fx\n' "round trip without seq/ack machinery" "$rtt0" "$(ratio "$rtt0" "$base")"
 printf '%-52s %13.1f%% %12s\n' "  cost of seq/ack + replay cache" "$(echo "($rtt - $rtt0) / $rtt0 * 100" | bc -l)" "target <10%"
+printf '%-52s %11.1f us %12s\n' "no-op round trip, tracing off (bench/trace.lua)" "$(get trace_off_rtt_us "$trc")" "1.00x"
+printf '%-52s %11.1f us %11.2fx\n' "  ... tracing on (monarch.trace), target <= 1.10x" "$(get trace_on_rtt_us "$trc")" "$(get trace_on_ratio "$trc")"
+printf '%-52s %11.0f ns %12s\n' "pipelined no-op call, tracing off" "$(get trace_pipelined_off_ns "$trc")" ""
+printf '%-52s %11.0f ns %12s\n' "  ... tracing on (what it adds per call)" "$(get trace_pipelined_on_ns "$trc")" ""
 printf '%-52s %11.1f ms %12s\n' "kill -9 -> failure delivered to the script" "$(get kill_to_failure_ms "$fail")" ""
 printf '%-52s %11.1f ms %12s\n' "kill -9 -> restarted proc serving again" "$(get kill_to_serving_ms "$fail")" ""
 can=$($B/bin/monarch-run bench/cancel.lua $q 2>/dev/null)

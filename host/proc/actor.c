@@ -270,7 +270,10 @@ static int l_kcall(lua_State *L) {
   s->kstr.len = 0;
   s->kfailed = 0;
   s->kerr[0] = '\0';
+  mn_trace_t *tr = &s->x->trace;
+  int64_t t0 = tr->on ? mn_trace_now(tr) : 0;
   int rc = k->fn(&ctx, n, argv);
+  if (tr->on) mn_trace_push(tr, MN_TRACE_KCALL, name, nl, t0)->failed = rc != 0 || s->kfailed;
   mn_scratch_release(&s->scratch);
   if (rc != 0 || s->kfailed)
     return luaL_error(L, "proc.call('%s'): %s", name, s->kerr[0] ? s->kerr : "kernel failed without a message");
@@ -536,6 +539,16 @@ static int run_op(lua_State *L) {
   return 0;
 }
 
+/* An endpoint's span is named "actor.endpoint" (a resumed one "actor.(resumed)"), not "__actor_call". */
+static void trace_label(mn_exec_t *x, const char *op, const msgpack_object *args) {
+  const char *a, *e = "(resumed)";
+  size_t al, el = strlen(e);
+  int call = strcmp(op, "call") == 0;
+  if ((!call && strcmp(op, "resume") != 0) || mn_get_str(args, 0, &a, &al) != 0) return;
+  if (call && mn_get_str(args, 1, &e, &el) != 0) return;
+  mn_trace_label(&x->trace, MN_TRACE_ENDPOINT, a, al, e, el);
+}
+
 /* Every "__actor_" built-in: runs the Lua host's operation of the same name
  * (the part after the prefix), making the actor state first if need be. */
 static int run_actor_op(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, const msgpack_object *args, char *err,
@@ -547,6 +560,7 @@ static int run_actor_op(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, cons
     return rc;
   }
   job_t j = {s, b->name + sizeof(MN_ACTOR_PREFIX) - 1, args, NULL, err, errlen, 0};
+  if (x->trace.on) trace_label(x, j.op, args);
   size_t rstart = x->rbuf.len;
   rc = lua_cpcall(s->L, run_op, &j);
   if (rc == LUA_ERRMEM) {

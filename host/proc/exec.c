@@ -112,6 +112,7 @@ static void reply_err(mn_exec_t *x, uint64_t seq, const char *kind, const char *
                       size_t klen, const char *msg) {
   msgpack_packer pk;
   x->ref_len = 0;
+  x->replied_err = 1;
   size_t start = mn_msg_result_head(&x->out, &pk, seq, 0);
   msgpack_pack_map(&pk, 3);
   mn_pack_cstr(&pk, "kind");
@@ -267,6 +268,7 @@ static int run_builtin(mn_exec_t *x, mk_ctx_t *ctx, const char *name, size_t nl,
 
 int mn_exec_init(mn_exec_t *x, const char *prefix, int rank, int world, atomic_int *cancel) {
   memset(x, 0, sizeof(*x));
+  mn_trace_init(&x->trace, rank);
   mn_registry_init(&x->reg, prefix);
   x->rank = rank;
   x->world = world;
@@ -283,6 +285,7 @@ void mn_exec_close(mn_exec_t *x) {
   mn_buf_free(&x->rbuf);
   mn_scratch_close(&x->scratch);
   msgpack_zone_destroy(&x->zone);
+  mn_trace_close(&x->trace);
 }
 
 static int protocol_error(mn_exec_t *x, int code, const char *msg) {
@@ -302,7 +305,8 @@ static void reset_results(mn_exec_t *x) {
   x->kcoll_kind = NULL;
 }
 
-int mn_exec_frame(mn_exec_t *x, const char *body, size_t len) {
+/* mn_exec_frame without the timeline. */
+static int exec_frame(mn_exec_t *x, const char *body, size_t len) {
   msgpack_object msg;
   char err[MN_MAX_ERRMSG];
   mn_msg_call_t call;
@@ -318,6 +322,9 @@ int mn_exec_frame(mn_exec_t *x, const char *body, size_t len) {
   const char *kname = call.kernel;
   const size_t kl = call.kernel_len;
   const msgpack_object *args = call.args;
+  x->call_name = kname;
+  x->call_len = kl;
+  x->call_args = args;
   if (seq <= x->last_seq) { /* a resend of what already ran: the caller replays its result */
     x->dup_seq = seq;
     return 1;
@@ -380,4 +387,43 @@ int mn_exec_frame(mn_exec_t *x, const char *body, size_t len) {
   else
     reply_ok(x, seq, kname, kl);
   return 0;
+}
+
+/* ---- the timeline ------------------------------------------------------------- */
+
+/* Bytes of the tensors among a call's arguments (that still exist once it ran). */
+static uint64_t tensor_bytes(mn_exec_t *x, const msgpack_object *args) {
+  uint64_t n = 0, id;
+  for (uint32_t i = 0; i < args->via.array.size; i++) {
+    if (mn__exec_tensor_id(&args->via.array.ptr[i], &id) != 0) continue;
+    const mk_tensor_t *t = mn_tensor_get(&x->reg, id);
+    if (t != NULL) n += t->nbytes;
+  }
+  return n;
+}
+
+/* A frame while tracing: the call, then its span. Resends, protocol errors and __trace itself have none. */
+static int traced_frame(mn_exec_t *x, const char *body, size_t len) {
+  mn_trace_t *t = &x->trace;
+  size_t before = x->out.len;
+  int64_t t0 = mn_trace_now(t);
+  x->call_name = NULL;
+  x->replied_err = 0;
+  t->label_len = 0;
+  int rc = exec_frame(x, body, len);
+  if (rc != 0 || x->call_name == NULL || !t->on || (x->call_len == 7 && memcmp(x->call_name, "__trace", 7) == 0))
+    return rc;
+  mn_trace_span_t *s = t->label_len > 0 ? mn_trace_push(t, (mn_trace_kind_t)t->label_kind, t->label, t->label_len, t0)
+                                        : mn_trace_push(t, MN_TRACE_CALL, x->call_name, x->call_len, t0);
+  s->seq = x->last_seq;
+  s->failed = (uint8_t)x->replied_err;
+  s->bytes_in = (uint32_t)len;
+  s->bytes_out = (uint32_t)(x->out.len - before + x->ref_len);
+  s->tensor_bytes = tensor_bytes(x, x->call_args);
+  return rc;
+}
+
+int mn_exec_frame(mn_exec_t *x, const char *body, size_t len) {
+  if (x->trace.on) return traced_frame(x, body, len);
+  return exec_frame(x, body, len);
 }

@@ -9,6 +9,7 @@
 #include "cancel.h"
 #include "registry.h"
 #include "scratch.h"
+#include "trace.h"
 #include "wire.h"
 
 #include <stdatomic.h>
@@ -43,6 +44,11 @@ typedef struct {
   mk_group_t kgroups[MN_MAX_KGROUPS]; /* the running kernel's group arguments */
   int nkgroups;
   const char *kcoll_kind; /* set when an in-kernel collective failed: the reply's kind */
+  mn_trace_t trace;       /* the timeline (trace.h); __trace turns it on and takes its spans */
+  const char *call_name;  /* the CALL now running: its kernel name (in the frame), for its span */
+  size_t call_len;
+  const msgpack_object *call_args;
+  int replied_err;        /* its reply was an error */
 } mn_exec_t;
 
 /*
@@ -167,7 +173,8 @@ void mn_exec_close(mn_exec_t *x);
  * ERROR) frame to x->out. Returns 0, the documented non-negative 1 for a
  * CALL that already ran (its seq in x->dup_seq; nothing appended), or a
  * negative MN_E* code (the decoder's, or MN_EPROTO) when the connection
- * should be closed after the ERROR is written.
+ * should be closed after the ERROR is written. While x->trace.on, a call
+ * that ran (other than __trace) also leaves its span in x->trace.
  */
 int mn_exec_frame(mn_exec_t *x, const char *body, size_t len);
 /* Starts a new controller session: CALL sequence numbers restart at 1. */

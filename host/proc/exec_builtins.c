@@ -1,11 +1,12 @@
 /*
  * exec_builtins.c - the executor's own built-ins: library loading, CPU
- * tensors, process info (docs/protocol.md lists them). One short function
+ * tensors, process info, the timeline (docs/protocol.md lists them). One short function
  * each, found through the table at the end (exec.c looks it up).
  */
 #include "exec_int.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -209,6 +210,58 @@ static int b_info(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, const msgp
   return mn_exec_returned(x, bad);
 }
 
+/* __trace("take", max): the oldest spans (at most max, and MN_TRACE_TAKE_MAX), packed. */
+static int trace_take(mn_exec_t *x, mk_ctx_t *ctx, int64_t now, uint64_t max, char *err, size_t errlen) {
+  mn_trace_t *t = &x->trace;
+  uint32_t n = max == 0 || max > MN_TRACE_TAKE_MAX ? MN_TRACE_TAKE_MAX : (uint32_t)max;
+  if (n > t->count) n = t->count;
+  unsigned char *buf = malloc((size_t)n * MN_TRACE_REC + 1);
+  if (buf == NULL) {
+    snprintf(err, errlen, "__trace: out of memory packing %u spans", n);
+    return MN_ENOMEM;
+  }
+  n = mn_trace_take(t, buf, n);
+  int bad = mk_return_int(ctx, now) || mk_return_bytes(ctx, buf, (size_t)n * MN_TRACE_REC) ||
+            mk_return_int(ctx, t->count) || mk_return_int(ctx, (int64_t)t->dropped);
+  free(buf);
+  return mn_exec_returned(x, bad);
+}
+
+static int op_is(const char *s, size_t n, const char *op) { return strlen(op) == n && memcmp(s, op, n) == 0; }
+
+/*
+ * __trace(op [, n]) -> the trace clock (ns) when it ran, first whatever op does
+ * (every answer is a sample for the controller's clock alignment):
+ *   "start" [, spans]  record from now on, in a ring of `spans` (made by the first start)
+ *   "stop"             stop recording; the spans stay to be taken
+ *   "clock"            only the clock
+ *   "take" [, max]     -> clock, packed spans (bytes), spans still left, spans dropped so far
+ */
+static int b_trace(mn_exec_t *x, mk_ctx_t *ctx, const mn_builtin_t *b, const msgpack_object *args, char *err,
+                   size_t errlen) {
+  const char *op;
+  size_t ol;
+  uint64_t n = 0;
+  if (mn_get_str(args, 0, &op, &ol) != 0 || args->via.array.size > 2 ||
+      (args->via.array.size == 2 && mn_get_u64(args, 1, &n) != 0)) {
+    snprintf(err, errlen, "__trace takes %s", b->usage);
+    return MN_EINVAL;
+  }
+  int64_t now = mn_trace_now(&x->trace);
+  if (op_is(op, ol, "start")) {
+    int rc = mn_trace_start(&x->trace, n > MN_TRACE_SPANS_MAX ? MN_TRACE_SPANS_MAX + 1 : (uint32_t)n, err, errlen);
+    if (rc != 0) return rc;
+  } else if (op_is(op, ol, "stop")) {
+    mn_trace_stop(&x->trace);
+  } else if (op_is(op, ol, "take")) {
+    return trace_take(x, ctx, now, n, err, errlen);
+  } else if (!op_is(op, ol, "clock")) {
+    snprintf(err, errlen, "__trace: unknown op '%.*s' (start, stop, clock, take)", (int)(ol > 32 ? 32 : ol), op);
+    return MN_EINVAL;
+  }
+  return mn_exec_returned(x, mk_return_int(ctx, now));
+}
+
 static const mn_builtin_t entries[] = {
   {"__load", b_load, "(library)"},
   {"__tensor_new", b_tensor_new, "(id, dtype, shape)"},
@@ -218,6 +271,7 @@ static const mn_builtin_t entries[] = {
   {"__lost", b_lost, "()"},
   {"__kernels", b_kernels, "()"},
   {"__info", b_info, "()"},
+  {"__trace", b_trace, "(\"start\" [, spans]), (\"stop\"), (\"clock\") or (\"take\" [, max])"},
 };
 
 const mn_builtin_module_t mn__exec_builtins = {"__", entries, (int)(sizeof(entries) / sizeof(entries[0])), NULL};

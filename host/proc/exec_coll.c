@@ -181,6 +181,14 @@ static int gpu_kcoll(mn_exec_t *x, mk_ctx_t *ctx, const mk_group_t *g, mn_kcoll_
   return rc != 0 ? rc : gpu_ops->run(x, ctx, k, err, errlen);
 }
 
+/* The span of a collective the kernel ran (inside its call's span): its name and payload. */
+static void trace_kcoll(mn_exec_t *x, const mn_kcoll_t *k, int64_t t0, int rc) {
+  const char *what = kcoll_names[k->what];
+  mn_trace_span_t *s = mn_trace_push(&x->trace, MN_TRACE_KCOLL, what, strlen(what), t0);
+  s->tensor_bytes = (k->t ? k->t->nbytes : 0) + (k->dst ? k->dst->nbytes : 0);
+  s->failed = rc != 0;
+}
+
 /* Runs k for the kernel on ctx: checks, the collective, and on any failure the group given up on every member. */
 static int kcoll(mk_ctx_t *ctx, const mk_group_t *g, mn_kcoll_t *k) {
   mn_exec_t *x = ctx->host;
@@ -207,8 +215,10 @@ static int kcoll(mk_ctx_t *ctx, const mk_group_t *g, mn_kcoll_t *k) {
     if (rc == 0) rc = check_device(k, gpu, g->id, what, err, sizeof(err));
   }
   if (rc != 0) return kcoll_failed(x, g->id, rc, 0, err);
+  int64_t t0 = x->trace.on ? mn_trace_now(&x->trace) : 0;
   if (gpu) rc = gpu_kcoll(x, ctx, g, k, err, sizeof(err), &mismatch);
   else rc = coll_ops->run(x, k, err, sizeof(err), &mismatch);
+  if (x->trace.on) trace_kcoll(x, k, t0, rc);
   return rc == 0 ? 0 : kcoll_failed(x, g->id, rc, mismatch, err);
 }
 

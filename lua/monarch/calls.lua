@@ -9,6 +9,7 @@ local core = require "monarch.core"
 local errors = require "monarch.errors"
 local future = require "monarch.future"
 local tasks = require "monarch.tasks"
+local trace = require "monarch.trace"
 
 local M = {}
 local unpack = unpack or table.unpack
@@ -257,6 +258,7 @@ function M.call_record(id) return calls[id] end
   to a proc that is initializing: the restore calls themselves).
   Returns the record; rec.future is the Future (nil for broadcast). ]]
 function M.submit(procs, kernel, args, nargs, opts)
+  local t0 = trace.on and trace.now()
   next_call = next_call + 1
   local id = next_call
   local rec = {
@@ -296,6 +298,7 @@ function M.submit(procs, kernel, args, nargs, opts)
     rec.timeout = opts.timeout
     timed[#timed + 1] = rec
   end
+  if t0 and trace.on then trace.submit(t0, kernel, #procs) end
   return rec
 end
 

@@ -5,6 +5,7 @@
 --   fut:done()          true once a value or error is in
 --   fut:cancel()        stops the call: fails at once (kind "cancelled"); its procs stop it
 local errors = require "monarch.errors"
+local trace = require "monarch.trace"
 
 local M = {}
 local Future = {}
@@ -96,6 +97,7 @@ function Future:get(timeout)
     end
   elseif self.state == "pending" then
     local deadline = timeout and runtime.now() + timeout
+    local t0 = trace.on and trace.now()
     local outer = M.waiting
     M.waiting = self -- left set if the wait raises: what was being waited for
     while self.state == "pending" do
@@ -108,6 +110,7 @@ function Future:get(timeout)
       runtime.pump(left)
     end
     M.waiting = outer
+    if t0 and trace.on then trace.wait(self, t0) end
   end
   return raise(self)
 end

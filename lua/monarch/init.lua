@@ -16,6 +16,7 @@ require "monarch.actor"
 require "monarch.collective"
 require "monarch.gpu"
 local persist = require "monarch.persist"
+local trace = require "monarch.trace"
 
 local M = { _VERSION = core.version } -- host/core/version.h
 
@@ -140,6 +141,13 @@ end
 -- mesh:survivors() is the mesh without the lost hosts.
 function M.on_host_loss(fn) require("monarch.procs").on_host_loss(fn) end
 
+-- Stops tracing (monarch.trace.stop) and says on stderr where the trace went.
+local function stop_trace()
+  local s = trace.stop()
+  io.stderr:write(string.format("monarch: trace written to %s: %d spans from %d procs%s (open it in ui.perfetto.dev)\n",
+    s.path, s.spans, s.procs, s.dropped > 0 and (", " .. s.dropped .. " dropped") or ""))
+end
+
 --- Waits for every task, then stops all procs and host agents this script started.
 function M.shutdown()
   local ok, err = true, nil
@@ -148,10 +156,13 @@ function M.shutdown()
     -- Output the procs printed last is still on its way through the agents.
     pcall(M.log.drain)
   end
+  local tok, terr = true, nil
+  if trace.active() then tok, terr = pcall(stop_trace) end -- the procs are still there to hand in their spans
   mesh.shutting_down = true
   require("monarch.procs").shutting_down = true
   core.shutdown()
   if not ok then error(err, 0) end
+  if not tok then error(terr, 0) end
 end
 
 M.log = require "monarch.log"
@@ -160,6 +171,15 @@ M.attach, M.persistent = persist.attach, persist.list
 --- Prints each host's procs (state, uptime, queued and executed calls, the
 -- kernel running) and recent exits; `monarch-run --status --hosts ...` calls it.
 function M.status(out) return require("monarch.status").print(M, out) end
+
+--- The job's timeline (monarch.trace): trace.start(path) ... trace.stop() writes trace-event JSON.
+M.trace = trace
+-- MONARCH_TRACE=path traces the whole run; shutdown writes it, after a failure too.
+local trace_env = os.getenv("MONARCH_TRACE")
+if trace_env and trace_env ~= "" and not trace.active() then
+  local ok, err = pcall(trace.start, trace_env)
+  if not ok then error("MONARCH_TRACE=" .. trace_env .. ": " .. tostring(err), 0) end
+end
 
 M.errors, M.future, M.value_mesh, M.tensor, M.runtime = errors, future, value_mesh, tensor, runtime
 M.Future, M.ValueMesh = future.Future, value_mesh.ValueMesh

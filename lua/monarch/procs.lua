@@ -11,6 +11,7 @@ local bulk = require "monarch.bulk"
 local core = require "monarch.core"
 local errors = require "monarch.errors"
 local runtime = require "monarch.runtime"
+local trace = require "monarch.trace"
 
 local M = {}
 local log = require "monarch.log"
@@ -87,6 +88,9 @@ function M.finalize_death(p)
   if p.stopping then return end
   local ev = fail_event(p, first_kernel)
   ev.restarting = will_restart
+  if trace.on then
+    trace.instant("proc failed", p, { cause = p.cause, kind = ev.kind, pid = p.pid, restarting = will_restart })
+  end
   local handled = will_restart
   for _, fn in ipairs(p.listeners or {}) do
     handled = true
@@ -225,9 +229,11 @@ local function proc_handler(p, conn)
       if not current() then return end
       if p.state == "connecting" then
         p.state = "ready"
+        if trace.on then trace.proc_up(p) end -- first, so that it records every call
         bulk.probe(p) -- its first call: can it copy our memory itself?
       elseif p.state == "restarting" then
         p.state = "initializing"
+        if trace.on then trace.proc_up(p) end
         bulk.probe(p)
         p.on_back()
       end
@@ -248,6 +254,7 @@ local function proc_handler(p, conn)
     on_reconnecting = function(reason)
       if not current() or p.state ~= "ready" then return end
       p.state = "reconnecting"
+      if trace.on then trace.instant("link lost", p, { reason = tostring(reason) }) end
       -- Silence while the agent on that host still answers: the network is
       -- fine, so the proc is hung (stopped, or stuck with its I/O thread).
       if p.agent.state == "ready" and tostring(reason):find("no heartbeat", 1, true) then
@@ -255,13 +262,22 @@ local function proc_handler(p, conn)
       end
     end,
     on_reconnected = function()
-      if current() and p.state == "reconnecting" then p.state = "ready" end
+      if current() and p.state == "reconnecting" then
+        p.state = "ready"
+        if trace.on then trace.instant("link back", p, {}) end
+      end
     end,
   }
 end
 
+local known = setmetatable({}, { __mode = "k" }) -- every proc record connected, while the script holds it
+
+--- Iterates over every proc record this controller has connected to (any state).
+function M.each() return next, known, nil end
+
 --- Connects to a spawned proc; p.state goes connecting -> ready (or dead).
 function M.connect(p)
+  known[p] = true
   local conn = core.connect(p.addr, p.port, "proc")
   p.conn = conn
   proc_at[conn] = p
@@ -422,10 +438,14 @@ restart_proc = function(p)
         p.cause = nil
         p.state = "ready"
         p.restart_time = runtime.now() - p.t_restart
+        if trace.on then
+          trace.instant("proc restarted", p, { pid = p.pid, restarts = p.restarts, seconds = p.restart_time })
+        end
         runtime.flush_queue(p)
       else
         p.state = "dead"
         p.cause = "restart failed: " .. tostring(err)
+        if trace.on then trace.instant("restart failed", p, { cause = p.cause }) end
         runtime.flush_queue(p)
         runtime.unhandled(errors.new { kind = "restart", rank = p.rank, host = p.host, message = p.cause })
       end

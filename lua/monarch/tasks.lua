@@ -4,6 +4,7 @@
 local core = require "monarch.core"
 local errors = require "monarch.errors"
 local future = require "monarch.future"
+local trace = require "monarch.trace"
 
 local M = {}
 local unpack = unpack or table.unpack
@@ -18,6 +19,9 @@ local timers = {}         -- { at = seconds, fn = function } run by the pump whe
 
 --- Seconds on the controller's monotonic clock.
 function M.now() return core.now() end
+
+--- The task running now (the table spawn made), or nil outside tasks.
+function M.current() return current and task_of[current] end
 
 --- True when called from inside a task (a coroutine the loop resumes).
 function M.in_task() return current ~= nil and coroutine.running() == current end
@@ -79,6 +83,7 @@ local function run_task(t)
   current = prev
   if coroutine.status(t.co) == "dead" then
     live_tasks = live_tasks - 1
+    if trace.on and t.trace_tid then trace.task_done(t, ok and a) end
     if not ok then
       t.future:fail(a)
     elseif a then
@@ -101,6 +106,7 @@ function M.spawn(fn, ...)
   local co = coroutine.create(function(...) return xpcall(fn, traceback, ...) end)
   local t = { co = co, future = f, args = { ... }, nargs = select("#", ...) }
   task_of[co] = t
+  if trace.on then trace.task_spawned(t, fn) end
   live_tasks = live_tasks + 1
   tasks[#tasks + 1] = f
   ready[#ready + 1] = t
@@ -119,8 +125,10 @@ function M.wait_for(fut, timeout)
     end
   end
   local cancel = timeout and M.at(M.now() + timeout, wake)
+  local t0 = trace.on and trace.now()
   fut:on_done(wake)
   coroutine.yield()
+  if t0 and trace.on then trace.wait(fut, t0) end
   if cancel then cancel() end
   return fut.state ~= "pending"
 end
