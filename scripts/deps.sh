@@ -5,7 +5,7 @@
 #   scripts/deps.sh --check  only report
 set -u
 pkgs=(build-essential pkg-config libluajit-5.1-dev luajit libuv1-dev libmsgpack-dev libsodium-dev
-      libopenblas-dev zlib1g-dev libcmocka-dev lua-busted libedit-dev bc procps)
+      libopenblas-dev zlib1g-dev libcmocka-dev lua-busted libedit-dev libncurses-dev bc procps tmux)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

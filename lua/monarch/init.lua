@@ -155,6 +155,12 @@ M.attach, M.persistent = persist.attach, persist.list
 -- kernel running) and recent exits; `monarch-run --status --hosts ...` calls it.
 function M.status(out) return require("monarch.status").print(M, out) end
 
+--- A live full-screen view of every host and proc (state, calls/s, queue,
+-- the kernel running and for how long, CPU, memory, failures), refreshed
+-- every second until q or Ctrl-C; `monarch-run --top` and top() in the REPL
+-- call it. opts.retry: reconnect to hosts that were lost. See monarch.top.
+function M.top(opts) return require("monarch.top").run(M, opts) end
+
 M.errors, M.future, M.value_mesh, M.tensor, M.runtime = errors, future, value_mesh, tensor, runtime
 M.Future, M.ValueMesh = future.Future, value_mesh.ValueMesh
 return M
