@@ -13,8 +13,9 @@
  * key "ctrl-c" rather than as SIGINT, and the caller restores the terminal
  * however it leaves. Styles: "title" (reverse video), "head" (bold), "bad"
  * (red, or bold without colours), "dim". Keys: printable characters as
- * themselves, "ctrl-c", "ctrl-l", "up", "down", "pgup", "pgdn", "home",
- * "end", "resize" (the terminal changed size), "other".
+ * themselves, "ctrl-c", "ctrl-l" (the next draw repaints the whole terminal),
+ * "up", "down", "pgup", "pgdn", "home", "end", "resize" (the terminal
+ * changed size), "other".
  */
 #include <curses.h>
 #include <lauxlib.h>
@@ -190,6 +191,9 @@ static int l_key(lua_State *L) {
   if (ch == ERR) {
     if (!size_changed()) return 0;
     ch = KEY_RESIZE;
+  }
+  if (ch == 12 && clearok(curscr, TRUE) == ERR) {
+    /* no full repaint then: the next draw still sends what changed */
   }
   lua_pushstring(L, key_label(ch));
   return 1;
