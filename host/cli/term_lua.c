@@ -43,7 +43,15 @@ static term_t *check_term(lua_State *L) {
   return t;
 }
 
-/* Why the terminal cannot be used (NULL: it can): no terminal, no TERM, a TERM terminfo does not know. */
+/* A terminfo string capability the terminal has (tigetstr answers (char *)-1 for a name that is not one). */
+static int has_cap(const char *name) {
+  const char *v = tigetstr(name);
+  return v != NULL && v != (const char *)-1;
+}
+
+/* Why the terminal cannot be used (NULL: it can): no terminal, no TERM, a
+ * TERM terminfo does not know, or one that cannot place its cursor ("dumb",
+ * where ncurses would start but draw nothing). */
 static const char *unusable(const char *term) {
   int err = 0;
   if (!isatty(STDIN_FILENO) || !isatty(STDOUT_FILENO)) return "standard input and output must be a terminal";
@@ -52,8 +60,9 @@ static const char *unusable(const char *term) {
     return err == 0 ? "the terminal type in TERM is not in the terminfo database"
                     : err == 1 ? "the terminal in TERM cannot move its cursor (a hardcopy terminal)"
                                : "no terminfo database found";
+  int can_draw = has_cap("cup") && has_cap("clear");
   del_curterm(cur_term);
-  return NULL;
+  return can_draw ? NULL : "the terminal in TERM cannot move its cursor or clear its screen";
 }
 
 /* Raw keys, no echo, no cursor, keypad keys decoded, reads that never block. */
