@@ -23,10 +23,20 @@ describe("supervision through the host agents", function()
     if daemon then daemon:stop() end
   end)
 
+  -- What each test made and changed is undone after it. (busted keeps only a
+  -- test's last finally(): one per mesh left every mesh but the last running,
+  -- and a proc of it failed in whichever spec ran next, once the daemon was gone.)
+  local made = {}
+  after_each(function()
+    for _, m in ipairs(made) do m:stop() end
+    made = {}
+    monarch.configure{ heartbeat_timeout = 3.0 }
+  end)
+
   local function mesh(n)
     local agents = mesh_mod.connect_agents{ daemon.addr }
     local m = mesh_mod.host_mesh(agents):spawn_procs{ procs = n }
-    finally(function() m:stop() end)
+    made[#made + 1] = m
     m:load "basic"
     return m
   end
@@ -51,7 +61,6 @@ describe("supervision through the host agents", function()
 
   it("has the agent report a stopped proc; the controller kills it and names it unresponsive", function()
     monarch.configure{ heartbeat_timeout = 1.0 }
-    finally(function() monarch.configure{ heartbeat_timeout = 3.0 } end)
     local m = mesh(2)
     m:on_failure(function() end)
     local victim = m:procs()[2]
@@ -73,7 +82,6 @@ describe("supervision through the host agents", function()
 
   it("does not report a proc busy in a long kernel: its I/O thread still speaks", function()
     monarch.configure{ heartbeat_timeout = 0.5 }
-    finally(function() monarch.configure{ heartbeat_timeout = 3.0 } end)
     local m = mesh(1)
     local pid = m:procs()[1].pid
     local f = m:call_one("sleep", 2)
