@@ -147,3 +147,48 @@ describe("monarch.top lines", function()
     assert.is_false(top.scroll(v, "x"))
   end)
 end)
+
+describe("monarch.top rounds", function()
+  local procs_mod = require "monarch.procs"
+  local persist = require "monarch.persist"
+
+  before_each(function()
+    stub(procs_mod, "connect_agent")
+    stub(persist, "request", function(a) return { conn = a.conn, agent = a } end)
+    stub(persist, "forget")
+  end)
+
+  after_each(function()
+    procs_mod.connect_agent:revert()
+    persist.request:revert()
+    persist.forget:revert()
+  end)
+
+  it("asks a host again only once it answered", function()
+    local a = { addr = "h", port = 1, state = "ready", conn = 7 }
+    local v = top.new({ a })
+    top.round(v, 0)
+    top.round(v, 1)
+    assert.stub(persist.request).was.called(1)
+    v.hosts[1].req.done, v.hosts[1].req.ok, v.hosts[1].req.value = true, true, report({ proc {} })
+    assert.is_true(top.collect(v, 1.5))
+    top.round(v, 2)
+    assert.stub(persist.request).was.called(2)
+  end)
+
+  it("drops the question to a host that was lost, and reconnects every RETRY seconds with retry", function()
+    local a = { addr = "h", port = 1, state = "ready", conn = 7 }
+    local v = top.new({ a }, { retry = true })
+    top.round(v, 0)
+    a.state = "dead"
+    top.round(v, 1)
+    assert.stub(persist.forget).was.called(1)
+    assert.is_nil(v.hosts[1].req)
+    top.round(v, 2)
+    top.round(v, 1 + top.RETRY)
+    assert.stub(procs_mod.connect_agent).was.called(2)
+    local quiet = top.new({ { addr = "g", port = 2, state = "dead" } })
+    top.round(quiet, 0)
+    assert.stub(procs_mod.connect_agent).was.called(2) -- without retry: never
+  end)
+end)
