@@ -1,7 +1,7 @@
 /*
  * agent_stat.c - what STATUS tells of a proc beyond its own status line, for
  * `monarch-run --top`: its CPU time and resident memory as the kernel counts
- * them (/proc/PID/stat and statm), how long its current call has run, how
+ * them (/proc/PID/stat), how long its current call has run, how
  * old its last status line is, whether it is hung or still starting, and its
  * GPU memory (agent_gpu.c). All of it is read when a STATUS asks, so an
  * agent nobody watches pays nothing.
@@ -9,6 +9,7 @@
 #include "agent_int.h"
 
 #include <errno.h>
+#include <fcntl.h>
 
 /*
  * Notes a status line of p (before its fields take the new values): a call
@@ -23,41 +24,38 @@ void mn__agent_stat_line(aproc_t *p, uint64_t executed, const char *running, uin
     p->running_since = now;
 }
 
-/* Reads /proc/PID/<name> into buf (NUL-terminated); 0 or -errno. */
-static int read_proc_file(int64_t pid, const char *name, char *buf, size_t n) {
+/* Reads /proc/PID/stat into buf (NUL-terminated); 0 or -errno. One open and one read: no stdio buffer to fill. */
+static int read_stat(int64_t pid, char *buf, size_t n) {
   char path[64];
-  snprintf(path, sizeof(path), "/proc/%lld/%s", (long long)pid, name);
-  FILE *f = fopen(path, "r");
-  if (f == NULL) return -errno;
-  size_t got = fread(buf, 1, n - 1, f);
+  snprintf(path, sizeof(path), "/proc/%lld/stat", (long long)pid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -errno;
+  ssize_t got = read(fd, buf, n - 1);
+  int e = errno;
+  close(fd);
+  if (got <= 0) return got < 0 ? -e : -EIO;
   buf[got] = '\0';
-  fclose(f);
-  return got > 0 ? 0 : -EIO;
+  return 0;
 }
 
-/* CPU seconds (user + system) pid has used; 0, or -errno / MN_EPROTO for an unreadable or odd stat file. */
-static int cpu_seconds(int64_t pid, double *out) {
+/*
+ * CPU seconds (user + system) and resident bytes of pid, from the one file
+ * that holds both; 0, or -errno / MN_EPROTO for an unreadable or odd file.
+ */
+static int cpu_and_rss(int64_t pid, double *cpu, int64_t *rss) {
   char buf[1024];
-  int rc = read_proc_file(pid, "stat", buf, sizeof(buf));
+  int rc = read_stat(pid, buf, sizeof(buf));
   if (rc != 0) return rc;
   /* The command name (field 2) may hold blanks and parentheses: fields are counted after its last ')'. */
   const char *s = strrchr(buf, ')');
   unsigned long long ut, st;
-  if (s == NULL || sscanf(s + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2)
+  long long pages;
+  if (s == NULL || sscanf(s + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu %*d %*d %*d %*d %*d %*d "
+                                 "%*u %*u %lld", &ut, &st, &pages) != 3)
     return MN_EPROTO;
   long hz = sysconf(_SC_CLK_TCK);
-  *out = (double)(ut + st) / (double)(hz > 0 ? hz : 100);
-  return 0;
-}
-
-/* Resident memory of pid in bytes; 0, or -errno / MN_EPROTO. */
-static int rss_bytes(int64_t pid, int64_t *out) {
-  char buf[256];
-  int rc = read_proc_file(pid, "statm", buf, sizeof(buf));
-  if (rc != 0) return rc;
-  unsigned long long size, resident;
-  if (sscanf(buf, "%llu %llu", &size, &resident) != 2) return MN_EPROTO;
-  *out = (int64_t)resident * (int64_t)sysconf(_SC_PAGESIZE);
+  *cpu = (double)(ut + st) / (double)(hz > 0 ? hz : 100);
+  *rss = pages * (int64_t)sysconf(_SC_PAGESIZE);
   return 0;
 }
 
@@ -78,10 +76,9 @@ static void pack_opt_int(msgpack_packer *pk, const char *key, int64_t v) {
 void mn__agent_stat_pack(msgpack_packer *pk, const aproc_t *p, int64_t pid, uint64_t now) {
   double cpu = 0;
   int64_t rss = -1;
-  int cpu_ok = cpu_seconds(pid, &cpu) == 0;
-  if (rss_bytes(pid, &rss) != 0) rss = -1;
-  pack_opt_double(pk, "cpu", cpu_ok, cpu);
-  pack_opt_int(pk, "rss", rss);
+  int ok = cpu_and_rss(pid, &cpu, &rss) == 0;
+  pack_opt_double(pk, "cpu", ok, cpu);
+  pack_opt_int(pk, "rss", ok ? rss : -1);
   pack_opt_int(pk, "gpu_mem", mn__agent_gpu_bytes(pid));
   mn_pack_cstr(pk, "running_for");
   msgpack_pack_double(pk, p->running_since ? (double)(now - p->running_since) / 1e3 : 0.0);
