@@ -5,7 +5,7 @@ BUILD  ?= build
 CC     ?= gcc
 VERSION := $(shell sed -n 's/^\#define MN_VERSION "\(.*\)"/\1/p' host/core/version.h 2>/dev/null)
 PKGS   := luajit libuv msgpack libsodium
-DEPS_OK := $(shell pkg-config --exists $(PKGS) openblas 2>/dev/null && echo yes)
+DEPS_OK := $(shell pkg-config --exists $(PKGS) openblas ncursesw 2>/dev/null && echo yes)
 # Compiling targets need the -dev packages; `make deps` installs (as root) or names them.
 ifneq ($(DEPS_OK),yes)
 ifeq ($(filter deps clean,$(MAKECMDGOALS)),)
@@ -25,6 +25,7 @@ PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS))
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS))
 LDLIBS := $(PKG_LIBS) -lpthread -ldl -lm
 EDIT_LIBS := $(shell pkg-config --libs libedit 2>/dev/null)
+CURSES_LIBS := $(shell pkg-config --libs ncursesw) # the screen of monarch-run --top (host/cli/term_lua.c)
 
 # Layers (docs/architecture.md): cli -> controller | agent | proc -> coll -> core.
 # Each layer's objects see only its own headers and those below it, so an
@@ -67,9 +68,9 @@ $(BIN)/monarch-worker: $(call OBJ,host/cli/monarch-worker.c $(WRK_SRC) $(CORE_SR
 	@mkdir -p $(BIN)
 	$(CC) $(SAN) $^ -o $@ $(LDLIBS) -rdynamic
 
-$(BIN)/monarch-run: $(call OBJ,host/cli/monarch-run.c $(CTL_SRC) $(CORE_SRC))
+$(BIN)/monarch-run: $(call OBJ,host/cli/monarch-run.c host/cli/term_lua.c $(CTL_SRC) $(CORE_SRC))
 	@mkdir -p $(BIN)
-	$(CC) $(SAN) $^ -o $@ $(LDLIBS) $(EDIT_LIBS) -rdynamic
+	$(CC) $(SAN) $^ -o $@ $(LDLIBS) $(EDIT_LIBS) $(CURSES_LIBS) -rdynamic
 
 # The same controller core as a Lua C module, so plain luajit (and busted) can drive a cluster.
 $(LUAMOD): $(call OBJ,$(CTL_SRC) $(CORE_SRC))
@@ -107,7 +108,12 @@ $(BUILD)/tests/%: tests/c/%.c $(call OBJ,$(CORE_SRC) $(WRK_SRC))
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -O0 $^ -o $@ $(shell pkg-config --cflags --libs cmocka) $(LDLIBS)
 
-tests: all $(C_TESTS)
+# A fake NVML that top_spec.lua gives a host agent (MONARCH_NVML): the GPU memory column without a GPU.
+$(BUILD)/tests/libmonarch_fakenvml.so: tests/c/fake_nvml.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) -fvisibility=hidden -shared $< -o $@
+
+tests: all $(C_TESTS) $(BUILD)/tests/libmonarch_fakenvml.so
 
 # The README's two commands: `make run` (main job) and `make test`.
 run: deps

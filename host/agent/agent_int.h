@@ -129,11 +129,15 @@ typedef struct {
   uint64_t last_status; /* uv_now of its last status line (or of its spawn) */
   uint64_t hang_ms;     /* its session's hang timeout when it was spawned (its status lines keep that pace) */
   int hung;             /* reported by PROC_HUNG, and no line since */
+<<<<<<< HEAD
   uv_pipe_t relay;      /* our end of its --relay-fd socketpair: cast CALLs in, their RESULTs out */
   int relay_open;
   mn_buf_t rin;         /* relay bytes read, not yet a whole frame */
   uint64_t tag;         /* the controller's name for it in CAST and RESULTS */
   int64_t relayed;      /* cast CALLs handed to it and not answered yet */
+=======
+  uint64_t running_since; /* uv_now of the first line that showed its current call; 0 while idle */
+>>>>>>> top
 } aproc_t;
 
 /* ---- agent.c ------------------------------------------------------------------------------ */
@@ -178,5 +182,17 @@ void mn__agent_handle_detach(aconn_t *c, const msgpack_object *m);
 void mn__agent_handle_list(aconn_t *c, const msgpack_object *m);
 void mn__agent_handle_persist(aconn_t *c, const msgpack_object *m);
 void mn__agent_handle_status(aconn_t *c, const msgpack_object *m);
+
+/* ---- agent_stat.c, agent_gpu.c: what STATUS adds for `monarch-run --top` ------------------ */
+
+#define MN_STAT_FIELDS 7 /* the map entries mn__agent_stat_pack adds */
+/* Notes a status line of p before its fields take the values: when its current call began. */
+void mn__agent_stat_line(aproc_t *p, uint64_t executed, const char *running, uint64_t now);
+/* Packs MN_STAT_FIELDS entries: cpu, rss, gpu_mem, running_for, status_age, hung, ready. */
+void mn__agent_stat_pack(msgpack_packer *pk, const aproc_t *p, int64_t pid, uint64_t now);
+/* Starts a query of the procs' GPU memory on the thread pool, unless one runs or there is no NVML. */
+void mn__agent_gpu_refresh(uv_loop_t *loop);
+/* pid's GPU memory in bytes as the last query found it, or -1 (no GPU, no NVML, not known yet). */
+int64_t mn__agent_gpu_bytes(int64_t pid);
 
 #endif

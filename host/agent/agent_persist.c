@@ -277,7 +277,7 @@ static void walk_status(uv_handle_t *h, void *arg) {
                       : p->owner == NULL   ? "stopping"
                       : p->owner->conn     ? "attached"
                                            : "detached";
-  msgpack_pack_map(pk, 8);
+  msgpack_pack_map(pk, 8 + MN_STAT_FIELDS);
   mn_pack_cstr(pk, "rank");
   msgpack_pack_int(pk, p->rank);
   mn_pack_cstr(pk, "pid");
@@ -295,6 +295,7 @@ static void walk_status(uv_handle_t *h, void *arg) {
   msgpack_pack_uint64(pk, p->executed);
   mn_pack_cstr(pk, "running");
   mn_pack_cstr(pk, p->running);
+  mn__agent_stat_pack(pk, p, ((uv_process_t *)h)->pid, w->now);
 }
 
 /* [STATUS, req] -> REPLY {hostname, pid, uptime, procs = [...], exits = [...]} */
@@ -310,6 +311,7 @@ void mn__agent_handle_status(aconn_t *c, const msgpack_object *m) {
   msgpack_packer pk;
   size_t s = reply_begin(&b, &pk, req, 1);
   uint64_t now = uv_now(a->loop);
+  mn__agent_gpu_refresh(a->loop);
   status_walk_t w = {&pk, now, c->session, 0, 0};
   uv_walk(a->loop, walk_status, &w);
   msgpack_pack_map(&pk, 5);

@@ -66,6 +66,7 @@ static void take_status(aproc_t *p) {
     int q;
     char run[104];
     if (sscanf(p->buf, "S %d %llu %103s", &q, &e, run) == 3) {
+      mn__agent_stat_line(p, e, run, uv_now(p->a->loop));
       p->last_status = uv_now(p->a->loop);
       p->hung = 0;
       p->queued = q;

@@ -22,6 +22,7 @@
 
 int luaopen_monarch_core(lua_State *L);
 int luaopen_monarch_lineedit(lua_State *L);
+int luaopen_monarch_term(lua_State *L);
 
 static const char usage[] =
     "usage: monarch-run [options] [script.lua [args...]]\n"
@@ -38,6 +39,10 @@ static const char usage[] =
     "  --hostfile FILE    the same, one HOST:PORT per line (# starts a comment)\n"
     "  --slurm            start host agents on the nodes of this Slurm allocation\n"
     "  --status           report on the cluster and exit\n"
+  "  --top              a live full-screen view of the hosts of --hosts, --hostfile\n"
+  "                     or --slurm, refreshed every second: each proc's state,\n"
+  "                     calls/s, queue, running kernel, CPU, memory, recent\n"
+  "                     failures; q or Ctrl-C quits (in the REPL: top())\n"
     "  --quiet            drop what procs print on stdout (stderr still shows)\n"
     "  --log-level LEVEL  debug, info, warn or error (default info)\n"
     "  -v, --version      print the version\n"
@@ -50,7 +55,7 @@ typedef struct {
   const char *libs[MN_RUN_MAX_LIBS];
   int nlibs;
   int script_at; /* argv index of the script, argc if none */
-  int interactive, slurm, status, quiet;
+  int interactive, slurm, status, top, quiet;
 } opts_t;
 
 /* Adds a traceback to errors, except to structured ones (a MonarchError: a lost host, a failed proc,
@@ -132,6 +137,8 @@ static void set_paths(lua_State *L, const char *prefix) {
   lua_setfield(L, -2, "monarch.core");
   lua_pushcfunction(L, luaopen_monarch_lineedit);
   lua_setfield(L, -2, "monarch.lineedit");
+  lua_pushcfunction(L, luaopen_monarch_term);
+  lua_setfield(L, -2, "monarch.term");
   lua_pop(L, 2);
 }
 
@@ -288,6 +295,8 @@ static int parse_args(int argc, char **argv, opts_t *o, int *status) {
       o->slurm = 1;
     } else if (strcmp(a, "--status") == 0) {
       o->status = 1;
+    } else if (strcmp(a, "--top") == 0) {
+      o->top = 1;
     } else if (strcmp(a, "--quiet") == 0) {
       o->quiet = 1;
     } else if (strcmp(a, "-i") == 0) {
@@ -307,7 +316,12 @@ static int parse_args(int argc, char **argv, opts_t *o, int *status) {
     fprintf(stderr, "monarch-run: --slurm starts its own host agents; it cannot be combined with --hosts or --hostfile\n");
     return stop(status, 2);
   }
-  if (o->script_at >= argc && o->code == NULL && !o->interactive && !o->status) {
+  if (o->top && (o->status || o->interactive || o->code != NULL || o->nlibs > 0 || o->script_at < argc)) {
+    fprintf(stderr, "monarch-run: --top only watches the cluster: it takes no script, -e, -l, -i or --status "
+                    "(from the REPL, call top())\n");
+    return stop(status, 2);
+  }
+  if (o->script_at >= argc && o->code == NULL && !o->interactive && !o->status && !o->top) {
     fputs(usage, stderr);
     return stop(status, 2);
   }
@@ -318,6 +332,15 @@ static int parse_args(int argc, char **argv, opts_t *o, int *status) {
 static int run_status(lua_State *L) {
   push_loaded_field(L, "monarch", "status");
   return run_chunk(L, 0) == 0 ? 0 : 1;
+}
+
+/* --top: monarch.top{retry = true} until q (the library is loaded by now). */
+static int run_top(lua_State *L) {
+  push_loaded_field(L, "monarch", "top");
+  lua_createtable(L, 0, 1);
+  lua_pushboolean(L, 1);
+  lua_setfield(L, -2, "retry");
+  return run_chunk(L, 1) == 0 ? 0 : 1;
 }
 
 /* The script (if any) with its arguments; 0 or a Lua status (reported). */
@@ -357,7 +380,7 @@ int main(int argc, char **argv) {
   if (L == NULL) return 1;
   luaL_openlibs(L);
   set_paths(L, prefix);
-  if (o.hosts || o.hostfile || o.slurm || o.status || o.quiet || o.log_level || o.interactive) {
+  if (o.hosts || o.hostfile || o.slurm || o.status || o.top || o.quiet || o.log_level || o.interactive) {
     if ((rc = set_config(L, &o)) != 0) {
       lua_close(L);
       return rc;
@@ -373,8 +396,8 @@ int main(int argc, char **argv) {
   lua_setglobal(L, "arg");
 
   int status = 0;
-  if (o.status) {
-    status = run_status(L);
+  if (o.status || o.top) {
+    status = o.top ? run_top(L) : run_status(L);
     if (shutdown(L) != 0 && status == 0) status = 1;
     lua_close(L);
     return status;

@@ -181,6 +181,12 @@ if trace_env and trace_env ~= "" and not trace.active() then
   if not ok then error("MONARCH_TRACE=" .. trace_env .. ": " .. tostring(err), 0) end
 end
 
+--- A live full-screen view of every host and proc (state, calls/s, queue,
+-- the kernel running and for how long, CPU, memory, failures), refreshed
+-- every second until q or Ctrl-C; `monarch-run --top` and top() in the REPL
+-- call it. opts.retry: reconnect to hosts that were lost. See monarch.top.
+function M.top(opts) return require("monarch.top").run(M, opts) end
+
 M.errors, M.future, M.value_mesh, M.tensor, M.runtime = errors, future, value_mesh, tensor, runtime
 M.Future, M.ValueMesh = future.Future, value_mesh.ValueMesh
 return M

@@ -8,11 +8,34 @@ local runtime = require "monarch.runtime"
 
 local M = { level = "info", quiet = false, window = 0.05 }
 local LEVELS = { debug = 1, info = 2, warn = 3, error = 4 }
+M.MAX_HELD = 1000    -- lines kept while output is held (monarch.top); later ones are only counted
 
 local entries = {}   -- lines waiting for the window to close, in arrival order
 local by_key = {}    -- stream .. "\0" .. line -> entry still open for more ranks
 local flush_at       -- cancel function of the scheduled flush
 M.last_output = 0    -- runtime.now() of the last line received
+local held           -- while output is held: {file, text} to write afterwards
+local dropped = 0    -- lines past MAX_HELD while held
+
+local function emit(f, text)
+  if not held then return f:write(text) end
+  if #held < M.MAX_HELD then held[#held + 1] = { f, text } else dropped = dropped + 1 end
+end
+
+--- hold(true) keeps every line from the terminal (a full-screen view owns
+-- it); hold(false) writes out what was kept, in order.
+function M.hold(on)
+  if on then
+    held = held or {}
+    return
+  end
+  local kept, n = held or {}, dropped
+  held, dropped = nil, 0
+  for _, e in ipairs(kept) do e[1]:write(e[2]) end
+  if n > 0 then io.stderr:write(string.format("monarch: %d more lines of output were dropped while held\n", n)) end
+  io.stdout:flush()
+  io.stderr:flush()
+end
 
 local function enabled(level)
   return (LEVELS[level] or 2) >= (LEVELS[M.level] or 2)
@@ -22,7 +45,7 @@ end
 function M.log(level, msg)
   if enabled(level) then
     local f = (LEVELS[level] or 2) >= 3 and io.stderr or io.stdout
-    f:write("monarch: ", tostring(msg), "\n")
+    emit(f, "monarch: " .. tostring(msg) .. "\n")
     f:flush()
   end
 end
@@ -51,7 +74,7 @@ function M.flush()
     table.sort(hosts)
     local where = (#hosts == 1 and hosts[1] or (#hosts .. " hosts")) .. " r" .. ranges(e.ranks)
     local f = e.stream == 2 and io.stderr or io.stdout
-    f:write("[", where, "] ", e.line, "\n")
+    emit(f, "[" .. where .. "] " .. e.line .. "\n")
   end
   io.stdout:flush()
   io.stderr:flush()

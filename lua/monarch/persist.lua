@@ -49,6 +49,22 @@ local function agent_name(a)
   return (a.hostname or a.addr or "?") .. ":" .. tostring(a.port)
 end
 
+--- Sends make(req, a) to the connected agent a without waiting; returns the
+-- request {agent, req}, which gets done = true, ok and value when the REPLY
+-- arrives. forget(r) stops waiting for it.
+function M.request(a, make)
+  next_req = next_req + 1
+  local r = { agent = a, req = next_req, conn = a.conn }
+  waiting[a.conn] = waiting[a.conn] or {}
+  waiting[a.conn][r.req] = r
+  core.send(a.conn, make(r.req, a))
+  return r
+end
+
+function M.forget(r)
+  if waiting[r.conn] then waiting[r.conn][r.req] = nil end
+end
+
 -- Sends make(req, a) to every agent in `agents`; returns their replies, in order
 -- ({agent, ok, value} each). An agent that does not answer is an error.
 local function ask(agents, make, what)
@@ -58,12 +74,7 @@ local function ask(agents, make, what)
       error(errors.new { kind = "connect", host = agent_name(a), message = "host agent is not connected (" ..
         tostring(a.reason or a.state) .. ")" }, 0)
     end
-    next_req = next_req + 1
-    local r = { agent = a, req = next_req }
-    waiting[a.conn] = waiting[a.conn] or {}
-    waiting[a.conn][r.req] = r
-    pend[i] = r
-    core.send(a.conn, make(r.req, a))
+    pend[i] = M.request(a, make)
   end
   local ok, err = pcall(procs_mod.wait_until, function()
     for _, r in ipairs(pend) do
@@ -71,9 +82,7 @@ local function ask(agents, make, what)
     end
     return true
   end, M.REPLY_TIMEOUT, what)
-  for _, r in ipairs(pend) do
-    if waiting[r.agent.conn] then waiting[r.agent.conn][r.req] = nil end
-  end
+  for _, r in ipairs(pend) do M.forget(r) end
   if not ok then error(err, 0) end
   for _, r in ipairs(pend) do
     if not r.done then

@@ -204,6 +204,7 @@ monarch REPL: Lua with the monarch library, against a live cluster.
   procs:detach()                        let go of a persistent mesh; it keeps running
   m = monarch.attach("name")            take a persistent mesh back (m.tensors.t)
   monarch.persistent()                  the persistent meshes the hosts keep
+  top()                                 a live view of every host and proc; q quits
   procs:stop()                          end the procs
   help(x)                               the methods of x
   exit() or Ctrl-D                      leave (persistent meshes stay, others stop)
@@ -318,7 +319,7 @@ end
 -- ---- the loop ------------------------------------------------------------------
 
 --- Sets the REPL up before anything runs: Ctrl-C stops waits instead of the
--- process, and the globals monarch, help and exit exist.
+-- process, and the globals monarch, help, top and exit exist.
 function M.start()
   if raw_pump then return end
   local monarch = require "monarch"
@@ -329,6 +330,7 @@ function M.start()
   runtime.pump = pump
   rawset(_G, "monarch", monarch)
   rawset(_G, "help", M.help)
+  rawset(_G, "top", monarch.top)
   rawset(_G, "exit", function(code)
     M.exit_code = code or 0
     M.leaving = true

@@ -23,10 +23,20 @@ describe("supervision through the host agents", function()
     if daemon then daemon:stop() end
   end)
 
+  -- What each test made and changed is undone after it. (busted keeps only a
+  -- test's last finally(): one per mesh left every mesh but the last running,
+  -- and a proc of it failed in whichever spec ran next, once the daemon was gone.)
+  local made = {}
+  after_each(function()
+    for _, m in ipairs(made) do m:stop() end
+    made = {}
+    monarch.configure{ heartbeat_timeout = 3.0 }
+  end)
+
   local function mesh(n)
     local agents = mesh_mod.connect_agents{ daemon.addr }
     local m = mesh_mod.host_mesh(agents):spawn_procs{ procs = n }
-    finally(function() m:stop() end)
+    made[#made + 1] = m
     m:load "basic"
     return m
   end
@@ -44,15 +54,13 @@ describe("supervision through the host agents", function()
   it("connects to an agent after the script blocked longer than the handshake timeout", function()
     local m0 = mesh(1) -- a live connection, so heartbeats tick
     os.execute("sleep 5.5")
-    local m = mesh(1) -- its finally replaces m0's: m0 is stopped below
+    local m = mesh(1)
     assert.are.equal(7, m:call_one("echo", 7):get(5))
     assert.are.equal(8, m0:call_one("echo", 8):get(5))
-    m0:stop()
   end)
 
   it("has the agent report a stopped proc; the controller kills it and names it unresponsive", function()
     monarch.configure{ heartbeat_timeout = 1.0 }
-    finally(function() monarch.configure{ heartbeat_timeout = 3.0 } end)
     local m = mesh(2)
     m:on_failure(function() end)
     local victim = m:procs()[2]
@@ -74,7 +82,6 @@ describe("supervision through the host agents", function()
 
   it("does not report a proc busy in a long kernel: its I/O thread still speaks", function()
     monarch.configure{ heartbeat_timeout = 0.5 }
-    finally(function() monarch.configure{ heartbeat_timeout = 3.0 } end)
     local m = mesh(1)
     local pid = m:procs()[1].pid
     local f = m:call_one("sleep", 2)
