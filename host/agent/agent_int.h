@@ -129,15 +129,12 @@ typedef struct {
   uint64_t last_status; /* uv_now of its last status line (or of its spawn) */
   uint64_t hang_ms;     /* its session's hang timeout when it was spawned (its status lines keep that pace) */
   int hung;             /* reported by PROC_HUNG, and no line since */
-<<<<<<< HEAD
   uv_pipe_t relay;      /* our end of its --relay-fd socketpair: cast CALLs in, their RESULTs out */
   int relay_open;
   mn_buf_t rin;         /* relay bytes read, not yet a whole frame */
   uint64_t tag;         /* the controller's name for it in CAST and RESULTS */
   int64_t relayed;      /* cast CALLs handed to it and not answered yet */
-=======
   uint64_t running_since; /* uv_now of the first line that showed its current call; 0 while idle */
->>>>>>> top
 } aproc_t;
 
 /* ---- agent.c ------------------------------------------------------------------------------ */
