@@ -425,13 +425,14 @@ local function train_step(s)
     procs:load "faulty"
     -- Its future fails with the proc; the step's own calls report the failure.
     procs:slice{ hosts = 0, procs = procs:size("procs") - 1 }:call_one("exit", 9)
+    injected.killed_at, injected.killed = monarch.now(), "proc was killed"
   end
   if opts["kill-host-at"] == s and not injected.kill_host then
     injected.kill_host = true
     local agents = monarch.hosts().agents
     if #agents < 2 then die("--kill-host-at needs at least two hosts (--hosts)") end
     os.execute("kill -9 " .. agents[#agents].pid)
-    injected.host_killed_at = monarch.now()
+    injected.killed_at, injected.killed = monarch.now(), "host was killed"
   end
   backup()
   local fb = procs:call("mlp_forward_backward", st.P, st.X, st.Y, st.G, hidden, classes, batch, seed, epoch, k)
@@ -514,7 +515,8 @@ local function shrink(s)
   if dropped == 0 then return nil end
   local before = world
   -- Measured from the kill when this run made it (--kill-host-at), else from the loss event.
-  resume_clock = injected.host_killed_at or (lost_hosts[1] and lost_hosts[1].at) or monarch.now()
+  resume_clock = { what = "elastic" }
+  resume_clock.at = injected.killed_at or (lost_hosts[1] and lost_hosts[1].at) or monarch.now()
   lost_hosts = {}
   procs, world, kgroup = survivors, survivors:size(), nil
   rank0 = procs:slice{ hosts = 0, procs = 0 }
@@ -529,6 +531,7 @@ local function shrink(s)
 end
 
 local function recover(err, s)
+  local failed_at = monarch.now()
   if elastic and proc_was_lost(err) then
     local at = shrink(s)
     if at then return at end
@@ -550,6 +553,7 @@ local function recover(err, s)
   st = setup()
   put_state(snapshot)
   note("recovery: restored the weights of step %d; replaying %d step(s)", snapshot.step, s - snapshot.step)
+  resume_clock = { what = "recovery", at = injected.killed_at or failed_at }
   return snapshot.step
 end
 
@@ -635,9 +639,9 @@ local function advance(s)
   end
   t_train = t_train + (monarch.now() - t0)
   if resume_clock then
-    note("elastic: stepping again %.3f s after the %s", monarch.now() - resume_clock,
-      injected.host_killed_at and "host was killed" or "loss was reported")
-    resume_clock = nil
+    note("%s: stepping again %.3f s after the %s", resume_clock.what, monarch.now() - resume_clock.at,
+      injected.killed or "failure was reported")
+    resume_clock, injected.killed_at, injected.killed = nil, nil, nil
   end
   samples = samples + n * batch * world
   s = s + n

@@ -138,8 +138,8 @@ end
 --- fn(ev) is called once for each host lost for good (kind host_lost: ev.host, ev.addr, ev.cause,
 -- ev.ranks): its agent's address refuses connections, or it stayed unreachable for the reconnect
 -- window. Without a handler (and with no call waiting on its procs) the event stops the script.
--- mesh:survivors() is the mesh without the lost hosts.
-function M.on_host_loss(fn) require("monarch.procs").on_host_loss(fn) end
+-- mesh:survivors() is the mesh without the lost hosts. Returns a function that removes fn.
+function M.on_host_loss(fn) return require("monarch.procs").on_host_loss(fn) end
 
 -- Stops tracing (monarch.trace.stop) and says on stderr where the trace went.
 local function stop_trace()

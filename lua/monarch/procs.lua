@@ -293,9 +293,15 @@ local host_loss_handlers = {}
 
 --- fn(ev) is called once for every host lost for good, ev being a MonarchError of kind host_lost
 -- with host, addr, cause and ranks (the procs lost with it, ascending).
+-- Returns a function that removes fn again.
 function M.on_host_loss(fn)
   if type(fn) ~= "function" then error("on_host_loss wants a function", 2) end
   host_loss_handlers[#host_loss_handlers + 1] = fn
+  return function()
+    for i, f in ipairs(host_loss_handlers) do
+      if f == fn then table.remove(host_loss_handlers, i) return end
+    end
+  end
 end
 
 local function rank_list(ranks)

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# bench/elastic.sh: how soon examples/train.lua steps again after a failure,
+# on 3 local host agents x 2 procs (real agents and procs over TCP):
+#   host   the last host's agent killed with SIGKILL (its procs die with it):
+#          the survivors go on without it (mesh:survivors())
+#   proc   one proc killed (its agent lives): it is restarted and the weights
+#          are restored from the last in-memory snapshot (the baseline)
+# Prints the median of RUNS runs of each, from the same session.
+#   bench/elastic.sh [RUNS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+B=${BUILD:-build}
+runs=${1:-5}
+export MONARCH_TOKEN=${MONARCH_TOKEN:-$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')}
+export OPENBLAS_NUM_THREADS=1
+dir=$(mktemp -d)
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$dir"; }
+trap cleanup EXIT
+
+start_agents() {
+  : >"$dir/hosts"
+  for i in 1 2 3; do
+    $B/bin/monarch-worker --listen 127.0.0.1:0 >"$dir/agent$i.log" 2>&1 &
+    pids+=($!)
+    local port=""
+    for _ in $(seq 1 200); do
+      port=$(sed -n 's/.*listening on [^ ]*:\([0-9]*\).*/\1/p' "$dir/agent$i.log" | head -1)
+      [ -n "$port" ] && break
+      sleep 0.025
+    done
+    [ -n "$port" ] || { echo "agent $i did not start: $(cat "$dir/agent$i.log")"; exit 1; }
+    echo "127.0.0.1:$port" >>"$dir/hosts"
+  done
+}
+
+# One run: prints the seconds from the kill to the next step.
+one() {
+  start_agents
+  local out
+  out=$($B/bin/monarch-run --hostfile "$dir/hosts" examples/train.lua --procs 2 --quiet \
+    --checkpoint-dir "$dir/ck" "$@" 2>&1) || { echo "train.lua failed: $out" >&2; exit 1; }
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  pids=()
+  echo "$out" | sed -n 's/.*stepping again \([0-9.]*\) s after.*/\1/p' | head -1
+}
+
+median() { sort -n | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
+
+host=() proc=()
+for _ in $(seq 1 "$runs"); do
+  host+=("$(one --kill-host-at 100)")
+  proc+=("$(one --kill-at 100)")
+done
+h=$(printf '%s\n' "${host[@]}" | median)
+p=$(printf '%s\n' "${proc[@]}" | median)
+echo "elastic bench ($(nproc) cores, $(date -u +%Y-%m-%dT%H:%MZ)): train.lua on 3 agents x 2 procs, median of $runs"
+printf '%-58s %8s s   (runs: %s)\n' "host killed -> stepping again on the survivors" "$h" "${host[*]}"
+printf '%-58s %8s s   (runs: %s)\n' "proc killed -> restarted, restored, stepping again (baseline)" "$p" "${proc[*]}"
+printf '%-58s %8s\n' "target: host kill to stepping again" "< 2 s"

@@ -1,0 +1,109 @@
+-- Host-level self-healing (issue 15): a host lost for good is one event, the
+-- mesh shrinks to the survivors, and examples/train.lua trains on without it.
+-- Real host agents and procs; a host is lost by SIGKILL to its agent (its
+-- procs die with it, PR_SET_PDEATHSIG).
+local monarch = require "monarch"
+local mesh_mod = require "monarch.mesh"
+local runtime = require "monarch.runtime"
+local agent = require "agent"
+
+local B = os.getenv("MONARCH_BUILD") or "build"
+local alive = require("procstat").alive
+
+local function sh(cmd)
+  local f = io.popen(cmd .. " 2>&1; echo \"::rc=$?\"")
+  local out = f:read("*a")
+  f:close()
+  local rc = tonumber(out:match("::rc=(%d+)%s*$"))
+  return (out:gsub("::rc=%d+%s*$", "")), rc
+end
+
+describe("a host lost for good", function()
+  local daemons = {}
+
+  before_each(function()
+    monarch.hosts()
+    for i = 1, 3 do daemons[i] = agent.start{ token = runtime.token } end
+  end)
+
+  after_each(function()
+    for _, d in ipairs(daemons) do d:stop(9) end
+    daemons = {}
+  end)
+
+  it("is one event naming the host and its procs, decided within a second; the survivors serve", function()
+    local addrs = {}
+    for i, d in ipairs(daemons) do addrs[i] = d.addr end
+    local m = mesh_mod.host_mesh(mesh_mod.connect_agents(addrs)):spawn_procs{ procs = 2 }
+    m:load "basic"
+    local events = {}
+    local off = monarch.on_host_loss(function(ev) events[#events + 1] = { ev = ev, at = monarch.now() } end)
+    finally(function() -- busted keeps one finally per test: this one undoes all
+      off()
+      m:stop()
+    end)
+    local victim_pids = { m:procs()[3].pid, m:procs()[4].pid }
+    local t0 = monarch.now()
+    daemons[2]:stop(9)
+    local f = m:call("sleep", 0.3)
+    local ok, err = pcall(f.get, f, 10)
+    assert.is_false(ok)
+    assert.are.equal("proc_failed", err.kind)
+    assert.matches("lost with its host " .. daemons[2].addr, err.message, 1, true)
+    local deadline = monarch.now() + 5
+    while #events == 0 and monarch.now() < deadline do monarch.sleep(0.02) end
+    assert.are.equal(1, #events, "one event for the host")
+    local ev = events[1].ev
+    assert.are.equal("host_lost", ev.kind)
+    assert.are.equal(daemons[2].addr, ev.addr)
+    assert.are.same({ 2, 3 }, ev.ranks)
+    assert.is_true(events[1].at - t0 < 1.0, "decided after " .. (events[1].at - t0) .. " s")
+    for _, pid in ipairs(victim_pids) do assert.is_false(alive(pid)) end
+    -- The survivors: same dimensions, two hosts; a collective over them forms a new group.
+    local s, dropped = m:survivors()
+    assert.are.equal(2, dropped)
+    assert.are.same({ hosts = 2, procs = 2 }, s:sizes())
+    assert.are.same({ 0, 1, 4, 5 }, s:rank())
+    local t = s:tensor("f32", { 8 })
+    s:call("fill", t, 1)
+    s:all_reduce(t, "sum"):get(10)
+    assert.are.same({ 32, 32, 32, 32 }, s:call("sum", t):get(10):values())
+  end)
+
+  it("stops a script that does not handle it with one line, no traceback", function()
+    local addrs = {}
+    for i, d in ipairs(daemons) do addrs[i] = d.addr end
+    local code = string.format([[
+      local m = require 'monarch'
+      local p = m.hosts():spawn_procs{ procs = 1 }
+      p:load 'basic'
+      os.execute('kill -9 ' .. m.hosts().agents[3].pid)
+      for i = 1, 200 do p:call('noop'):get() m.sleep(0.01) end
+    ]])
+    local out, rc = sh(("MONARCH_TOKEN=%s timeout 60 %s/bin/monarch-run --hosts %s -e \"%s\""):format(
+      runtime.token, B, table.concat(addrs, ","), code))
+    assert.are.equal(1, rc, out)
+    assert.matches("host_lost", out)
+    assert.matches("1 proc lost with it %(rank 2%)", out)
+    assert.is_nil(out:find("stack traceback", 1, true), out)
+  end)
+
+  it("does not stop examples/train.lua: it trains on the survivors to the end", function()
+    local addrs = {}
+    for i, d in ipairs(daemons) do addrs[i] = d.addr end
+    local dir = os.tmpname()
+    os.remove(dir)
+    local data_arg = require("digits").data_arg((os.execute("mkdir -p " .. dir) and dir))
+    local out, rc = sh(("OPENBLAS_NUM_THREADS=1 MONARCH_TOKEN=%s timeout 120 %s/bin/monarch-run --hosts %s "
+      .. "examples/train.lua --device cpu --procs 2 --quiet --kill-host-at 60 --checkpoint-dir %s/ck%s"):format(
+      runtime.token, B, table.concat(addrs, ","), dir, data_arg))
+    os.execute("rm -rf " .. dir)
+    assert.are.equal(0, rc, out)
+    assert.matches("host_lost", out)
+    assert.matches("training goes on with 4 procs on 2 hosts from step 61: global batch 192 %-> 128", out)
+    assert.matches("elastic: stepping again [%d.]+ s after the host was killed", out)
+    assert.matches("weights identical on all 4 procs", out)
+    local acc = tonumber(out:match("test accuracy ([%d.]+)%%"))
+    assert.is_true(acc and acc >= 95, "test accuracy " .. tostring(acc) .. "%\n" .. out)
+  end)
+end)
