@@ -57,4 +57,7 @@ sizes=$([ "$mode" = quick ] && echo "16777216 1" || true)
 for extra in bench/collective.sh bench/hosts.sh; do
   [ -x "$extra" ] && { echo; "$extra" $sizes || echo "$extra failed"; }
 done
+# A host lost mid-training: how soon train.lua steps again on the survivors.
+echo
+bench/elastic.sh "$([ "$mode" = quick ] && echo 1 || echo 5)" || echo "bench/elastic.sh failed"
 exit 0
