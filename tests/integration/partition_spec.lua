@@ -73,6 +73,9 @@ describe("a network partition between the controller and a host", function()
   end)
 
   it("heals within the reconnect window and runs every call exactly once", function()
+    local losses = 0
+    local off = monarch.on_host_loss(function() losses = losses + 1 end)
+    finally(function() off() end)
     local agents = mesh_mod.connect_agents{ NS_IP .. ":" .. port }
     local procs = mesh_mod.host_mesh(agents):spawn_procs{ procs = 1 }
     procs:load "faulty"
@@ -90,7 +93,37 @@ describe("a network partition between the controller and a host", function()
     for i = 1, 300 do assert.are.equal(i, futs[i]:get(10)[1]) end
     assert.are.equal(300, procs:call_one("bumps"):get(5))
     assert.are.equal("ready", procs:procs()[1].state)
+    assert.are.equal(0, losses, "a cut that healed in time counted as a lost host")
     procs:stop()
+  end)
+
+  it("shrinks to the near host when the cut does not heal: one host_lost event, the survivors serve", function()
+    local near = agent.start{ token = runtime.token }
+    local events = {}
+    local off = monarch.on_host_loss(function(ev) events[#events + 1] = ev end)
+    local procs
+    finally(function() -- busted keeps one finally per test
+      off()
+      if procs then procs:stop() end
+      near:stop()
+    end)
+    local agents = mesh_mod.connect_agents{ near.addr, NS_IP .. ":" .. port }
+    procs = mesh_mod.host_mesh(agents):spawn_procs{ procs = 2 }
+    procs:load "basic"
+    procs:call("noop"):get(5)
+    assert(sh("ip link set " .. HOST_IF .. " down"))
+    local t0 = monarch.now()
+    while #events == 0 and monarch.now() - t0 < 15 do runtime.pump(0.05) end
+    assert.are.equal(1, #events, "no host_lost event within 15 s")
+    assert.are.equal(NS_IP .. ":" .. port, events[1].addr)
+    assert.are.same({ 2, 3 }, events[1].ranks)
+    assert.matches("reconnecting failed", events[1].cause)
+    -- Not before the reconnect window (4 s): a silent link is given the whole of it.
+    assert.is_true(monarch.now() - t0 > 3.5, "shrank after " .. (monarch.now() - t0) .. " s")
+    local s = procs:survivors()
+    assert.are.same({ hosts = 1, procs = 2 }, s:sizes())
+    assert.are.same({ 0, 1 }, s:rank())
+    assert.are.equal(7, s:slice{ hosts = 0, procs = 1 }:call_one("echo", 7):get(5))
   end)
 
   it("fails clearly when the cut does not heal, and the far side cleans up", function()
