@@ -2,7 +2,7 @@
 -- a mesh of procs, stepped in batches by a C kernel (kernels/cpu/cartpole.c).
 --
 --   monarch-run examples/rl/run.lua [--procs 3] [--envs 16] [--seed 1]
---                                   [--kill-at UPDATE] [--restart] [--max-seconds 300]
+--                                   [--kill-at UPDATE] [--kill-host-at UPDATE] [--restart] [--max-seconds 300]
 --                                   [--plot FILE.svg] [--csv FILE.csv]
 --   make rl
 --
@@ -11,7 +11,10 @@
 -- 100 consecutive episodes reaches 195 (CartPole-v0's "solved"), the episodes
 -- and wall time it took. --kill-at N kills one environment proc (SIGKILL)
 -- after update N, to show rollouts going on without it; with --restart the
--- mesh restarts it and its actor comes back. --plot writes the return of
+-- mesh restarts it and its actor comes back. --kill-host-at N (with two or more
+-- hosts) kills the last host's agent after update N, and with it its env
+-- procs: the host is reported once (host_lost) and rollouts go on on the other
+-- hosts. --plot writes the return of
 -- every episode and its mean over the last 100 as an SVG line plot, --csv
 -- the same per episode (with the env proc and the policy version) as CSV.
 local here = (arg and arg[0] or ""):match("^(.*)/[^/]*$") or "."
@@ -27,7 +30,8 @@ local i = 1
 while arg and arg[i] do
   local a, v = arg[i], arg[i + 1]
   if a == "--restart" then opts.restart = true
-  elseif a == "--procs" or a == "--envs" or a == "--seed" or a == "--kill-at" or a == "--max-seconds" then
+  elseif a == "--procs" or a == "--envs" or a == "--seed" or a == "--kill-at" or a == "--kill-host-at"
+    or a == "--max-seconds" then
     local n = tonumber(v) or error(a .. " wants a number", 0)
     opts[a:sub(3):gsub("-", "_")] = n
     i = i + 1
@@ -51,7 +55,10 @@ if opts.restart then procs = procs:options { restart = true } end
 procs:on_failure(function(e)
   print(string.format("env proc rank %d lost: %s", e.rank or -1, tostring(e.cause or e.message)))
 end)
-print(string.format("CartPole-v0: %d env procs x %d envs, REINFORCE (linear softmax policy)", opts.procs, opts.envs))
+monarch.on_host_loss(function(ev)
+  print(string.format("env host %s lost (ranks %s): rollouts go on on the other hosts", ev.addr, table.concat(ev.ranks, ",")))
+end)
+print(string.format("CartPole-v0: %d env procs x %d envs, REINFORCE (linear softmax policy)", procs:size(), opts.envs))
 
 local killed = false
 local curves = { episode = {}, ret = {}, mean100 = {}, rank = {}, version = {}, seconds = {} }
@@ -72,6 +79,14 @@ local summary = trainer.train {
       print(string.format("killing env proc rank %d (pid %d) with SIGKILL", victim.rank, victim.pid))
       os.execute("kill -KILL " .. victim.pid)
     end
+    if opts.kill_host_at and not killed and s.updates >= opts.kill_host_at then
+      killed = true
+      local agents = monarch.hosts().agents
+      if #agents < 2 then error("--kill-host-at needs two hosts or more (--hosts)", 0) end
+      print(string.format("killing the env host agent at %s:%d (pid %d) with SIGKILL", agents[#agents].addr,
+        agents[#agents].port, agents[#agents].pid))
+      os.execute("kill -KILL " .. agents[#agents].pid)
+    end
   end,
   on_env_failure = function(err, p)
     print(string.format("env proc rank %d failed (%s): dropped its rollout in flight; %s", err.rank or -1,
@@ -88,7 +103,7 @@ else
     summary.episodes))
 end
 local by_rank = {}
-for r = 0, opts.procs - 1 do by_rank[#by_rank + 1] = string.format("rank %d: %d", r, summary.episodes_by_rank[r] or 0) end
+for r = 0, procs:size() - 1 do by_rank[#by_rank + 1] = string.format("rank %d: %d", r, summary.episodes_by_rank[r] or 0) end
 print("episodes by env proc: " .. table.concat(by_rank, ", ") .. string.format("; %d env proc failure(s)", #summary.failures))
 
 -- The curves: every episode that arrived (those in flight when the run

@@ -93,8 +93,7 @@ function M.train(opts)
     if wake then wake:resolve(true) end
   end
 
-  local function generate(i)
-    local one = actors:slice { procs = i }
+  local function generate(one)
     while not finished do
       local fut = one:call_one("rollout", copy(learner.params), learner.version, per_call)
       local ok, res = pcall(fut.await, fut)
@@ -118,8 +117,15 @@ function M.train(opts)
     return "done"
   end
 
+  -- One generator per env proc, over every host: a mesh from spawn_procs is hosts x procs.
   local gens = {}
-  for i = 0, actors:size() - 1 do gens[#gens + 1] = monarch.spawn(generate, i) end
+  local sizes = actors:sizes()
+  for h = 0, (sizes.hosts or 1) - 1 do
+    for i = 0, (sizes.procs or actors:size()) - 1 do
+      local one = sizes.hosts and actors:slice { hosts = h, procs = i } or actors:slice { procs = i }
+      gens[#gens + 1] = monarch.spawn(generate, one)
+    end
+  end
 
   local last_progress = t0
   local function stats()

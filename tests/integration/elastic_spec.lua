@@ -88,6 +88,16 @@ describe("a host lost for good", function()
     assert.is_nil(out:find("stack traceback", 1, true), out)
   end)
 
+  it("does not stop the RL example: rollouts go on on the other hosts until it is solved", function()
+    local out, rc = sh(("OPENBLAS_NUM_THREADS=1 MONARCH_TOKEN=%s timeout 120 %s/bin/monarch-run --hosts %s,%s "
+      .. "examples/rl/run.lua --procs 2 --kill-host-at 20 --max-seconds 60"):format(runtime.token, B, daemons[1].addr,
+      daemons[2].addr))
+    assert.are.equal(0, rc, out)
+    assert.matches("env host " .. daemons[2].addr .. " lost %(ranks 2,3%): rollouts go on on the other hosts", out)
+    assert.matches("solved: mean return", out)
+    assert.matches("2 env proc failure%(s%)", out)
+  end)
+
   it("does not stop examples/train.lua: it trains on the survivors to the end", function()
     local addrs = {}
     for i, d in ipairs(daemons) do addrs[i] = d.addr end
