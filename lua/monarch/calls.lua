@@ -134,7 +134,7 @@ local function dead_error(rec, p)
   p.death_heard = true -- the caller hears of it: see runtime.unhandled
   return errors.new {
     kind = "proc_failed", kernel = rec.kernel, rank = p.rank, host = p.host, pid = p.pid, cause = p.cause,
-    stopped = p.state == "stopped" or nil,
+    stopped = (p.state == "stopped" or p.stopping) or nil, -- stopped by the script, or on its way
     message = "proc is " .. p.state .. (p.cause and (" (" .. p.cause .. ")") or ""),
   }
 end
