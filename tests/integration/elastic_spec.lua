@@ -10,13 +10,8 @@ local agent = require "agent"
 local B = os.getenv("MONARCH_BUILD") or "build"
 local alive = require("procstat").alive
 
-local function sh(cmd)
-  local f = io.popen(cmd .. " 2>&1; echo \"::rc=$?\"")
-  local out = f:read("*a")
-  f:close()
-  local rc = tonumber(out:match("::rc=(%d+)%s*$"))
-  return (out:gsub("::rc=%d+%s*$", "")), rc
-end
+local shell = require "shell"
+local sh = shell.run
 
 describe("a host lost for good", function()
   local daemons = {}

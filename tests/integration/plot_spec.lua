@@ -10,20 +10,10 @@ local STEPS = 30
 local LOSS, ACCURACY = "1f6fb4", "e8710a"    -- monarch.plot's first two colours (train.lua's series)
 local RETURN, MEAN100 = "9cc3e6", "e8710a"   -- rl/run.lua's colours
 
-local function sh(cmd)
-  local f = io.popen(cmd .. " 2>&1; echo \"::rc=$?\"")
-  local out = f:read("*a")
-  f:close()
-  local rc = tonumber(out:match("::rc=(%d+)%s*$"))
-  return (out:gsub("::rc=%d+%s*$", "")), rc
-end
+local shell = require "shell"
+local sh = shell.run
 
-local function read(p)
-  local f = assert(io.open(p, "rb"))
-  local s = f:read("*a")
-  f:close()
-  return s
-end
+local read = shell.read
 
 local function q(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
 

@@ -12,13 +12,8 @@ local SLURM_DIR = "/tmp/monarch-slurm" -- setup.sh's default: a Slurm already ru
 local SETUP_TIMEOUT = 120 -- seconds for setup.sh: another run's setup or stop, then the node coming up
 local JOB_TIMEOUT = 90   -- seconds for the whole test job, queueing included
 
-local function sh(cmd)
-  local f = io.popen(cmd .. " 2>&1; echo \"::rc=$?\"")
-  local out = f:read("*a")
-  f:close()
-  local rc = tonumber(out:match("::rc=(%d+)%s*$"))
-  return (out:gsub("::rc=%d+%s*$", "")), rc
-end
+local shell = require "shell"
+local sh = shell.run
 
 local function read_file(path)
   local f = io.open(path, "rb")

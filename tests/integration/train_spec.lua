@@ -7,32 +7,14 @@ local B = os.getenv("MONARCH_BUILD") or "build"
 local RUN = "timeout 120 " .. B .. "/bin/monarch-run examples/train.lua --device cpu"
 local TMP = os.getenv("TMPDIR") or "/tmp"
 
-local function sh(cmd)
-  local f = io.popen(cmd .. " 2>&1; echo \"::rc=$?\"")
-  local out = f:read("*a")
-  f:close()
-  local rc = tonumber(out:match("::rc=(%d+)%s*$"))
-  return (out:gsub("::rc=%d+%s*$", "")), rc
-end
+local shell = require "shell"
+local sh = shell.run
 
-local function exists(p)
-  local f = io.open(p, "rb")
-  if f then f:close() end
-  return f ~= nil
-end
+local exists = shell.exists
 
-local function read(p)
-  local f = assert(io.open(p, "rb"))
-  local s = f:read("*a")
-  f:close()
-  return s
-end
+local read = shell.read
 
-local function write(p, s)
-  local f = assert(io.open(p, "wb"))
-  f:write(s)
-  f:close()
-end
+local write = shell.write
 
 local scratch = {}
 -- Named after a file os.tmpname made for this run alone: suites of other

@@ -1,0 +1,37 @@
+-- tests/shell.lua: what specs that run programs share.
+--   local shell = require "shell"
+--   local out, rc = shell.run("build/bin/monarch-run -e 'print(1)'")  -- stdout and stderr, exit status
+local M = {}
+
+--- Runs cmd in sh; returns what it printed (stdout and stderr) and its exit status.
+function M.run(cmd)
+  local f = io.popen(cmd .. " 2>&1; echo \"::rc=$?\"")
+  local out = f:read("*a")
+  f:close()
+  local rc = tonumber(out:match("::rc=(%d+)%s*$"))
+  return (out:gsub("::rc=%d+%s*$", "")), rc
+end
+
+--- The bytes of file p (an error if it cannot be read).
+function M.read(p)
+  local f = assert(io.open(p, "rb"))
+  local s = f:read("*a")
+  f:close()
+  return s
+end
+
+--- Writes s to file p.
+function M.write(p, s)
+  local f = assert(io.open(p, "wb"))
+  f:write(s)
+  f:close()
+end
+
+--- Whether file p exists.
+function M.exists(p)
+  local f = io.open(p, "rb")
+  if f then f:close() end
+  return f ~= nil
+end
+
+return M
