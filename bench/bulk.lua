@@ -10,11 +10,7 @@ local bulk = require "monarch.bulk"
 local mib = tonumber(arg[1]) or 256
 local runs = tonumber(arg[2]) or 5
 
-local function median(xs)
-  table.sort(xs)
-  local n = #xs
-  return n % 2 == 1 and xs[(n + 1) / 2] or (xs[n / 2] + xs[n / 2 + 1]) / 2
-end
+local median = require("bench.stats").median
 
 local procs = monarch.hosts():spawn_procs{ procs = 1 }
 procs:load "basic"

@@ -4,11 +4,7 @@
 local monarch = require "monarch"
 local per, calls = tonumber(arg[1] or "32"), tonumber(arg[2] or "40")
 
-local function median(xs)
-  table.sort(xs)
-  local n = #xs
-  return n % 2 == 1 and xs[(n + 1) / 2] or (xs[n / 2] + xs[n / 2 + 1]) / 2
-end
+local median = require("bench.stats").median
 
 -- This process's CPU seconds (user + system), from /proc: what the controller spent.
 local TICK = 100 -- USER_HZ on Linux

@@ -8,11 +8,7 @@
 local monarch = require "monarch"
 local quick = arg[1] == "quick"
 
-local function median(xs)
-  table.sort(xs)
-  local n = #xs
-  return n % 2 == 1 and xs[(n + 1) / 2] or (xs[n / 2] + xs[n / 2 + 1]) / 2
-end
+local median = require("bench.stats").median
 
 local one = monarch.hosts():spawn_procs{ procs = 1 }
 one:load "basic"
