@@ -259,7 +259,7 @@ static int l_call(lua_State *L) {
     }
     mn_conn_t *k = ready_conn(L, c, id, 1);
     /* A mesh-wide call goes through the host agents, one frame per host (ctl_cast.c). */
-    if (mn_ctl_cast_add(&c->ctl, k, b->data, b->len, call, i, n >= MN_CAST_MIN_TARGETS) != 0)
+    if (mn_ctl_cast_add(&c->ctl, k, b->data, b->len, call, i, n >= c->ctl.cast_min) != 0)
       return luaL_error(L, "out of memory queueing a call");
     if (mn_ctl_inflight(k) > deepest) deepest = mn_ctl_inflight(k);
   }
@@ -596,6 +596,13 @@ static int l_configure(lua_State *L) {
     lua_pop(L, 1);
   }
   mn_ctl_configure(&c->ctl, v[0], v[1], v[2]);
+  lua_getfield(L, 1, "cast_min");
+  if (!lua_isnil(L, -1)) {
+    lua_Number n = luaL_checknumber(L, -1);
+    if (n < 1 || n > 1e9 || n != (lua_Number)(int)n) return luaL_error(L, "core.configure: cast_min must be a positive integer");
+    c->ctl.cast_min = (int)n;
+  }
+  lua_pop(L, 1);
   return 0;
 }
 

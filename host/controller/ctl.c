@@ -48,6 +48,7 @@ int mn_ctl_init(mn_ctl_t *c, const char *token, size_t toklen) {
   c->hb_ms = MN_HEARTBEAT_MS;
   c->hb_timeout_ms = MN_HEARTBEAT_TIMEOUT_MS;
   c->reconnect_ms = MN_RECONNECT_MS;
+  c->cast_min = MN_CAST_MIN_TARGETS;
   /* MONARCH_PROC_HEARTBEAT=1: PING every proc too, as before agents watched them (to measure the difference). */
   const char *phb = getenv("MONARCH_PROC_HEARTBEAT");
   c->proc_heartbeats = phb && strcmp(phb, "1") == 0;

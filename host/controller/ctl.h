@@ -99,6 +99,7 @@ struct mn_ctl_s {
   int closing;
   int *casting, ncasting; /* agents with a cast gathered (ctl_cast.c) */
   uint64_t casts, cast_calls; /* CAST frames sent, and the calls they carried (core.cast_stats) */
+  int cast_min;           /* a call to this many procs or more is cast (MN_CAST_MIN_TARGETS) */
 };
 
 /* 0, or MN_EAUTH (a bad token) or MN_ENOMEM. */
@@ -167,9 +168,10 @@ int mn_ctl_take_pending(mn_conn_t *conn, mn_pending_t *out);
 
 /* ---- casts through host agents (ctl_cast.c) ---- */
 
-/* Calls to fewer procs go straight to each: below this, the agent's extra hop costs more than it saves
- * (bench/scale.sh; on 2 cores, 4 procs gathered in 95 us directly and 127 us through the agent; 8 in 179 and 133). */
-#define MN_CAST_MIN_TARGETS 8
+/* Calls to fewer procs go straight to each (monarch.configure{cast_min = n} changes it): below this the
+ * agent's extra hop costs more latency than it saves (bench/core.lua on 2 cores: 8 local procs gathered in
+ * 141 us directly, 178 us through their agent; 16 in about the same; 32 in 622 and 543). */
+#define MN_CAST_MIN_TARGETS 16
 
 /*
  * Lets agent conn `agent` relay casts to proc conn `proc`, which it knows
