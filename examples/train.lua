@@ -28,6 +28,9 @@
 -- that failed. Each proc keeps a copy of its weights and Adam state from
 -- before the step; the survivors put those back, drop the lost shards, and
 -- average the gradients over the procs that are left (docs/training.md).
+-- A host that joins (monarch-worker --join, with monarch-run --listen-joins)
+-- gets procs at the next step; they receive the weights, the Adam state and
+-- a data shard from a healthy peer, proc to proc, and train from then on.
 local monarch = require "monarch"
 local checkpoint = require "monarch.checkpoint"
 local plot = require "monarch.plot"
@@ -76,6 +79,7 @@ local OPTIONS = { -- name, default, kind, help
   { "fail-at", nil, "int", "testing: fail step N once (simulated) to exercise recovery" },
   { "kill-at", nil, "int", "testing: kill the last proc at step N (needs restart support)" },
   { "kill-host-at", nil, "int", "testing: kill the last host's agent (and so its procs) at step N" },
+  { "wait-join-at", nil, "int", "testing: at step N, wait (up to 60 s) until a host has joined (monarch-run --listen-joins)" },
   { "help", false, "flag", "show this help" },
 }
 
@@ -254,6 +258,15 @@ monarch.on_host_loss(function(ev)
   ev.at = monarch.now()
   lost_hosts[#lost_hosts + 1] = ev
 end)
+-- Hosts that joined and wait for the next step (grow_onto, below).
+local joined = {}
+local hosts = monarch.hosts()
+if hosts.on_join then
+  hosts:on_join(function(a)
+    joined[#joined + 1] = a
+    joined.at = joined.at or monarch.now()
+  end)
+end
 local world = procs:size()
 local rank0 = procs:slice{ hosts = 0, procs = 0 }
 
@@ -640,7 +653,7 @@ local function advance(s)
   t_train = t_train + (monarch.now() - t0)
   if resume_clock then
     note("%s: stepping again %.3f s after the %s", resume_clock.what, monarch.now() - resume_clock.at,
-      injected.killed or "failure was reported")
+      resume_clock.since or injected.killed or "failure was reported")
     resume_clock, injected.killed_at, injected.killed = nil, nil, nil
   end
   samples = samples + n * batch * world
@@ -665,8 +678,40 @@ local function advance(s)
   return s
 end
 
+--- Before step s: the hosts that joined get procs (ProcMesh:grow), which
+-- receive every tensor from a healthy peer (Tensor:copy_from_peer: the
+-- weights, the Adam state, and that peer's data shard; each samples its
+-- own batches from it, by rank) and take part from step s on.
+local function grow_onto(s)
+  local agents, since = joined, joined.at
+  joined = {}
+  local before = world
+  local grown, added = procs:grow(agents)
+  for _, t in pairs(st) do t:copy_from_peer(grown):get() end
+  procs, world, kgroup = grown, grown:size(), nil
+  rank0 = procs:slice{ hosts = 0, procs = 0 }
+  snapshot = fetch_state(s)
+  note("elastic: %d host(s) joined with %d procs; training goes on with %d procs on %d hosts from step %d: "
+    .. "global batch %d -> %d, gradients averaged over %d procs", #agents, added:size(), world, procs:size("hosts"),
+    s + 1, batch * before, batch * world, world)
+  resume_clock = { what = "elastic", at = since, since = "host joined" }
+end
+
+--- --wait-join-at N: holds step N until a host has joined (for tests and the bench).
+local function wait_join(s)
+  if opts["wait-join-at"] ~= s or injected.waited_join then return end
+  injected.waited_join = true
+  if not hosts.on_join then die("--wait-join-at needs join support (monarch-run --listen-joins ADDR)") end
+  note("waiting for a host to join (monarch-worker --join)")
+  local deadline = monarch.now() + 60
+  while #joined == 0 and monarch.now() < deadline do monarch.sleep(0.01) end
+  if #joined == 0 then die("--wait-join-at " .. s .. ": no host joined within 60 s") end
+end
+
 local s = start_step
 while s < total_steps do
+  wait_join(s)
+  if #joined > 0 and elastic then grow_onto(s) end
   local ok, res = pcall(advance, s)
   if ok then s = res else s = recover(res, s) end
 end
