@@ -108,6 +108,25 @@ function M.auth_frame(token, server_nonce, client_nonce)
   return M.frame("\x94\x02\x01" .. M.bin32(client_nonce) .. M.bin32(mac(token, "c", server_nonce, client_nonce)))
 end
 
+local function str(s)
+  if #s < 32 then return string.char(0xa0 + #s) .. s end
+  assert(#s < 256)
+  return "\xd9" .. string.char(#s) .. s
+end
+
+--- JOIN frame answering a join port's HELLO nonce with `token` (right or
+-- wrong), asking to be dialled at addr ("HOST:PORT").
+function M.join_frame(token, join_nonce, addr, agent_nonce)
+  agent_nonce = agent_nonce or string.rep("a", 32)
+  return M.frame("\x95\x20\x01" .. M.bin32(agent_nonce) .. str(addr) ..
+    M.bin32(mac(token, "j", join_nonce, agent_nonce .. addr)))
+end
+
+--- The role a HELLO body names ("agent", "proc", "join").
+function M.hello_role(body)
+  return body:match("[\xa0-\xbf]([%a]+)$")
+end
+
 --- Returns the error message of an ERROR body [4, code, msg], or nil.
 function M.error_message(body)
   if not body or body:byte(2) ~= 4 then return nil end
