@@ -47,6 +47,15 @@ local function free_port()
   return bit.bor(bit.lshift(bit.band(sa.sin_port, 0xff), 8), bit.rshift(sa.sin_port, 8))
 end
 
+-- busted keeps one finally per test: this one runs every cleanup it is given, last first.
+local function cleanups()
+  local fns = {}
+  finally(function()
+    for i = #fns, 1, -1 do pcall(fns[i]) end
+  end)
+  return function(fn) fns[#fns + 1] = fn end
+end
+
 -- ---- monarch-run jobs in the background --------------------------------------------
 
 local Job = {}
@@ -246,12 +255,13 @@ end)
 
 describe("monarch-worker --join", function()
   it("keeps trying while the controller is not listening yet, then joins it", function()
+    local later = cleanups()
     local port = free_port()
     local w = agent.start { token = TOKEN, args = "--once --join 127.0.0.1:" .. port }
-    finally(function() w:stop() end)
+    later(function() w:stop() end)
     os.execute("sleep 0.5") -- a few refused attempts first
     local job = start_job(("--listen-joins 127.0.0.1:%d tests/join_job.lua join"):format(port))
-    finally(function() job:stop() end)
+    later(function() job:stop() end)
     assert.are.equal(0, job:wait(), job:output())
     assert.matches("sums 8390656 8390656 8390656 8390656\n", job:output())
     assert.matches("joined the controller", w:output())
@@ -281,18 +291,18 @@ end)
 
 describe("a job started with --hostfile", function()
   it("takes in the hosts of lines added to the file when it calls hosts:refresh()", function()
-    local first, second = agent.start { token = TOKEN }, agent.start { token = TOKEN }
-    finally(function()
-      first:stop()
-      second:stop()
-    end)
+    local later = cleanups()
+    local first = agent.start { token = TOKEN }
+    later(function() first:stop() end)
+    local second = agent.start { token = TOKEN }
+    later(function() second:stop() end)
     local hostfile = os.tmpname()
-    finally(function() os.remove(hostfile) end)
+    later(function() os.remove(hostfile) end)
     local f = assert(io.open(hostfile, "w"))
     f:write("# the job's first host\n", first.addr, "\n")
     f:close()
     local job = start_job(("--hostfile %s tests/join_job.lua refresh %s %s"):format(hostfile, hostfile, second.addr))
-    finally(function() job:stop() end)
+    later(function() job:stop() end)
     assert.are.equal(0, job:wait(), job:output())
     local out = job:output()
     assert.matches("refreshed 1\n", out)
