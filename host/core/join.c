@@ -5,15 +5,24 @@
 #include <stdio.h>
 #include <string.h>
 
+/* Copies n bytes of a peer's text into out (cap > 0), control characters and NULs as '?': it goes into logs. */
+static void printable(char *out, size_t cap, const char *p, size_t n) {
+  size_t i = 0;
+  for (; i < n && i + 1 < cap; i++) out[i] = (unsigned char)p[i] < 0x20 || p[i] == 0x7f ? '?' : p[i];
+  out[i] = '\0';
+}
+
 /* An ERROR the peer sent instead of what we expected: its code (MN_EPEER if not negative), its text in err. */
 static int peer_error(const msgpack_object *msg, char *err, size_t errlen) {
   mn_msg_error_t e;
-  char why[200];
+  char why[200], text[301];
   if (mn_msg_parse_error(msg, &e, why, sizeof(why)) != 0) {
     snprintf(err, errlen, "peer sent a malformed ERROR (%s)", why);
     return MN_EPROTO;
   }
-  snprintf(err, errlen, "%.*s", (int)(e.text_len > 300 ? 300 : e.text_len), e.text);
+  printable(text, sizeof(text), e.text, e.text_len);
+  if (text[0] == '\0') snprintf(err, errlen, "the peer sent ERROR %lld without a message", (long long)e.code);
+  else snprintf(err, errlen, "%s", text);
   return e.code < 0 && e.code > -100000 ? (int)e.code : MN_EPEER;
 }
 
@@ -33,8 +42,9 @@ int mn_join_answer(mn_buf_t *out, const mn_auth_t *a, const msgpack_object *hell
     return MN_EPROTO;
   }
   if (h.role_len != strlen(MN_JOIN_ROLE) || memcmp(h.role, MN_JOIN_ROLE, h.role_len) != 0) {
-    snprintf(err, errlen, "the peer is a monarch %.*s, not a controller's join port", (int)(h.role_len > 32 ? 32 : h.role_len),
-             h.role);
+    char role[33];
+    printable(role, sizeof(role), h.role, h.role_len);
+    snprintf(err, errlen, "the peer is a monarch %s, not a controller's join port", role);
     return MN_EPROTO;
   }
   if (h.version != MN_PROTOCOL_VERSION) {
@@ -93,14 +103,15 @@ int mn_join_accept(mn_buf_t *out, const mn_auth_t *a, const msgpack_object *msg,
     snprintf(err, errlen, "authentication failed: wrong cluster token");
     return MN_EAUTH;
   }
-  if (m.addr_len >= addrlen || memchr(m.addr, '\0', m.addr_len) != NULL) {
-    snprintf(err, errlen, "address of %zu bytes is too long or holds a NUL", m.addr_len);
-    return MN_EPROTO;
+  addr[0] = '\0'; /* stays empty for an address too long for addr or holding a NUL */
+  if (m.addr_len < addrlen && memchr(m.addr, '\0', m.addr_len) == NULL) {
+    memcpy(addr, m.addr, m.addr_len);
+    addr[m.addr_len] = '\0';
   }
-  memcpy(addr, m.addr, m.addr_len);
-  addr[m.addr_len] = '\0';
-  if (mn_join_check_addr(addr) != 0) {
-    snprintf(err, errlen, "address '%s' is not a numeric IPv4:PORT or [IPv6]:PORT with a port 1..65535", addr);
+  if (addr[0] == '\0' || mn_join_check_addr(addr) != 0) {
+    char shown[64];
+    printable(shown, sizeof(shown), m.addr, m.addr_len);
+    snprintf(err, errlen, "address '%s' is not a numeric IPv4:PORT or [IPv6]:PORT with a port 1..65535", shown);
     addr[0] = '\0';
     return MN_EPROTO;
   }
