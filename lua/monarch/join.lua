@@ -43,6 +43,15 @@ local function known(h, host, port)
   end
 end
 
+-- The host of h that a is the same agent process as, reached at another
+-- address (a hostfile's DNS name and a JOIN's pod address, say), if any.
+local function same_agent(h, a)
+  if not a.pid or a.pid == 0 then return nil end
+  for _, b in ipairs(h.agents) do
+    if b ~= a and b.state ~= "dead" and b.pid == a.pid and b.hostname == a.hostname then return b end
+  end
+end
+
 -- Runs h's on_join handlers for agent a, each as a task; a handler's failure stops the script.
 local function announce(h, a)
   for _, fn in ipairs(h._on_join or {}) do
@@ -91,7 +100,13 @@ local function tick()
     if dropped > 0 then log.log("warn", string.format("refused %d more joins (not shown)", dropped)) end
   end
   for a, h in pairs(connecting) do
-    if a.state == "ready" then
+    local twin = a.state == "ready" and same_agent(h, a)
+    if twin then
+      connecting[a] = nil
+      core.disconnect(a.conn, "already a host of this job")
+      log.log("info", string.format("host agent at %s:%d is host %d of this job already (%s:%d); not added again",
+        a.addr, a.port, twin.index or 0, twin.addr, twin.port))
+    elseif a.state == "ready" then
       connecting[a] = nil
       admit(h, a)
     elseif a.state ~= "connecting" then

@@ -175,15 +175,20 @@ describe("a controller", function()
 end)
 
 describe("a job listening for joins", function()
-  local job, port
+  local job, port, first
 
   setup(function()
-    job = start_job("--listen-joins 127.0.0.1:0 tests/join_job.lua join")
+    -- Its first host listens on every loopback address, so that a JOIN can name it at another one.
+    first = agent.start { token = TOKEN, host = "0.0.0.0" }
+    job = start_job("--hosts 127.0.0.1:" .. first.port .. " --listen-joins 127.0.0.1:0 tests/join_job.lua join")
     port = tonumber(job:expect("listening for joining hosts on 127%.0%.0%.1:(%d+)"))
     job:expect("waiting for a host")
   end)
 
-  teardown(function() job:stop() end)
+  teardown(function()
+    job:stop()
+    first:stop()
+  end)
 
   it("greets every connection with a HELLO of role join and refuses garbage with one ERROR each", function()
     local p = greeted(port)
@@ -230,6 +235,15 @@ describe("a job listening for joins", function()
     assert.are.equal(33, p:read_frame(10):byte(2)) -- JOINED: the MAC was right
     p:close()
     job:expect("host agent 127%.0%.0%.1:%d+ cannot be reached")
+  end)
+
+  it("does not take in twice a host agent it has, named at another address", function()
+    local p, nonce = greeted(port)
+    p:send(raw.join_frame(TOKEN, nonce, "127.0.0.2:" .. first.port))
+    assert.are.equal(33, p:read_frame(10):byte(2))
+    p:close()
+    job:expect("host agent at 127%.0%.0%.2:" .. first.port .. " is host 0 of this job already %(127%.0%.0%.1:" ..
+      first.port .. "%); not added again")
   end)
 
   it("takes in a monarch-worker --join started mid-run: on_join sees it, its procs take calls and a tensor from a peer", function()
