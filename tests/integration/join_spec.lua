@@ -326,3 +326,66 @@ describe("a job started with --hostfile", function()
     assert.matches("sums 8390656 8390656 8390656 8390656\n", out)
   end)
 end)
+
+describe("the Lua face of joining hosts", function()
+  local monarch = require "monarch"
+  local bulk = require "monarch.bulk"
+  local hosts, procs
+
+  setup(function()
+    hosts = monarch.hosts()
+    procs = hosts:spawn_procs { procs = 2 }
+    procs:load "basic"
+  end)
+
+  teardown(function() procs:stop() end)
+
+  it("copies a tensor held by some procs of a mesh to the others, proc to proc", function()
+    local holder = procs:slice { procs = { 0, 1 } }
+    local t = holder:tensor("f64", { 1000 })
+    holder:call("iota", t, 1):get()
+    local moved = bulk.stats.tcp_bytes + bulk.stats.local_bytes
+    t:copy_from_peer(procs):get()
+    assert.are.equal(moved, bulk.stats.tcp_bytes + bulk.stats.local_bytes)
+    assert.are.equal(procs, t.mesh)
+    assert.are.same({ 500500, 500500 }, procs:call("sum", t):get():values())
+    local copies = t:fetch():get()
+    assert.are.equal(1000, copies[2][1000])
+    assert.is_true(t:copy_from_peer(procs):done()) -- nothing left to copy: done at once
+    t:free()
+  end)
+
+  it("refuses a mesh that lacks the tensor's procs, an unknown source and unknown options", function()
+    local t = procs:tensor("f32", { 4 })
+    assert.has_error(function() t:copy_from_peer(procs:slice { procs = 0 }) end,
+      "copy_from_peer: the mesh lacks rank 1, which holds tensor " .. t.__mn_tensor .. ": pass a mesh grown from its own")
+    assert.has_error(function() t:copy_from_peer(procs, { from = 7 }) end,
+      "copy_from_peer: no proc of rank 7 holds tensor " .. t.__mn_tensor)
+    assert.has_error(function() t:copy_from_peer(procs, { form = 0 }) end,
+      "copy_from_peer: option form is unknown or not a number (known: from, timeout)")
+    assert.has_error(function() t:copy_from_peer("procs") end, "copy_from_peer wants a ProcMesh")
+  end)
+
+  it("refuses to grow onto nothing, or a mesh without its hosts dimension", function()
+    assert.has_error(function() procs:grow {} end, "grow wants a list of host agents (those on_join gives) or a HostMesh")
+    assert.has_error(function() procs:grow { {} } end, "grow: entry 1 is not a host agent")
+    assert.has_error(function() procs:slice { hosts = 0 }:grow(hosts) end,
+      "grow needs a mesh whose first dimension is 'hosts' (as spawn_procs makes it), not {procs=2}")
+  end)
+
+  it("says what is wrong with a listen address, a handler or a hostfile", function()
+    assert.has_error(function() monarch.listen { addr = "nowhere" } end,
+      "listen: addr wants a numeric HOST:PORT like '0.0.0.0:7100', got nowhere")
+    assert.has_error(function() monarch.listen { port = 7100 } end, "listen: unknown option 'port' (known: addr)")
+    assert.has_error(function() hosts:on_join("fn") end, "on_join wants a function")
+    assert.has_error(function() hosts:refresh() end,
+      "refresh: this job has no hostfile (monarch-run --hostfile FILE, or pass a path)")
+    local path = os.tmpname()
+    local f = assert(io.open(path, "w"))
+    f:write("127.0.0.1:1  # fine\n\nnot an address\n")
+    f:close()
+    assert.has_error(function() hosts:refresh(path) end, "refresh: " .. path .. ":3: 'not an address' is not HOST:PORT")
+    os.remove(path)
+    assert.has_error(function() hosts:refresh(path) end)
+  end)
+end)
