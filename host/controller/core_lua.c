@@ -799,12 +799,16 @@ static int l_listen(lua_State *L) {
   return 1;
 }
 
-/* core.joins() -> {{addr=, peer=} (joined) | {peer=, refused=, quiet=}, ...}, dropped refusals */
+/*
+ * core.joins() -> {{addr=, peer=} (joined) | {peer=, refused=, quiet=}, ...}, dropped refusals;
+ * nothing at all when nothing happened (the script asks on every turn of its loop).
+ */
 static int l_joins(lua_State *L) {
   lctl_t *c = get_ctl(L);
   size_t n;
   uint64_t dropped;
   const mn_join_ev_t *e = mn_join_events(&c->join, &n, &dropped);
+  if (n == 0 && dropped == 0) return 0;
   lua_createtable(L, (int)n, 0);
   for (size_t i = 0; i < n; i++) {
     lua_createtable(L, 0, 3);

@@ -88,8 +88,9 @@ end
 
 -- Every pump: takes what the join port let in, and admits the agents that are connected now.
 local function tick()
-  if M.address then
-    local evs, dropped = core.joins()
+  local evs, dropped = nil, 0
+  if M.address then evs, dropped = core.joins() end
+  if evs then
     for _, e in ipairs(evs) do
       if e.addr then
         if target then add(target, e.addr, "join") end
