@@ -280,7 +280,7 @@ static void handle(aconn_t *c, const msgpack_object *m) {
       mn__agent_refuse(c, rc, err);
     } else {
       c->ready = 1;
-      c->a->served = 1;
+      c->a->served++; /* a count: agent_join.c tells from it whether the controller it joined came */
       uv_timer_stop(&c->hs_timer);
       mn_hs_welcome(&out, &c->a->auth, c->ns, nc, "agent");
       mn__agent_send_buf(c, &out);

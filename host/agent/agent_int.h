@@ -38,6 +38,7 @@
 #define MN_JOIN_BACKOFF_MIN_MS 100 /* first wait before dialling a join port again; doubles per attempt */
 #define MN_JOIN_BACKOFF_MAX_MS 2000 /* longest wait between attempts */
 #define MN_JOIN_TIMEOUT_S 60.0     /* default of MONARCH_JOIN_TIMEOUT: how long to keep trying to join */
+#define MN_JOIN_WAIT_S 30.0        /* default of MONARCH_JOIN_WAIT: after JOINED, how long the controller has to connect */
 
 typedef struct aconn_s aconn_t;
 typedef struct ajoin_s ajoin_t;
@@ -69,7 +70,7 @@ typedef struct {
   uint64_t grace_ms;
   uint64_t silence_ms;
   int nprocs;
-  int served;
+  int served;          /* controllers authenticated so far */
   int stopping;
   uint64_t started;
   struct {

@@ -10,6 +10,9 @@
  * is not up yet is dialled again with backoff for MONARCH_JOIN_TIMEOUT
  * seconds; a refusal that retrying cannot fix (a wrong token, another
  * protocol version, not a join port) stops the agent with exit status 2.
+ * A controller that said JOINED but has not connected MONARCH_JOIN_WAIT
+ * seconds later (it died, or cannot route to us) is joined again, so that
+ * its successor at the same address takes us in.
  */
 #include "agent_int.h"
 
@@ -35,6 +38,8 @@ struct ajoin_s {
   int done;                   /* joined, or given up */
   int64_t started_ms;         /* mn_now_ms of the first attempt */
   uint64_t timeout_ms;
+  uint64_t wait_ms;           /* after JOINED: time for the controller to connect */
+  int served_at_join;         /* a->served when JOINED came */
   char last[300];             /* why the last attempt failed */
 };
 
@@ -131,6 +136,20 @@ static void answer_hello(ajoin_t *j, const msgpack_object *m) {
   else j->greeted = 1;
 }
 
+/* JOINED came wait_ms ago: if no controller has connected since, join again (from a fresh time budget). */
+static void on_waited(uv_timer_t *t) {
+  ajoin_t *j = t->data;
+  if (j->done || j->a->served != j->served_at_join) {
+    j->done = 1; /* taken in: nothing more to do */
+    return;
+  }
+  fprintf(stderr, "monarch-worker: the controller at %s:%s did not connect within %.0f s of taking the join; joining again\n",
+          j->host, j->port, (double)j->wait_ms / 1000.0);
+  j->attempts = 0;
+  j->started_ms = mn_now_ms();
+  attempt(j);
+}
+
 /* The controller's verdict on our JOIN. */
 static void take_verdict(ajoin_t *j, const msgpack_object *m) {
   char err[400], addr[MN_MSG_JOIN_MAX_ADDR + 1];
@@ -146,9 +165,9 @@ static void take_verdict(ajoin_t *j, const msgpack_object *m) {
   our_address(j, addr, sizeof(addr));
   printf("monarch-worker: joined the controller at %s:%s; it connects to %s\n", j->host, j->port, addr);
   fflush(stdout);
-  j->done = 1;
-  uv_timer_stop(&j->timer);
   hang_up(j);
+  j->served_at_join = j->a->served;
+  uv_timer_start(&j->timer, on_waited, j->wait_ms, 0);
 }
 
 static void on_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf) {
@@ -268,8 +287,9 @@ int mn__agent_join_start(agent_t *a) {
   j->a = a;
   snprintf(j->host, sizeof(j->host), "%s", host);
   snprintf(j->port, sizeof(j->port), "%d", port);
-  const char *t = getenv("MONARCH_JOIN_TIMEOUT");
+  const char *t = getenv("MONARCH_JOIN_TIMEOUT"), *w = getenv("MONARCH_JOIN_WAIT");
   j->timeout_ms = (uint64_t)((t && atof(t) > 0 ? atof(t) : MN_JOIN_TIMEOUT_S) * 1000);
+  j->wait_ms = (uint64_t)((w && atof(w) > 0 ? atof(w) : MN_JOIN_WAIT_S) * 1000);
   j->started_ms = mn_now_ms();
   uv_timer_init(a->loop, &j->timer);
   j->timer.data = j;

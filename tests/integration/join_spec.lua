@@ -281,6 +281,29 @@ describe("monarch-worker --join", function()
     assert.matches("joined the controller", w:output())
   end)
 
+  it("joins again when the controller that took its JOIN never connects", function()
+    -- A join port of our own: it answers the JOIN correctly (an independent implementation of
+    -- the exchange), then never dials; the agent must come back.
+    local port = raw.listen()
+    local later = cleanups()
+    later(function() port:close() end)
+    local w = agent.start { token = TOKEN, env = "MONARCH_JOIN_WAIT=1", args = "--join 127.0.0.1:" .. port.port }
+    later(function() w:stop() end)
+    local nonce = string.rep("\x11", 32)
+    local p = assert(port:accept(10), "the agent did not dial the join port")
+    p:send(raw.join_hello_frame(nonce))
+    local join = assert(p:read_frame(10))
+    assert.matches("127%.0%.0%.1:" .. w.port, join) -- the address to dial back, in the clear
+    p:send(raw.joined_frame(TOKEN, nonce, raw.join_nonce(join)))
+    assert.is_true(p:closed(10)) -- it hangs up after JOINED
+    p:close()
+    wait_for(function() return w:output():match("joined the controller at 127%.0%.0%.1:" .. port.port) end, 10,
+      "the agent to accept our JOINED")
+    local again = assert(port:accept(15), "the agent did not join again")
+    again:close()
+    assert.matches("did not connect within 1 s of taking the join; joining again", w:output())
+  end)
+
   it("gives up after MONARCH_JOIN_TIMEOUT with the reason, and exits 2", function()
     local out, rc = run(("env MONARCH_TOKEN=%s MONARCH_JOIN_TIMEOUT=1 %s/bin/monarch-worker --join 127.0.0.1:%d")
       :format(TOKEN, B, free_port()))
