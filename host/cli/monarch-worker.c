@@ -53,7 +53,15 @@ int main(int argc, char **argv) {
     else if (strcmp(a, "--relay-fd") == 0) rc = parse_int(v, a, &relay_fd), i++;
     else if (strcmp(a, "--device") == 0) rc = parse_int(v, a, &device), i++;
     else if (strcmp(a, "--bind") == 0 && v) bind = v, i++;
-    else if (strcmp(a, "--join") == 0 && v) join = v, i++;
+    else if (strcmp(a, "--join") == 0 && v) {
+      char jh[256];
+      int jp;
+      if (mn_parse_addr(v, jh, sizeof(jh), &jp) != 0 || jp == 0 || jh[0] == '\0') {
+        fprintf(stderr, "monarch-worker: --join wants the controller's join address HOST:PORT, got '%s'\n", v);
+        return 2;
+      }
+      join = v, i++;
+    }
     else if (strcmp(a, "--orphan-timeout") == 0 && v) orphan = atof(v), i++;
     else if (strcmp(a, "--listen") == 0 && v) {
       if (mn_parse_addr(v, host, sizeof(host), &port) != 0) {

@@ -195,9 +195,10 @@ end
 --- Reads the hostfile again (path, or monarch-run's --hostfile) and
 -- connects to the agents on lines this mesh does not have yet: the way to
 -- add hosts to a job started with --hostfile. Blocks until they answer (up
--- to 10 s). Returns the list of agents that joined (on_join handlers run
--- for them too); an unreachable line is logged and tried again by the next
--- refresh. Lines that are gone remove nothing.
+-- to 10 s; one that takes longer joins when it does). Returns the list of
+-- agents that joined (on_join handlers run for them too); an unreachable
+-- line is logged and tried again by the next refresh. Lines that are gone
+-- remove nothing.
 function HostMesh:refresh(path)
   path = path or require("monarch").config.hostfile
   if type(path) ~= "string" then error("refresh: this job has no hostfile (monarch-run --hostfile FILE, or pass a path)", 2) end
@@ -207,12 +208,15 @@ function HostMesh:refresh(path)
     if new then fresh[#fresh + 1] = a end
   end
   ensure_ticking()
-  procs_mod.wait_until(function()
+  -- One still connecting after that joins later, by itself (on_join tells).
+  pcall(procs_mod.wait_until, function()
     for _, a in ipairs(fresh) do if connecting[a] then return false end end
     return true
-  end, procs_mod.CONNECT_TIMEOUT + 1, "connecting to the hostfile's new hosts")
+  end, procs_mod.CONNECT_TIMEOUT, "connecting to the hostfile's new hosts")
   local joined = {}
-  for _, a in ipairs(fresh) do if a.state == "ready" then joined[#joined + 1] = a end end
+  for _, a in ipairs(fresh) do
+    if a.index and self.agents[a.index + 1] == a then joined[#joined + 1] = a end -- admitted, not a twin
+  end
   return joined
 end
 
