@@ -1,5 +1,5 @@
 # mk/fuzz.mk - libFuzzer targets in tests/fuzz, included by the Makefile.
-#   make fuzz-build     builds build-fuzz/fuzz/fuzz_{frame,handshake,exec} with clang
+#   make fuzz-build     builds build-fuzz/fuzz/fuzz_{frame,handshake,join,exec} with clang
 #   make fuzz           builds, then runs each for FUZZ_SECONDS (tests/fuzz/run.sh)
 #   make fuzz-corpus    regenerates the seed corpora (tests/fuzz/gen_corpus.lua)
 # The project's own sources are compiled again by clang with the project's
@@ -14,7 +14,7 @@ FUZZ_CFLAGS  := -std=gnu11 -g -O1 $(WARN) -Wno-format-nonliteral -fPIC -D_GNU_SO
                 -fsanitize=fuzzer-no-link $(INC) $(PKG_CFLAGS)
 FUZZ_LIBS    := $(shell pkg-config --libs msgpack libsodium 2>/dev/null) -ldl -lpthread -lm
 FUZZ_OBJ      = $(patsubst %.c,$(FUZZ_BUILD)/obj/%.o,$(1))
-FUZZ_BINS    := $(addprefix $(FUZZ_BUILD)/fuzz/,fuzz_frame fuzz_handshake fuzz_exec)
+FUZZ_BINS    := $(addprefix $(FUZZ_BUILD)/fuzz/,fuzz_frame fuzz_handshake fuzz_join fuzz_exec)
 
 $(FUZZ_BUILD)/obj/%.o: %.c $(wildcard host/*/*.h) kernels/monarch_kernel.h tests/fuzz/fuzz_util.h
 	@mkdir -p $(dir $@)
@@ -23,6 +23,8 @@ $(FUZZ_BUILD)/obj/%.o: %.c $(wildcard host/*/*.h) kernels/monarch_kernel.h tests
 $(FUZZ_BUILD)/fuzz/fuzz_frame: $(call FUZZ_OBJ,tests/fuzz/fuzz_frame.c host/core/wire.c host/core/err.c host/core/msg.c)
 $(FUZZ_BUILD)/fuzz/fuzz_handshake: $(call FUZZ_OBJ,tests/fuzz/fuzz_handshake.c host/core/wire.c host/core/err.c host/core/msg.c \
                                    host/core/auth.c host/core/handshake.c)
+$(FUZZ_BUILD)/fuzz/fuzz_join: $(call FUZZ_OBJ,tests/fuzz/fuzz_join.c host/core/wire.c host/core/err.c host/core/msg.c \
+                              host/core/auth.c host/core/join.c)
 $(FUZZ_BUILD)/fuzz/fuzz_exec: $(call FUZZ_OBJ,tests/fuzz/fuzz_exec.c host/core/wire.c host/core/err.c host/core/msg.c \
                               host/core/dtype.c host/proc/exec.c host/proc/exec_builtins.c host/proc/exec_coll.c host/proc/sig.c \
                               host/proc/scratch.c host/proc/registry.c host/proc/cancel.c host/proc/trace.c)

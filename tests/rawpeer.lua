@@ -11,6 +11,8 @@ ffi.cdef [[
   long send(int, const void *, size_t, int);
   long recv(int, void *, size_t, int);
   int poll(struct pollfd *, unsigned long, int);
+  int listen(int, int);
+  int accept(int, void *, void *);
   int close(int);
   int inet_pton(int, const char *, void *);
   int sodium_init(void);
@@ -36,6 +38,37 @@ function M.connect(port)
   assert(C.connect(fd, sa, ffi.sizeof(sa)) == 0, "connect failed")
   return setmetatable({ fd = fd, buf = "" }, Peer)
 end
+
+-- Each on its own: a spec may have declared them already.
+pcall(ffi.cdef, "int bind(int, const void *, socklen_t);")
+pcall(ffi.cdef, "int getsockname(int, void *, socklen_t *);")
+
+local Listener = {}
+Listener.__index = Listener
+
+--- Listens on 127.0.0.1 on a port the kernel picks: {port} with :accept(timeout) and :close().
+function M.listen()
+  local fd = C.socket(2, 1, 0)
+  local sa = ffi.new("struct sockaddr_in")
+  sa.sin_family = 2
+  C.inet_pton(2, "127.0.0.1", ffi.cast("void *", ffi.cast("char *", sa) + 4))
+  assert(C.bind(fd, sa, ffi.sizeof(sa)) == 0 and C.listen(fd, 8) == 0, "bind or listen failed")
+  local len = ffi.new("socklen_t[1]", ffi.sizeof(sa))
+  assert(C.getsockname(fd, sa, len) == 0)
+  local port = bit.bor(bit.lshift(bit.band(sa.sin_port, 0xff), 8), bit.rshift(sa.sin_port, 8))
+  return setmetatable({ fd = fd, port = port }, Listener)
+end
+
+--- The next connection within timeout seconds, as a Peer; nil on timeout.
+function Listener:accept(timeout)
+  local pfd = ffi.new("struct pollfd", { fd = self.fd, events = 1 })
+  if C.poll(pfd, 1, math.floor((timeout or 2) * 1000)) <= 0 then return nil end
+  local fd = C.accept(self.fd, nil, nil)
+  assert(fd >= 0, "accept failed")
+  return setmetatable({ fd = fd, buf = "" }, Peer)
+end
+
+function Listener:close() C.close(self.fd) end
 
 function Peer:send(bytes)
   return tonumber(C.send(self.fd, bytes, #bytes, 0x4000)) -- MSG_NOSIGNAL
@@ -106,6 +139,41 @@ end
 function M.auth_frame(token, server_nonce, client_nonce)
   client_nonce = client_nonce or string.rep("n", 32)
   return M.frame("\x94\x02\x01" .. M.bin32(client_nonce) .. M.bin32(mac(token, "c", server_nonce, client_nonce)))
+end
+
+local function str(s)
+  if #s < 32 then return string.char(0xa0 + #s) .. s end
+  assert(#s < 256)
+  return "\xd9" .. string.char(#s) .. s
+end
+
+--- JOIN frame answering a join port's HELLO nonce with `token` (right or
+-- wrong), asking to be dialled at addr ("HOST:PORT").
+function M.join_frame(token, join_nonce, addr, agent_nonce)
+  agent_nonce = agent_nonce or string.rep("a", 32)
+  return M.frame("\x95\x20\x01" .. M.bin32(agent_nonce) .. str(addr) ..
+    M.bin32(mac(token, "j", join_nonce, agent_nonce .. addr)))
+end
+
+--- A join port's HELLO frame with this nonce.
+function M.join_hello_frame(join_nonce)
+  return M.frame("\x94\x01\x01" .. M.bin32(join_nonce) .. "\xa4join")
+end
+
+--- The agent's nonce of a JOIN body: [32, version, bin32 nonce_a, addr, mac].
+function M.join_nonce(body)
+  assert(body:byte(1) == 0x95 and body:byte(2) == 0x20 and body:sub(4, 5) == "\xc4\x20", "not a JOIN")
+  return body:sub(6, 37)
+end
+
+--- JOINED frame answering a JOIN, as a controller holding `token` does.
+function M.joined_frame(token, join_nonce, agent_nonce)
+  return M.frame("\x92\x21" .. M.bin32(mac(token, "J", agent_nonce, join_nonce)))
+end
+
+--- The role a HELLO body names ("agent", "proc", "join").
+function M.hello_role(body)
+  return body:match("[\xa0-\xbf]([%a]+)$")
 end
 
 --- Returns the error message of an ERROR body [4, code, msg], or nil.

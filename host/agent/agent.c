@@ -280,7 +280,7 @@ static void handle(aconn_t *c, const msgpack_object *m) {
       mn__agent_refuse(c, rc, err);
     } else {
       c->ready = 1;
-      c->a->served = 1;
+      c->a->served++; /* a count: agent_join.c tells from it whether the controller it joined came */
       uv_timer_stop(&c->hs_timer);
       mn_hs_welcome(&out, &c->a->auth, c->ns, nc, "agent");
       mn__agent_send_buf(c, &out);
@@ -402,14 +402,17 @@ static void on_connection(uv_stream_t *server, int status) {
   uv_read_start((uv_stream_t *)&c->tcp, conn_alloc, conn_read);
 }
 
-static void on_signal(uv_signal_t *s, int sig) {
-  agent_t *a = s->data;
-  (void)sig;
+void mn__agent_stop(agent_t *a) {
   for (aconn_t *c = a->conns; c; c = c->next) conn_close(c);
   while (a->sessions) session_end(a->sessions);
   uv_walk(a->loop, walk_kill_parked, NULL);
   a->stopping = 1;
   uv_stop(a->loop);
+}
+
+static void on_signal(uv_signal_t *s, int sig) {
+  (void)sig;
+  mn__agent_stop(s->data);
 }
 
 int mn_agent_main(const mn_agent_opts_t *o) {
@@ -471,7 +474,10 @@ int mn_agent_main(const mn_agent_opts_t *o) {
   uv_signal_start(&sigint, on_signal, SIGINT);
   uv_unref((uv_handle_t *)&sigterm);
   uv_unref((uv_handle_t *)&sigint);
+  a->port = port;
+  if (o->join != NULL && mn__agent_join_start(a) != 0) return 2;
   uv_run(a->loop, UV_RUN_DEFAULT);
+  mn__agent_join_close(a);
   /* Stopped: kill what is left and let the close callbacks run. */
   for (aconn_t *c = a->conns; c; c = c->next) conn_close(c);
   while (a->sessions) session_end(a->sessions);
@@ -483,5 +489,5 @@ int mn_agent_main(const mn_agent_opts_t *o) {
   uv_close((uv_handle_t *)&sigterm, NULL);
   uv_close((uv_handle_t *)&sigint, NULL);
   uv_run(a->loop, UV_RUN_DEFAULT);
-  return 0;
+  return a->exit_code;
 }

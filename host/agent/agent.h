@@ -12,12 +12,14 @@ typedef struct {
   int once;               /* exit after the first controller leaves */
   const char *exe;        /* path of monarch-worker, exec'd for procs */
   double orphan_timeout;  /* passed to procs */
+  const char *join;       /* a controller's join port, "HOST:PORT", to ask to dial us (NULL: wait to be dialled) */
 } mn_agent_opts_t;
 
 /*
  * Runs the host agent until it is stopped. Returns the process's exit
- * status, not an err.h code: 0, 2 when it cannot start, 3 when its parent
- * is already gone.
+ * status, not an err.h code: 0, 2 when it cannot start (or, with join,
+ * when the controller refused it or could not be reached), 3 when its
+ * parent is already gone.
  */
 int mn_agent_main(const mn_agent_opts_t *o);
 

@@ -35,8 +35,13 @@
 #define MN_STATUS_MS_MIN 20       /* shortest, however short the hang timeout */
 #define MN_RELAY_FLUSH_MS 1        /* cast results wait at most this long for their siblings */
 #define MN_RELAY_BATCH (256u << 10) /* a RESULTS frame this large goes at once */
+#define MN_JOIN_BACKOFF_MIN_MS 100 /* first wait before dialling a join port again; doubles per attempt */
+#define MN_JOIN_BACKOFF_MAX_MS 2000 /* longest wait between attempts */
+#define MN_JOIN_TIMEOUT_S 60.0     /* default of MONARCH_JOIN_TIMEOUT: how long to keep trying to join */
+#define MN_JOIN_WAIT_S 30.0        /* default of MONARCH_JOIN_WAIT: after JOINED, how long the controller has to connect */
 
 typedef struct aconn_s aconn_t;
+typedef struct ajoin_s ajoin_t;
 typedef struct asession_s asession_t;
 typedef struct apersist_s apersist_t;
 
@@ -65,7 +70,7 @@ typedef struct {
   uint64_t grace_ms;
   uint64_t silence_ms;
   int nprocs;
-  int served;
+  int served;          /* controllers authenticated so far */
   int stopping;
   uint64_t started;
   struct {
@@ -77,6 +82,9 @@ typedef struct {
   int nexits;          /* total recorded; the ring holds the last MN_EXITS_KEPT */
   uv_timer_t relay_timer; /* flushes cast results that wait for slower siblings */
   int relay_timer_on;
+  int port;            /* the port we listen on */
+  ajoin_t *join;       /* --join: the attempt to join a controller (agent_join.c) */
+  int exit_code;       /* what mn_agent_main returns once the loop stops */
 } agent_t;
 
 struct asession_s {
@@ -144,6 +152,15 @@ void mn__agent_persist_unmark(aproc_t *p);
 void mn__agent_refuse(aconn_t *c, int code, const char *msg);
 void mn__agent_send_buf(aconn_t *c, const mn_buf_t *b);
 void mn__agent_session_send(asession_t *s, const mn_buf_t *b);
+/* Stops the agent: closes every connection, kills every proc, ends the loop. */
+void mn__agent_stop(agent_t *a);
+
+/* ---- agent_join.c ------------------------------------------------------------------------- */
+
+/* --join: starts asking the controller at a->o->join to dial us; 0, or 2 (an exit status) for a bad address. */
+int mn__agent_join_start(agent_t *a);
+/* Stops any attempt and closes its handles (the agent is stopping). */
+void mn__agent_join_close(agent_t *a);
 
 /* ---- agent_proc.c ------------------------------------------------------------------------- */
 

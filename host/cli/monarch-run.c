@@ -37,6 +37,9 @@ static const char usage[] =
     "  --hosts H:P,...    connect to running host agents (needs MONARCH_TOKEN\n"
     "                     or MONARCH_TOKEN_FILE)\n"
     "  --hostfile FILE    the same, one HOST:PORT per line (# starts a comment)\n"
+    "  --listen-joins HOST:PORT\n"
+    "                     let host agents join the running job: listen there for\n"
+    "                     `monarch-worker --join` (also MONARCH_JOIN_ADDR)\n"
     "  --slurm            start host agents on the nodes of this Slurm allocation\n"
     "  --status           report on the cluster and exit\n"
   "  --top              a live full-screen view of the hosts of --hosts, --hostfile\n"
@@ -51,7 +54,7 @@ static const char usage[] =
     "The script's arguments are in the global table `arg` (arg[0] is the script).\n";
 
 typedef struct {
-  const char *code, *hosts, *hostfile, *log_level;
+  const char *code, *hosts, *hostfile, *log_level, *listen_joins;
   const char *libs[MN_RUN_MAX_LIBS];
   int nlibs;
   int script_at; /* argv index of the script, argc if none */
@@ -225,6 +228,14 @@ static int set_config(lua_State *L, const opts_t *o) {
     }
     lua_setfield(L, -2, "hosts");
   }
+  if (o->hostfile != NULL) { /* HostMesh:refresh reads it again */
+    lua_pushstring(L, o->hostfile);
+    lua_setfield(L, -2, "hostfile");
+  }
+  if (o->listen_joins != NULL) {
+    lua_pushstring(L, o->listen_joins);
+    lua_setfield(L, -2, "listen_joins");
+  }
   if (o->slurm) {
     lua_pushliteral(L, "slurm");
     lua_setfield(L, -2, "launcher");
@@ -261,7 +272,7 @@ static int parse_args(int argc, char **argv, opts_t *o, int *status) {
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     int takes = strcmp(a, "-e") == 0 || strcmp(a, "-l") == 0 || strcmp(a, "--hosts") == 0 ||
-                strcmp(a, "--hostfile") == 0 || strcmp(a, "--log-level") == 0;
+                strcmp(a, "--hostfile") == 0 || strcmp(a, "--log-level") == 0 || strcmp(a, "--listen-joins") == 0;
     if (takes && i + 1 >= argc) {
       fprintf(stderr, "monarch-run: %s needs an argument\n", a);
       return stop(status, 2);
@@ -284,6 +295,8 @@ static int parse_args(int argc, char **argv, opts_t *o, int *status) {
       o->hosts = argv[++i];
     } else if (strcmp(a, "--hostfile") == 0) {
       o->hostfile = argv[++i];
+    } else if (strcmp(a, "--listen-joins") == 0) {
+      o->listen_joins = argv[++i];
     } else if (strcmp(a, "--log-level") == 0) {
       o->log_level = argv[++i];
       if (strcmp(o->log_level, "debug") != 0 && strcmp(o->log_level, "info") != 0 &&
@@ -380,7 +393,7 @@ int main(int argc, char **argv) {
   if (L == NULL) return 1;
   luaL_openlibs(L);
   set_paths(L, prefix);
-  if (o.hosts || o.hostfile || o.slurm || o.status || o.top || o.quiet || o.log_level || o.interactive) {
+  if (o.hosts || o.hostfile || o.slurm || o.status || o.top || o.quiet || o.log_level || o.interactive || o.listen_joins) {
     if ((rc = set_config(L, &o)) != 0) {
       lua_close(L);
       return rc;

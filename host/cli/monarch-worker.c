@@ -11,13 +11,15 @@
 #include <string.h>
 
 static const char usage[] =
-    "usage: monarch-worker [--listen HOST:PORT] [--once] [--parent PID] [--port-fd FD]\n"
+    "usage: monarch-worker [--listen HOST:PORT] [--join HOST:PORT] [--once] [--parent PID] [--port-fd FD]\n"
     "       monarch-worker --proc --rank R --world W --bind HOST [--parent PID] [--port-fd FD] [--relay-fd FD] [--device D]\n"
     "\n"
     "Runs a Monarch host agent: it authenticates controllers with the cluster\n"
     "token (MONARCH_TOKEN, or the file in MONARCH_TOKEN_FILE) and spawns procs.\n"
     "  --listen HOST:PORT   address to listen on (default 127.0.0.1:0; a\n"
     "                       non-loopback address needs a token configured)\n"
+    "  --join HOST:PORT     ask the controller listening for joins there (monarch-run\n"
+    "                       --listen-joins) to take this host into its running job\n"
     "  --once               exit when the first controller disconnects\n"
     "  --orphan-timeout S   procs exit S seconds after losing their controller (default 10)\n"
     "  --version            print the version\n";
@@ -38,7 +40,7 @@ int main(int argc, char **argv) {
   static char prefix[PATH_MAX], exe[PATH_MAX + 32], host[256] = "127.0.0.1";
   int proc = 0, rank = 0, world = 1, parent = 0, port_fd = -1, relay_fd = -1, port = 0, once = 0, device = -1;
   double orphan = 10.0;
-  const char *bind = "127.0.0.1";
+  const char *bind = "127.0.0.1", *join = NULL;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     int rc = 0;
@@ -51,6 +53,15 @@ int main(int argc, char **argv) {
     else if (strcmp(a, "--relay-fd") == 0) rc = parse_int(v, a, &relay_fd), i++;
     else if (strcmp(a, "--device") == 0) rc = parse_int(v, a, &device), i++;
     else if (strcmp(a, "--bind") == 0 && v) bind = v, i++;
+    else if (strcmp(a, "--join") == 0 && v) {
+      char jh[256];
+      int jp;
+      if (mn_parse_addr(v, jh, sizeof(jh), &jp) != 0 || jp == 0 || jh[0] == '\0') {
+        fprintf(stderr, "monarch-worker: --join wants the controller's join address HOST:PORT, got '%s'\n", v);
+        return 2;
+      }
+      join = v, i++;
+    }
     else if (strcmp(a, "--orphan-timeout") == 0 && v) orphan = atof(v), i++;
     else if (strcmp(a, "--listen") == 0 && v) {
       if (mn_parse_addr(v, host, sizeof(host), &port) != 0) {
@@ -79,6 +90,6 @@ int main(int argc, char **argv) {
     return mn_proc_main(&o);
   }
   snprintf(exe, sizeof(exe), "%s/bin/monarch-worker", prefix);
-  mn_agent_opts_t o = {host, port, port_fd, parent, once, exe, orphan};
+  mn_agent_opts_t o = {host, port, port_fd, parent, once, exe, orphan, join};
   return mn_agent_main(&o);
 }

@@ -9,8 +9,10 @@
  */
 #include "clock.h"
 #include "ctl.h"
+#include "ctl_join.h"
 #include "luapack.h"
 #include "path.h"
+#include "sock.h"
 #include "version.h"
 
 #include <errno.h>
@@ -54,6 +56,7 @@ typedef struct {
   size_t ndests, dcap;
   mn_hold_t *holds;
   size_t nholds, hcap;
+  mn_join_t join; /* the join port, when the script listens (core.listen) */
 } lctl_t;
 
 static lctl_t *get_ctl(lua_State *L) {
@@ -84,6 +87,7 @@ static int l_gc(lua_State *L) {
   lctl_t *c = lua_touserdata(L, 1);
   if (c->open) {
     c->open = 0;
+    mn_join_close(&c->join); /* before the loop's last turns, which run its close callbacks */
     mn_ctl_close(&c->ctl);
     mn_buf_free(&c->scratch);
     msgpack_zone_destroy(&c->zone);
@@ -784,6 +788,50 @@ static int l_holds(lua_State *L) {
   return 1;
 }
 
+/* ---- the join port (ctl_join.c) ------------------------------------------------ */
+
+/* core.listen("HOST:PORT") -> "HOST:PORT" bound | nil, err. Raises for an address that is not HOST:PORT. */
+static int l_listen(lua_State *L) {
+  lctl_t *c = get_ctl(L);
+  char host[256], err[300];
+  int port;
+  const char *addr = luaL_checkstring(L, 1);
+  if (mn_parse_addr(addr, host, sizeof(host), &port) != 0) return luaL_argerror(L, 1, "want HOST:PORT");
+  if (mn_join_listen(&c->join, &c->ctl, host, port, err, sizeof(err)) < 0) {
+    lua_pushnil(L);
+    lua_pushstring(L, err);
+    return 2;
+  }
+  lua_pushstring(L, c->join.addr);
+  return 1;
+}
+
+/*
+ * core.joins() -> {{addr=, peer=} (joined) | {peer=, refused=, quiet=}, ...}, dropped refusals;
+ * nothing at all when nothing happened (the script asks on every turn of its loop).
+ */
+static int l_joins(lua_State *L) {
+  lctl_t *c = get_ctl(L);
+  size_t n;
+  uint64_t dropped;
+  const mn_join_ev_t *e = mn_join_events(&c->join, &n, &dropped);
+  if (n == 0 && dropped == 0) return 0;
+  lua_createtable(L, (int)n, 0);
+  for (size_t i = 0; i < n; i++) {
+    lua_createtable(L, 0, 3);
+    lua_pushstring(L, e[i].peer);
+    lua_setfield(L, -2, "peer");
+    lua_pushstring(L, e[i].ok ? e[i].addr : e[i].why);
+    lua_setfield(L, -2, e[i].ok ? "addr" : "refused");
+    lua_pushboolean(L, e[i].quiet);
+    lua_setfield(L, -2, "quiet");
+    lua_rawseti(L, -2, (int)i + 1);
+  }
+  mn_join_done(&c->join);
+  lua_pushnumber(L, (lua_Number)dropped);
+  return 2;
+}
+
 static void set_msg_type(void *data, int type, const char *name) {
   lua_State *L = data;
   lua_pushinteger(L, type);
@@ -800,6 +848,7 @@ int luaopen_monarch_core(lua_State *L) {
       {"configure", l_configure},         {"now", l_now},             {"generate_token", l_generate_token},
       {"prefix", l_prefix},       {"sleep", l_sleep},         {"catch_interrupts", l_catch_interrupts},
       {"interrupted", l_interrupted}, {"bulk_self", l_bulk_self}, {"hold", l_hold}, {"holds", l_holds},
+      {"listen", l_listen}, {"joins", l_joins},
       {NULL, NULL}};
   lua_createtable(L, 0, 20);
   luaL_register(L, NULL, fns);

@@ -60,20 +60,31 @@ void mn_auth_generate(char *out, size_t len) {
 
 void mn_auth_nonce(uint8_t nonce[MN_NONCE_LEN]) { randombytes_buf(nonce, MN_NONCE_LEN); }
 
-void mn_auth_mac(const mn_auth_t *a, char role, const uint8_t *na, const uint8_t *nb,
-                 uint8_t mac[MN_MAC_LEN]) {
+void mn_auth_mac_data(const mn_auth_t *a, char role, const uint8_t *na, const uint8_t *nb, const void *data,
+                      size_t len, uint8_t mac[MN_MAC_LEN]) {
   crypto_auth_hmacsha256_state st;
   crypto_auth_hmacsha256_init(&st, a->key, sizeof(a->key));
   crypto_auth_hmacsha256_update(&st, (const unsigned char *)&role, 1);
   crypto_auth_hmacsha256_update(&st, na, MN_NONCE_LEN);
   crypto_auth_hmacsha256_update(&st, nb, MN_NONCE_LEN);
+  if (len > 0) crypto_auth_hmacsha256_update(&st, data, len);
   crypto_auth_hmacsha256_final(&st, mac);
+}
+
+void mn_auth_mac(const mn_auth_t *a, char role, const uint8_t *na, const uint8_t *nb,
+                 uint8_t mac[MN_MAC_LEN]) {
+  mn_auth_mac_data(a, role, na, nb, NULL, 0, mac);
+}
+
+int mn_auth_check_data(const mn_auth_t *a, char role, const uint8_t *na, const uint8_t *nb, const void *data,
+                       size_t len, const uint8_t *mac, size_t maclen) {
+  uint8_t want[MN_MAC_LEN];
+  if (maclen != MN_MAC_LEN) return MN_EAUTH;
+  mn_auth_mac_data(a, role, na, nb, data, len, want);
+  return crypto_verify_32(want, mac) == 0 ? 0 : MN_EAUTH;
 }
 
 int mn_auth_check(const mn_auth_t *a, char role, const uint8_t *na, const uint8_t *nb,
                   const uint8_t *mac, size_t maclen) {
-  uint8_t want[MN_MAC_LEN];
-  if (maclen != MN_MAC_LEN) return MN_EAUTH;
-  mn_auth_mac(a, role, na, nb, want);
-  return crypto_verify_32(want, mac) == 0 ? 0 : MN_EAUTH;
+  return mn_auth_check_data(a, role, na, nb, NULL, 0, mac, maclen);
 }

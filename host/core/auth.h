@@ -37,6 +37,12 @@ void mn_auth_nonce(uint8_t nonce[MN_NONCE_LEN]);
 /* mac = HMAC(key, role || a || b) */
 void mn_auth_mac(const mn_auth_t *a, char role, const uint8_t *na, const uint8_t *nb,
                  uint8_t mac[MN_MAC_LEN]);
+/* mac = HMAC(key, role || a || b || data): the same, binding `len` more bytes (a JOIN's address). */
+void mn_auth_mac_data(const mn_auth_t *a, char role, const uint8_t *na, const uint8_t *nb, const void *data,
+                      size_t len, uint8_t mac[MN_MAC_LEN]);
+/* Constant-time check of mn_auth_mac_data's MAC; 0 when mac is right, MN_EAUTH otherwise. */
+int mn_auth_check_data(const mn_auth_t *a, char role, const uint8_t *na, const uint8_t *nb, const void *data,
+                       size_t len, const uint8_t *mac, size_t maclen);
 /* Constant-time check; returns 0 when mac is right, MN_EAUTH otherwise. */
 int mn_auth_check(const mn_auth_t *a, char role, const uint8_t *na, const uint8_t *nb,
                   const uint8_t *mac, size_t maclen);

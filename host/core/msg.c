@@ -50,6 +50,8 @@ static const spec_t specs[] = {
     [MN_MSG_PROC_HUNG] = {"PROC_HUNG", 4, 0, BY_SERVER, "[29, pid, rank, silent_ms]"},
     [MN_MSG_CAST] = {"CAST", 3, 1, BY_CTL, "[30, [pid, seq, tag, ...], rest: bin]"},
     [MN_MSG_RESULTS] = {"RESULTS", 1, 0, BY_SERVER, "[31, tag, result, tag, result, ...]"},
+    [MN_MSG_JOIN] = {"JOIN", 5, 0, BY_SERVER, "[32, version, nonce_a, addr, mac]"},
+    [MN_MSG_JOINED] = {"JOINED", 2, 0, BY_CTL, "[33, mac]"},
 };
 
 #define NSPECS (sizeof(specs) / sizeof(specs[0]))
@@ -147,6 +149,22 @@ int mn_msg_pack_welcome(mn_buf_t *b, const uint8_t mac[32], const char *hostname
   f |= pack_cstr(&pk, "hostname") | pack_cstr(&pk, hostname);
   f |= pack_cstr(&pk, "pid") | msgpack_pack_int64(&pk, pid);
   f |= pack_cstr(&pk, "role") | pack_cstr(&pk, role);
+  return finish(b, s, f);
+}
+
+int mn_msg_pack_join(mn_buf_t *b, const uint8_t nonce_a[32], const char *addr, const uint8_t mac[32]) {
+  msgpack_packer pk;
+  size_t s;
+  int f = head(b, &pk, &s, 5, MN_MSG_JOIN);
+  f |= msgpack_pack_int(&pk, MN_PROTOCOL_VERSION) | pack_bin(&pk, nonce_a, 32) | pack_cstr(&pk, addr) |
+       pack_bin(&pk, mac, 32);
+  return finish(b, s, f);
+}
+
+int mn_msg_pack_joined(mn_buf_t *b, const uint8_t mac[32]) {
+  msgpack_packer pk;
+  size_t s;
+  int f = head(b, &pk, &s, 2, MN_MSG_JOINED) | pack_bin(&pk, mac, 32);
   return finish(b, s, f);
 }
 
@@ -430,6 +448,25 @@ int mn_msg_parse_auth(const msgpack_object *m, mn_msg_auth_t *out, char *err, si
   if (rc == 0) rc = want_u64(s, m, 1, "version", &out->version, err, errlen);
   if (rc == 0) rc = want_bin(s, m, 2, "nonce_c", 32, &out->nonce, NULL, err, errlen);
   if (rc == 0) rc = want_bin(s, m, 3, "mac", 0, &out->mac, &out->mac_len, err, errlen);
+  return rc;
+}
+
+int mn_msg_parse_join(const msgpack_object *m, mn_msg_join_t *out, char *err, size_t errlen) {
+  int rc;
+  const spec_t *s = check(m, MN_MSG_JOIN, &rc, err, errlen);
+  if (rc == 0) rc = want_u64(s, m, 1, "version", &out->version, err, errlen);
+  if (rc == 0) rc = want_bin(s, m, 2, "nonce_a", 32, &out->nonce, NULL, err, errlen);
+  if (rc == 0 && (mn_get_str(m, 3, &out->addr, &out->addr_len) != 0 || out->addr_len == 0 ||
+                  out->addr_len > MN_MSG_JOIN_MAX_ADDR))
+    rc = bad(s, err, errlen, "addr (element 3) is not a str of 1..%d bytes", MN_MSG_JOIN_MAX_ADDR);
+  if (rc == 0) rc = want_bin(s, m, 4, "mac", 0, &out->mac, &out->mac_len, err, errlen);
+  return rc;
+}
+
+int mn_msg_parse_joined(const msgpack_object *m, const uint8_t **mac, size_t *mac_len, char *err, size_t errlen) {
+  int rc;
+  const spec_t *s = check(m, MN_MSG_JOINED, &rc, err, errlen);
+  if (rc == 0) rc = want_bin(s, m, 1, "mac", 0, mac, mac_len, err, errlen);
   return rc;
 }
 

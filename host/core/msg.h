@@ -49,6 +49,8 @@ typedef enum {
   MN_MSG_CANCEL = 28,     /* controller -> proc: [seq, ...]: stop these calls (queued: skip; running: cancel flag) */
   MN_MSG_CAST = 30,       /* controller -> agent: [pid, seq, tag, ...], the CALL after its seq: one call, many procs */
   MN_MSG_RESULTS = 31,    /* agent -> controller: tag, RESULT, tag, RESULT...: its procs' answers to casts, batched */
+  MN_MSG_JOIN = 32,       /* agent -> controller's join port: version, nonce, address to dial, mac */
+  MN_MSG_JOINED = 33,     /* controller's join port -> agent: mac; the controller dials the address next */
 } mn_msg_t;
 
 #define MN_MSG_CALL_SEQ_OFFSET 7 /* a CALL frame's seq bytes: len(4) + fixarray(1) + type(1) + 0xcf(1) */
@@ -112,6 +114,11 @@ void mn_msg_call_from_cast(char out[MN_MSG_CALL_HEAD], uint64_t seq, size_t rlen
 int mn_msg_results_begin(mn_buf_t *b);
 int mn_msg_results_add(mn_buf_t *b, uint64_t tag, const char *result, size_t len);
 void mn_msg_results_end(mn_buf_t *b, uint32_t n);
+
+/* JOIN [32, version, nonce_a, addr, mac]: a host agent asks a controller to dial it at addr ("HOST:PORT"). */
+int mn_msg_pack_join(mn_buf_t *b, const uint8_t nonce_a[32], const char *addr, const uint8_t mac[32]);
+/* JOINED [33, mac]: the controller's answer, proving it holds the token too. */
+int mn_msg_pack_joined(mn_buf_t *b, const uint8_t mac[32]);
 
 /* The old name of mn_msg_pack_error. */
 static inline int mn_pack_error(mn_buf_t *b, int code, const char *msg) { return mn_msg_pack_error(b, code, msg); }
@@ -224,6 +231,17 @@ typedef struct {
   const msgpack_object *description; /* PERSIST: any value */
 } mn_msg_request_t;
 
+typedef struct {
+  uint64_t version;
+  const uint8_t *nonce; /* 32 bytes */
+  const char *addr;     /* 1..MN_MSG_JOIN_MAX_ADDR bytes, not NUL-terminated; its form is checked by join.c */
+  size_t addr_len;
+  const uint8_t *mac;
+  size_t mac_len;       /* checked by the MAC comparison, not here */
+} mn_msg_join_t;
+
+#define MN_MSG_JOIN_MAX_ADDR 280 /* longest "HOST:PORT" a JOIN may carry: an IPv6 address in brackets fits */
+
 int mn_msg_parse_hello(const msgpack_object *m, mn_msg_hello_t *out, char *err, size_t errlen);
 int mn_msg_parse_auth(const msgpack_object *m, mn_msg_auth_t *out, char *err, size_t errlen);
 int mn_msg_parse_welcome(const msgpack_object *m, mn_msg_welcome_t *out, char *err, size_t errlen);
@@ -243,6 +261,9 @@ int mn_msg_parse_cast(const msgpack_object *m, const msgpack_object **targets, c
                       char *err, size_t errlen);
 /* RESULTS: *n entries, entry i being tag (element 1 + 2i, a uint) and a RESULT (element 2 + 2i, an array). */
 int mn_msg_parse_results(const msgpack_object *m, uint32_t *n, char *err, size_t errlen);
+int mn_msg_parse_join(const msgpack_object *m, mn_msg_join_t *out, char *err, size_t errlen);
+/* JOINED: *mac and *mac_len (its length is checked by the MAC comparison). */
+int mn_msg_parse_joined(const msgpack_object *m, const uint8_t **mac, size_t *mac_len, char *err, size_t errlen);
 /* PING and PONG: [type, id], exactly; *id is any value. */
 int mn_msg_parse_ping(const msgpack_object *m, const msgpack_object **id, char *err, size_t errlen);
 

@@ -17,6 +17,7 @@ require "monarch.collective"
 require "monarch.gpu"
 local persist = require "monarch.persist"
 local trace = require "monarch.trace"
+local join = require "monarch.join" -- hosts that join the job: HostMesh:on_join/refresh, ProcMesh:grow
 
 local M = { _VERSION = core.version } -- host/core/version.h
 
@@ -87,6 +88,7 @@ function M.hosts()
     end
   end
   host_mesh = mesh.host_mesh(mesh.connect_agents(addrs))
+  join.attach(host_mesh, M.config) -- joined hosts go here; --listen-joins opens the join port
   return host_mesh
 end
 
@@ -164,6 +166,10 @@ function M.shutdown()
   if not ok then error(err, 0) end
   if not tok then error(terr, 0) end
 end
+
+--- Opens the join port for hosts started later (`monarch-worker --join ADDR`):
+-- monarch.listen{addr = "0.0.0.0:7100"} returns the address (monarch.join).
+M.listen = join.listen
 
 M.log = require "monarch.log"
 M.attach, M.persistent = persist.attach, persist.list

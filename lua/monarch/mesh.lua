@@ -88,8 +88,9 @@ end
 --- Spawns procs on every host. spec: {procs = n} (or any one name), or an
 -- ordered list {{"dp", 2}, {"tp", 2}}; gpus = G (GPUs per host) makes GPU
 -- procs, local proc i pinned to GPU i (at most G procs per host). Returns a
--- ProcMesh of shape {hosts = H, ...}.
-function HostMesh:spawn_procs(spec)
+-- ProcMesh of shape {hosts = H, ...}. at = {rank_base, world} (monarch.join's
+-- grow) numbers the procs base.. of that world instead of 0.. of their own.
+function HostMesh:spawn_procs(spec, at)
   spec = spec or { procs = 1 }
   if type(spec) ~= "table" then error("spawn_procs wants a table like {procs = 4}", 2) end
   local names, sizes = parse_dims(spec)
@@ -104,11 +105,11 @@ function HostMesh:spawn_procs(spec)
       error(string.format("spawn_procs: %d procs per host but gpus = %d: GPU procs are pinned one per GPU", per_host, gpus), 2)
     end
   end
-  local world = per_host * #self.agents
+  local world, base = at and at.world or per_host * #self.agents, at and at.rank_base or 0
   local reqs = {}
   for h, a in ipairs(self.agents) do
     if a.state ~= "ready" then error(errors.new { kind = "connect", host = a.addr, message = "host agent is not connected" }, 2) end
-    reqs[h] = procs_mod.request_spawn(a, per_host, (h - 1) * per_host, world, nil, gpus and 0 or nil)
+    reqs[h] = procs_mod.request_spawn(a, per_host, base + (h - 1) * per_host, world, nil, gpus and 0 or nil)
   end
   local procs = {}
   local ok, err = pcall(wait_until, function()
@@ -123,13 +124,13 @@ function HostMesh:spawn_procs(spec)
     a.requests[req.id] = nil
     for i = 1, per_host do
       local r = req.results[i]
-      local rank = (h - 1) * per_host + i - 1
+      local rank = base + (h - 1) * per_host + i - 1
       if r and r.port then
         local p = { rank = rank, world = world, host = a.hostname, addr = a.addr, pid = r.pid, port = r.port,
           agent = a, state = "connecting", libs = {}, tensors = {}, device = gpus and (i - 1) or nil }
         a.procs[r.pid] = p
         procs_mod.connect(p)
-        procs[rank + 1] = p
+        procs[rank - base + 1] = p
       else
         failures[#failures + 1] = string.format("rank %d on %s: %s", rank, a.hostname or a.addr,
           r and r.error or (a.state ~= "ready" and ("host agent lost: " .. tostring(a.reason)) or tostring(err)))
@@ -190,6 +191,8 @@ M.METHODS = {
   gpu_reduce_scatter = "monarch.gpu",
   -- persistent meshes (the REPL's)
   persist = "monarch.persist", detach = "monarch.persist",
+  -- more hosts: procs on hosts that joined the job, with the mesh's libraries
+  grow = "monarch.join",
 }
 
 local stubs = {} -- method name -> the stub standing in for it

@@ -387,6 +387,79 @@ function Tensor:free()
   runtime.submit(self.mesh._procs, "__tensor_free", { self.__mn_tensor }, 1, { mode = "broadcast" })
 end
 
+-- The procs of list as a set.
+local function set_of(list)
+  local s = {}
+  for _, p in ipairs(list) do s[p] = true end
+  return s
+end
+
+-- The proc of t's mesh to copy from: rank `from`, or the first ready one.
+local function source_proc(t, from, level)
+  for _, p in ipairs(t.mesh._procs) do
+    if (from == nil and p.state == "ready") or (from ~= nil and p.rank == from) then
+      if p.state ~= "ready" then
+        error(require("monarch.errors").new { kind = "proc_failed", rank = p.rank, host = p.host, pid = p.pid,
+          message = "copy_from_peer: the source proc is " .. p.state }, level + 1)
+      end
+      return p
+    end
+  end
+  if from ~= nil then error("copy_from_peer: no proc of rank " .. tostring(from) .. " holds tensor " .. t.__mn_tensor, level + 1) end
+  error(require("monarch.errors").new { kind = "proc_failed",
+    message = "copy_from_peer: no ready proc holds tensor " .. t.__mn_tensor }, level + 1)
+end
+
+--- Makes this tensor live on every proc of mesh `m`, which holds all of
+-- the tensor's procs (as the mesh ProcMesh:grow returns does): each proc
+-- of m that did not hold it gets it, filled with a healthy proc's copy.
+-- The bytes go proc to proc (one collective broadcast over the source and
+-- the new procs); the controller never holds them. opts: from = the rank
+-- of the proc to copy from (default the first ready one that holds it),
+-- timeout = seconds. From now on t.mesh is m, so fetch, put, free and
+-- the garbage collector reach the new copies too. Returns a Future of nil,
+-- done when every new copy has the bytes.
+function Tensor:copy_from_peer(m, opts)
+  check_live(self)
+  if type(m) ~= "table" or type(m._procs) ~= "table" then error("copy_from_peer wants a ProcMesh", 2) end
+  opts = opts or {}
+  for k, v in pairs(opts) do
+    if (k ~= "from" and k ~= "timeout") or type(v) ~= "number" then
+      error("copy_from_peer: option " .. tostring(k) .. " is unknown or not a number (known: from, timeout)", 2)
+    end
+  end
+  local holds, in_m = set_of(self.mesh._procs), set_of(m._procs)
+  for _, p in ipairs(self.mesh._procs) do
+    if not in_m[p] then
+      error(string.format("copy_from_peer: the mesh lacks rank %d, which holds tensor %d: pass a mesh grown from its own",
+        p.rank, self.__mn_tensor), 2)
+    end
+  end
+  local new = {}
+  for _, p in ipairs(m._procs) do if not holds[p] then new[#new + 1] = p end end
+  local src = source_proc(self, opts.from, 2)
+  rawset(self, "mesh", m)
+  if #new == 0 then
+    local f = future.new("copy_from_peer of tensor " .. self.__mn_tensor)
+    f:resolve(nil)
+    return f
+  end
+  local id, spec = self.__mn_tensor, { dtype = self.dtype, shape = self.shape }
+  runtime.submit(new, "__tensor_new", { id, self.dtype, self.shape }, 3, { mode = "broadcast" })
+  for _, p in ipairs(new) do if p.tensors then p.tensors[id] = spec end end
+  local gc = getmetatable(rawget(self, "_gc"))
+  if gc.__gc then -- the GC frees it on the procs of m now (an adopted tensor is never freed by it)
+    gc.__gc = nil
+    local proxy, procs = newproxy(true), m._procs
+    getmetatable(proxy).__gc = function() to_free[#to_free + 1] = { procs, id } end
+    rawset(self, "_gc", proxy)
+  end
+  local members = { src }
+  for _, p in ipairs(new) do members[#members + 1] = p end
+  local group = require("monarch.mesh").proc_mesh(members, require("monarch.shape").new({ "procs" }, { #members }), {})
+  return group:broadcast_tensor(self, 0, opts.timeout and { timeout = opts.timeout } or nil)
+end
+
 Tensor.__tostring = function(t)
   return string.format("Tensor(%d, %s, {%s}) on %d procs", t.__mn_tensor, t.dtype, table.concat(t.shape, ","),
     #t.mesh._procs)

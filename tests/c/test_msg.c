@@ -106,11 +106,14 @@ static void test_names(void **state) {
   (void)state;
   int n = 0;
   mn_msg_each(count_type, &n);
-  assert_int_equal(n, 27);
+  assert_int_equal(n, 29);
   assert_string_equal(mn_msg_name(MN_MSG_CALL), "CALL");
   assert_null(mn_msg_name(0));
   assert_null(mn_msg_name(23));
   assert_string_equal(mn_msg_name(MN_MSG_CANCEL), "CANCEL");
+  assert_string_equal(mn_msg_name(MN_MSG_JOIN), "JOIN");
+  assert_string_equal(mn_msg_name(MN_MSG_JOINED), "JOINED");
+  assert_null(mn_msg_name(34));
   assert_null(mn_msg_name(1000));
   assert_null(mn_msg_name(-1));
 }
@@ -131,6 +134,11 @@ static void test_check_script_send(void **state) {
   assert_int_equal(mn_msg_check_script_send(MN_MSG_SESSION, 3, err, sizeof(err)), MN_EPROTO);
   assert_int_equal(mn_msg_check_script_send(MN_MSG_KILL, 2, err, sizeof(err)), MN_EPROTO);
   assert_non_null(strstr(err, "KILL has 2 elements"));
+  /* The join port's messages are the C side's: a script sends neither. */
+  assert_int_equal(mn_msg_check_script_send(MN_MSG_JOIN, 5, err, sizeof(err)), MN_EPROTO);
+  assert_non_null(strstr(err, "not one a controller sends"));
+  assert_int_equal(mn_msg_check_script_send(MN_MSG_JOINED, 2, err, sizeof(err)), MN_EPROTO);
+  assert_non_null(strstr(err, "JOINED is sent by the controller's C side only"));
   assert_int_equal(mn_msg_check_script_send(MN_MSG_ATTACH, 4, err, sizeof(err)), MN_EPROTO);
   assert_non_null(strstr(err, "[16, req, name]"));
 }
@@ -225,6 +233,89 @@ static void test_handshake_malformed(void **state) {
   hand(&b, "uu", (uint64_t)MN_MSG_PING, (uint64_t)1);
   take(&b, &m);
   expect_named(mn_msg_parse_auth(&m.obj, &a, m.err, sizeof(m.err)), m.err, "AUTH", "type 5");
+  done(&m);
+}
+
+/* ---- the join port ------------------------------------------------------------------ */
+
+static void test_join_joined(void **state) {
+  (void)state;
+  mn_buf_t b;
+  msg_t m;
+  mn_msg_join_t j;
+  const uint8_t *jm;
+  size_t jml;
+  mn_buf_init(&b);
+  assert_int_equal(mn_msg_pack_join(&b, nonce, "10.0.0.7:7000", mac), 0);
+  take(&b, &m);
+  assert_int_equal(mn_msg_parse_join(&m.obj, &j, m.err, sizeof(m.err)), 0);
+  assert_int_equal(j.version, MN_PROTOCOL_VERSION);
+  assert_memory_equal(j.nonce, nonce, 32);
+  assert_int_equal(j.addr_len, 13);
+  assert_memory_equal(j.addr, "10.0.0.7:7000", 13);
+  assert_int_equal(j.mac_len, 32);
+  assert_memory_equal(j.mac, mac, 32);
+  done(&m);
+
+  /* JOINED's bytes: [33, bin8(32) mac]. */
+  mn_buf_init(&b);
+  assert_int_equal(mn_msg_pack_joined(&b, mac), 0);
+  static const unsigned char head[] = {0, 0, 0, 36, 0x92, 0x21, 0xc4, 0x20, 0xaa, 0xbb, 0xcc};
+  expect_bytes(b.data, 11, head, sizeof(head));
+  assert_int_equal(b.len, 40);
+  take(&b, &m);
+  assert_int_equal(mn_msg_parse_joined(&m.obj, &jm, &jml, m.err, sizeof(m.err)), 0);
+  assert_int_equal(jml, 32);
+  assert_memory_equal(jm, mac, 32);
+  done(&m);
+}
+
+static void test_join_malformed(void **state) {
+  (void)state;
+  mn_buf_t b;
+  msg_t m;
+  mn_msg_join_t j;
+  const uint8_t *jm;
+  size_t jml;
+  char longer[MN_MSG_JOIN_MAX_ADDR + 2];
+  memset(longer, '1', sizeof(longer) - 1);
+  longer[sizeof(longer) - 1] = '\0';
+  hand(&b, "uubs", (uint64_t)MN_MSG_JOIN, (uint64_t)1, "1.2.3.4:5");
+  take(&b, &m);
+  expect_named(mn_msg_parse_join(&m.obj, &j, m.err, sizeof(m.err)), m.err, "malformed JOIN", "4 elements");
+  done(&m);
+  hand(&b, "usbsb", (uint64_t)MN_MSG_JOIN, "1", "1.2.3.4:5");
+  take(&b, &m);
+  expect_named(mn_msg_parse_join(&m.obj, &j, m.err, sizeof(m.err)), m.err, "JOIN", "version");
+  done(&m);
+  hand(&b, "uussb", (uint64_t)MN_MSG_JOIN, (uint64_t)1, "short nonce", "1.2.3.4:5");
+  take(&b, &m);
+  expect_named(mn_msg_parse_join(&m.obj, &j, m.err, sizeof(m.err)), m.err, "JOIN", "nonce_a");
+  done(&m);
+  hand(&b, "uubib", (uint64_t)MN_MSG_JOIN, (uint64_t)1, (int64_t)7);
+  take(&b, &m);
+  expect_named(mn_msg_parse_join(&m.obj, &j, m.err, sizeof(m.err)), m.err, "JOIN", "addr");
+  done(&m);
+  hand(&b, "uubsb", (uint64_t)MN_MSG_JOIN, (uint64_t)1, "");
+  take(&b, &m);
+  expect_named(mn_msg_parse_join(&m.obj, &j, m.err, sizeof(m.err)), m.err, "JOIN", "addr");
+  done(&m);
+  hand(&b, "uubsb", (uint64_t)MN_MSG_JOIN, (uint64_t)1, longer);
+  take(&b, &m);
+  expect_named(mn_msg_parse_join(&m.obj, &j, m.err, sizeof(m.err)), m.err, "JOIN", "1..280 bytes");
+  done(&m);
+  hand(&b, "uubss", (uint64_t)MN_MSG_JOIN, (uint64_t)1, "1.2.3.4:5", "mac");
+  take(&b, &m);
+  expect_named(mn_msg_parse_join(&m.obj, &j, m.err, sizeof(m.err)), m.err, "JOIN", "mac");
+  done(&m);
+  hand(&b, "us", (uint64_t)MN_MSG_JOINED, "mac");
+  take(&b, &m);
+  expect_named(mn_msg_parse_joined(&m.obj, &jm, &jml, m.err, sizeof(m.err)), m.err, "malformed JOINED: want [33, mac]",
+               "mac");
+  done(&m);
+  hand(&b, "u", (uint64_t)MN_MSG_JOINED);
+  take(&b, &m);
+  expect_named(mn_msg_parse_joined(&m.obj, &jm, &jml, m.err, sizeof(m.err)), m.err, "JOINED", "1 elements");
   done(&m);
 }
 
@@ -699,6 +790,8 @@ int main(void) {
       cmocka_unit_test(test_check_script_send),
       cmocka_unit_test(test_hello_auth_welcome_error),
       cmocka_unit_test(test_handshake_malformed),
+      cmocka_unit_test(test_join_joined),
+      cmocka_unit_test(test_join_malformed),
       cmocka_unit_test(test_session_ack_ping_goodbye),
       cmocka_unit_test(test_session_malformed),
       cmocka_unit_test(test_call_head),

@@ -17,34 +17,17 @@
  * libsodium's random source is replaced by a counter reset per input so
  * that nonces, and therefore runs, are deterministic.
  */
+#include <sodium.h>
+
 #include "fuzz_util.h"
 #include "handshake.h"
-
-#include <sodium.h>
 
 #define FUZZ_HANDSHAKE_MAX 4096 /* what agent and proc read before authentication */
 
 static mn_auth_t key, other_key;
-static uint64_t rng_state;
-
-/* ---- deterministic randombytes -------------------------------------------- */
-
-static uint64_t rng_next(void) {
-  uint64_t x = rng_state += 0x9E3779B97F4A7C15ull; /* splitmix64 */
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-static const char *rng_name(void) { return "fuzz-counter"; }
-static uint32_t rng_random(void) { return (uint32_t)rng_next(); }
-static void rng_buf(void *const buf, const size_t size) {
-  unsigned char *p = buf;
-  for (size_t i = 0; i < size; i++) p[i] = (unsigned char)rng_next();
-}
-static randombytes_implementation rng_impl = {rng_name, rng_random, NULL, NULL, rng_buf, NULL};
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
-  FZ_CHECK(randombytes_set_implementation(&rng_impl) == 0, "randombytes_set_implementation");
+  FZ_CHECK(fz_rng_install() == 0, "randombytes_set_implementation");
   FZ_CHECK(mn_auth_global_init() == 0, "sodium_init");
   FZ_CHECK(mn_auth_init(&key, "fuzz-cluster-token", 18) == 0, "key");
   FZ_CHECK(mn_auth_init(&other_key, "another-token", 13) == 0, "other key");
@@ -321,7 +304,7 @@ done:
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   msgpack_zone zone;
   in_t in = {data, size};
-  rng_state = 0; /* same nonces for the same input */
+  fz_rng_reset(); /* same nonces for the same input */
   if (size == 0 || !msgpack_zone_init(&zone, 2048)) return 0;
   switch (take(&in) & 3) {
   case 0: server_raw(&in, &zone); break;

@@ -89,6 +89,33 @@ static inline int fz_overcount(const char *body, size_t len) {
   return 0;
 }
 
+/*
+ * A deterministic stand-in for libsodium's random source (nonces), reset
+ * per input with fz_rng_reset, so that the same input always takes the
+ * same path: install it with fz_rng_install() in LLVMFuzzerInitialize.
+ * Only for targets that include <sodium.h>.
+ */
+#ifdef sodium_H
+static uint64_t fz_rng_state;
+
+static inline uint64_t fz_rng_next(void) {
+  uint64_t x = fz_rng_state += 0x9E3779B97F4A7C15ull; /* splitmix64 */
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+static inline const char *fz_rng_name(void) { return "fuzz-counter"; }
+static inline uint32_t fz_rng_random(void) { return (uint32_t)fz_rng_next(); }
+static inline void fz_rng_buf(void *const buf, const size_t size) {
+  unsigned char *p = buf;
+  for (size_t i = 0; i < size; i++) p[i] = (unsigned char)fz_rng_next();
+}
+static randombytes_implementation fz_rng_impl = {fz_rng_name, fz_rng_random, NULL, NULL, fz_rng_buf, NULL};
+
+static inline int fz_rng_install(void) { return randombytes_set_implementation(&fz_rng_impl); }
+static inline void fz_rng_reset(void) { fz_rng_state = 0; }
+#endif
+
 static inline int fz_skip_overcount(void) {
   static int v = -1;
   if (v < 0) {

@@ -129,6 +129,21 @@ put(H, "server_structured_bitflip", "\2" .. ("\0"):rep(35) .. "\1\3\5" .. ("\0")
 put(H, "client_structured_valid", "\3\1" .. ("\0"):rep(90))
 put(H, "client_structured_error", "\3\0\2" .. "refused by the server")
 
+-- ---- fuzz_join: first byte is the mode (0, 1, 2) ---------------------------
+
+local J = "fuzz_join"
+put(J, "controller_join_wrong_mac", "\0" .. msg { 32, 1, mp.bin(nonce), "10.0.0.7:7000", mp.bin(mac) })
+put(J, "controller_auth_not_join", "\0" .. msg { 2, 1, mp.bin(nonce), mp.bin(mac) })
+put(J, "controller_bad_addr", "\0" .. msg { 32, 1, mp.bin(nonce), "localhost:7000", mp.bin(mac) })
+put(J, "controller_garbage", "\0" .. "GET / HTTP/1.1\r\n\r\n")
+put(J, "agent_hello_joined", "\1" .. msg { 1, 1, mp.bin(nonce), "join" } .. msg { 33, mp.bin(mac) })
+put(J, "agent_hello_of_an_agent", "\1" .. msg { 1, 1, mp.bin(nonce), "agent" })
+put(J, "agent_refused", "\1" .. msg { 1, 1, mp.bin(nonce), "join" } .. msg { 4, -1006, "authentication failed" })
+-- Structured: zeros build a valid JOIN for a valid address; then a damaged MAC, an address of raw bytes.
+put(J, "structured_valid", "\2" .. ("\0"):rep(40))
+put(J, "structured_bitflip", "\2" .. ("\0"):rep(35) .. "\1\3\5" .. ("\0"):rep(10))
+put(J, "structured_raw_addr", "\2" .. ("\0"):rep(33) .. "\x80\x0e" .. "10.0.0.1:70000" .. ("\0"):rep(4))
+
 -- ---- fuzz_exec: first byte is the mode (even: raw CALL frames) -------------
 
 local X = "fuzz_exec"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the libFuzzer targets built by `make fuzz-build`, each for a bounded
 # time, starting from the seed corpus in tests/fuzz/corpus/<target>.
-#   tests/fuzz/run.sh [target...]        (default: all three)
+#   tests/fuzz/run.sh [target...]        (default: all four)
 # Environment: FUZZ_SECONDS (per target, default 30), FUZZ_BUILD (build-fuzz),
 # FUZZ_JOBS (parallel workers per target, default 1), FUZZ_SKIP_OVERCOUNT=1
 # (skip inputs that hit known issue F1, see fuzz_util.h).
@@ -14,7 +14,7 @@ B=${FUZZ_BUILD:-build-fuzz}
 secs=${FUZZ_SECONDS:-30}
 jobs=${FUZZ_JOBS:-1}
 targets=("$@")
-[ ${#targets[@]} -eq 0 ] && targets=(fuzz_frame fuzz_handshake fuzz_exec)
+[ ${#targets[@]} -eq 0 ] && targets=(fuzz_frame fuzz_handshake fuzz_join fuzz_exec)
 # fuzz_exec loads basic.so from here; an instrumented one when `make fuzz-build` made it.
 export MONARCH_PREFIX=${MONARCH_PREFIX:-$PWD/$B}
 # Leaks fail the run; UBSan aborts (the objects are built with -fno-sanitize-recover).
