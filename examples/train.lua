@@ -258,13 +258,14 @@ monarch.on_host_loss(function(ev)
   ev.at = monarch.now()
   lost_hosts[#lost_hosts + 1] = ev
 end)
--- Hosts that joined and wait for the next step (grow_onto, below).
-local joined = {}
+-- Hosts that joined and wait for the next step (grow_onto, below), and how many joined in all.
+local joined, joins = {}, 0
 local hosts = monarch.hosts()
 if hosts.on_join then
   hosts:on_join(function(a)
     joined[#joined + 1] = a
     joined.at = joined.at or monarch.now()
+    joins = joins + 1
   end)
 end
 local world = procs:size()
@@ -697,15 +698,16 @@ local function grow_onto(s)
   resume_clock = { what = "elastic", at = since, since = "host joined" }
 end
 
---- --wait-join-at N: holds step N until a host has joined (for tests and the bench).
+--- --wait-join-at N: holds step N until a host has joined in this run (for tests and the bench).
 local function wait_join(s)
   if opts["wait-join-at"] ~= s or injected.waited_join then return end
   injected.waited_join = true
   if not hosts.on_join then die("--wait-join-at needs join support (monarch-run --listen-joins ADDR)") end
+  if joins > 0 then return end
   note("waiting for a host to join (monarch-worker --join)")
   local deadline = monarch.now() + 60
-  while #joined == 0 and monarch.now() < deadline do monarch.sleep(0.01) end
-  if #joined == 0 then die("--wait-join-at " .. s .. ": no host joined within 60 s") end
+  while joins == 0 and monarch.now() < deadline do monarch.sleep(0.01) end
+  if joins == 0 then die("--wait-join-at " .. s .. ": no host joined within 60 s") end
 end
 
 local s = start_step

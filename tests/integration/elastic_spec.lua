@@ -93,6 +93,44 @@ describe("a host lost for good", function()
     assert.matches("2 env proc failure%(s%)", out)
   end)
 
+  it("lets examples/train.lua take in a host that joins mid-run: its procs get the state from a peer and step", function()
+    local dir = os.tmpname()
+    os.remove(dir)
+    assert(os.execute("mkdir -p " .. dir) == 0 or true)
+    local data_arg = require("digits").data_arg(dir)
+    local out_path = dir .. "/out"
+    -- train.lua waits at step 50 for a host to join; the join port is any free one, printed.
+    os.execute(("(OPENBLAS_NUM_THREADS=1 MONARCH_TOKEN=%s timeout 120 %s/bin/monarch-run --hosts %s,%s "
+      .. "--listen-joins 127.0.0.1:0 examples/train.lua --device cpu --procs 2 --quiet --wait-join-at 50 "
+      .. "--checkpoint-dir %s/ck%s > %s 2>&1; echo \"::rc=$?\" >> %s) &"):format(runtime.token, B, daemons[1].addr,
+      daemons[2].addr, dir, data_arg, out_path, out_path))
+    local addr
+    local deadline = monarch.now() + 30
+    while not addr and monarch.now() < deadline do
+      addr = shell.exists(out_path) and shell.read(out_path):match("listening for joining hosts on ([%d.]+:%d+)")
+      if not addr then monarch.sleep(0.05) end
+    end
+    assert.is_string(addr, "train.lua never opened its join port")
+    local joiner = agent.start{ token = runtime.token, args = "--join " .. addr }
+    finally(function()
+      joiner:stop(9)
+      os.execute("rm -rf " .. dir)
+    end)
+    local out
+    deadline = monarch.now() + 90
+    repeat
+      monarch.sleep(0.1)
+      out = shell.read(out_path)
+    until out:find("::rc=", 1, true) or monarch.now() > deadline
+    assert.are.equal("0", out:match("::rc=(%d+)"), out)
+    assert.matches("1 host%(s%) joined with 2 procs; training goes on with 6 procs on 3 hosts from step %d+: "
+      .. "global batch 128 %-> 192", out)
+    assert.matches("elastic: stepping again [%d.]+ s after the host joined", out)
+    assert.matches("weights identical on all 6 procs", out) -- the new procs stepped: they hold the same weights
+    local acc = tonumber(out:match("test accuracy ([%d.]+)%%"))
+    assert.is_true(acc and acc >= 95, "test accuracy " .. tostring(acc) .. "%\n" .. out)
+  end)
+
   it("does not stop examples/train.lua: it trains on the survivors to the end", function()
     local addrs = {}
     for i, d in ipairs(daemons) do addrs[i] = d.addr end
