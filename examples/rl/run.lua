@@ -14,7 +14,9 @@
 -- mesh restarts it and its actor comes back. --kill-host-at N (with two or more
 -- hosts) kills the last host's agent after update N, and with it its env
 -- procs: the host is reported once (host_lost) and rollouts go on on the other
--- hosts. --plot writes the return of
+-- hosts. A host that joins (monarch-run --listen-joins ADDR, then monarch-worker
+-- --join ADDR) gets env procs and actors, which roll out from then on;
+-- --wait-join-at N holds the learner after update N until one has. --plot writes the return of
 -- every episode and its mean over the last 100 as an SVG line plot, --csv
 -- the same per episode (with the env proc and the policy version) as CSV.
 local here = (arg and arg[0] or ""):match("^(.*)/[^/]*$") or "."
@@ -31,7 +33,7 @@ while arg and arg[i] do
   local a, v = arg[i], arg[i + 1]
   if a == "--restart" then opts.restart = true
   elseif a == "--procs" or a == "--envs" or a == "--seed" or a == "--kill-at" or a == "--kill-host-at"
-    or a == "--max-seconds" then
+    or a == "--wait-join-at" or a == "--max-seconds" then
     local n = tonumber(v) or error(a .. " wants a number", 0)
     opts[a:sub(3):gsub("-", "_")] = n
     i = i + 1
@@ -58,6 +60,17 @@ end)
 monarch.on_host_loss(function(ev)
   print(string.format("env host %s lost (ranks %s): rollouts go on on the other hosts", ev.addr, table.concat(ev.ranks, ",")))
 end)
+-- Hosts that join: env procs on them, handed to the trainer at its next update.
+local hosts, new_envs, joins = monarch.hosts(), {}, 0
+if hosts.on_join then
+  hosts:on_join(function(a)
+    local grown, added = procs:grow { a }
+    procs, joins = grown, joins + 1
+    new_envs[#new_envs + 1] = added
+    print(string.format("env host %s:%d joined: %d env procs added (ranks %s)", a.addr, a.port, added:size(),
+      table.concat(added:rank(), ",")))
+  end)
+end
 print(string.format("CartPole-v0: %d env procs x %d envs, REINFORCE (linear softmax policy)", procs:size(), opts.envs))
 
 local killed = false
@@ -68,6 +81,11 @@ end
 local summary = trainer.train {
   procs = procs, envs = opts.envs, seed = opts.seed, max_seconds = opts.max_seconds,
   on_episode = (opts.plot or opts.csv) and record or nil,
+  new_envs = function()
+    local l = new_envs
+    new_envs = {}
+    return l
+  end,
   on_update = function(s)
     if s.updates % 10 == 0 then
       print(string.format("update %4d  episodes %6d  mean100 %6.1f  version %4d  steps/s %8.0f  lag %.2f  dropped %d",
@@ -78,6 +96,13 @@ local summary = trainer.train {
       local victim = procs:procs()[#procs:procs()]
       print(string.format("killing env proc rank %d (pid %d) with SIGKILL", victim.rank, victim.pid))
       os.execute("kill -KILL " .. victim.pid)
+    end
+    if opts.wait_join_at and joins == 0 and s.updates >= opts.wait_join_at then
+      if not hosts.on_join then error("--wait-join-at needs join support (monarch-run --listen-joins ADDR)", 0) end
+      print("waiting for a host to join (monarch-worker --join)")
+      local deadline = monarch.now() + 60
+      while joins == 0 and monarch.now() < deadline do monarch.sleep(0.01) end
+      if joins == 0 then error("--wait-join-at: no host joined within 60 s", 0) end
     end
     if opts.kill_host_at and not killed and s.updates >= opts.kill_host_at then
       killed = true

@@ -40,6 +40,8 @@ end
 --[[ Trains until the mean return of the last 100 episodes reaches `target`,
   or a limit is hit. opts:
     procs          ProcMesh to run the environments on (required; "cartpole" gets loaded)
+    new_envs       function returning a list of ProcMeshes of procs to run environments on too,
+                   polled once per update (hosts that joined; may return nil)
     envs           environments per actor (16)         seed     (1)
     per_call       episodes a rollout call waits for (4)
     lr, batch, max_staleness, gamma                    the learner's (rl.learner)
@@ -119,11 +121,22 @@ function M.train(opts)
 
   -- One generator per env proc, over every host: a mesh from spawn_procs is hosts x procs.
   local gens = {}
-  local sizes = actors:sizes()
-  for h = 0, (sizes.hosts or 1) - 1 do
-    for i = 0, (sizes.procs or actors:size()) - 1 do
-      local one = sizes.hosts and actors:slice { hosts = h, procs = i } or actors:slice { procs = i }
-      gens[#gens + 1] = monarch.spawn(generate, one)
+  local function start_generators(am)
+    local sizes = am:sizes()
+    for h = 0, (sizes.hosts or 1) - 1 do
+      for i = 0, (sizes.procs or am:size()) - 1 do
+        local one = sizes.hosts and am:slice { hosts = h, procs = i } or am:slice { procs = i }
+        gens[#gens + 1] = monarch.spawn(generate, one)
+      end
+    end
+  end
+  start_generators(actors)
+  -- Env procs that arrive while it runs (hosts that joined): their actors and generators join in.
+  local function take_new_envs()
+    for _, m in ipairs(opts.new_envs and opts.new_envs() or {}) do
+      m:load "cartpole"
+      start_generators(m:spawn("env", "rl.cartpole_env", { envs = opts.envs or 16, seed = opts.seed or 1 },
+        { deps = { "rl.policy" } }))
     end
   end
 
@@ -137,6 +150,7 @@ function M.train(opts)
   end
 
   while not finished do
+    take_new_envs()
     while not learner:ready() and not finished do
       local alive = 0
       for _, g in ipairs(gens) do
