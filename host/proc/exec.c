@@ -306,6 +306,23 @@ static void reset_results(mn_exec_t *x) {
 }
 
 /* mn_exec_frame without the timeline. */
+/* Takes CALL seq in order: 0, 1 for a resend of what already ran (the caller replays its
+ * result), or a protocol error for a gap. */
+static int take_seq(mn_exec_t *x, uint64_t seq) {
+  if (seq <= x->last_seq) {
+    x->dup_seq = seq;
+    return 1;
+  }
+  if (seq != x->last_seq + 1) {
+    char err[96];
+    snprintf(err, sizeof(err), "CALL sequence gap: got %llu after %llu", (unsigned long long)seq,
+             (unsigned long long)x->last_seq);
+    return protocol_error(x, MN_EPROTO, err);
+  }
+  x->last_seq = seq;
+  return 0;
+}
+
 static int exec_frame(mn_exec_t *x, const char *body, size_t len) {
   msgpack_object msg;
   char err[MN_MAX_ERRMSG];
@@ -325,16 +342,7 @@ static int exec_frame(mn_exec_t *x, const char *body, size_t len) {
   x->call_name = kname;
   x->call_len = kl;
   x->call_args = args;
-  if (seq <= x->last_seq) { /* a resend of what already ran: the caller replays its result */
-    x->dup_seq = seq;
-    return 1;
-  }
-  if (seq != x->last_seq + 1) {
-    snprintf(err, sizeof(err), "CALL sequence gap: got %llu after %llu", (unsigned long long)seq,
-             (unsigned long long)x->last_seq);
-    return protocol_error(x, MN_EPROTO, err);
-  }
-  x->last_seq = seq;
+  if ((rc = take_seq(x, seq)) != 0) return rc;
   if (kl > MN_MAX_NAME) {
     reply_err(x, seq, "bad_args", kname, 64, "kernel name longer than MN_MAX_NAME");
     return 0;
