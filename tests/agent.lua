@@ -23,9 +23,21 @@ Agent.__index = Agent
 --- Everything the agent has written to stdout and stderr so far.
 function Agent:output() return slurp(self.log) end
 
---- Kills the agent (SIGTERM, or the signal given) and removes its log.
+-- Whether pid is still the monarch-worker we started: one that exited by itself (--once) may have
+-- handed its pid to another process by now (pids wrap at 32768 on a busy machine).
+local function ours(pid)
+  local f = io.open("/proc/" .. pid .. "/cmdline", "rb")
+  if not f then return false end
+  local cmd = f:read("*a")
+  f:close()
+  return cmd:find("monarch-worker", 1, true) ~= nil
+end
+
+--- Kills the agent (SIGTERM, or the signal given) if it still runs, and removes its log.
 function Agent:stop(signal)
-  if self.pid then os.execute(("kill %s %d 2>/dev/null"):format(signal and "-" .. signal or "", self.pid)) end
+  if self.pid and ours(self.pid) then
+    os.execute(("kill %s %d 2>/dev/null"):format(signal and "-" .. signal or "", self.pid))
+  end
   self.pid = nil
   os.remove(self.log)
 end

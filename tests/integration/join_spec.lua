@@ -23,14 +23,20 @@ local function slurp(path)
   return s
 end
 
--- Waits until pred() returns something true (then returns it); fails naming `what` after timeout seconds.
+-- Sleeps without starting a process (a poll on nothing): waiting loops must not use up pids.
+local function nap(s) ffi.C.poll(nil, 0, math.floor(s * 1000)) end
+
+-- Waits until pred() returns something true (then returns it); fails naming `what` (a string, or
+-- a function that says it at that moment) after timeout seconds.
 local function wait_for(pred, timeout, what)
   local deadline = core.now() + timeout
   while true do
     local v = pred()
     if v then return v end
-    if core.now() > deadline then error("timed out after " .. timeout .. " s waiting for " .. what, 2) end
-    os.execute("sleep 0.05")
+    if core.now() > deadline then
+      error("timed out after " .. timeout .. " s waiting for " .. (type(what) == "function" and what() or what), 2)
+    end
+    nap(0.05)
   end
 end
 
@@ -76,7 +82,7 @@ function Job:output() return slurp(self.log) end
 --- Waits for a line matching pattern; returns its captures.
 function Job:expect(pattern, timeout)
   return wait_for(function() return self:output():match(pattern) end, timeout or 60,
-    "'" .. pattern .. "' in the job's output:\n" .. self:output())
+    function() return "'" .. pattern .. "' in the job's output:\n" .. self:output() end)
 end
 
 --- Waits for the job to end; returns its exit status.
@@ -86,7 +92,10 @@ end
 
 --- Kills the job if it still runs (its local agent and procs die with it) and removes its log.
 function Job:stop()
-  if not self:output():match("exit=%d+") then ffi.C.kill(self.pid, 15) end
+  local f = io.open("/proc/" .. self.pid .. "/cmdline", "rb") -- still our monarch-run, not a process that took its pid
+  local cmd = f and f:read("*a") or ""
+  if f then f:close() end
+  if not self:output():match("exit=%d+") and cmd:find("monarch-run", 1, true) then ffi.C.kill(self.pid, 15) end
   os.remove(self.log)
 end
 
@@ -273,9 +282,11 @@ describe("monarch-worker --join", function()
     local port = free_port()
     local w = agent.start { token = TOKEN, args = "--once --join 127.0.0.1:" .. port }
     later(function() w:stop() end)
-    os.execute("sleep 0.5") -- a few refused attempts first
+    nap(0.5) -- a few refused attempts first
     local job = start_job(("--listen-joins 127.0.0.1:%d tests/join_job.lua join"):format(port))
     later(function() job:stop() end)
+    wait_for(function() return w:output():match("joined the controller") end, 60,
+      function() return "the agent to join; it said:\n" .. w:output() .. "\nthe job said:\n" .. job:output() end)
     assert.are.equal(0, job:wait(), job:output())
     assert.matches("sums 8390656 8390656 8390656 8390656\n", job:output())
     assert.matches("joined the controller", w:output())
