@@ -56,6 +56,9 @@ int mn_ctl_init(mn_ctl_t *c, const char *token, size_t toklen) {
   c->no_acks = noack && strcmp(noack, "1") == 0;
   uv_timer_start(&c->heartbeat, on_heartbeat, c->hb_ms, c->hb_ms);
   uv_unref((uv_handle_t *)&c->heartbeat);
+  /* The first tick must see a stall too: a script that computes before it first waits is no peer's silence. */
+  uv_update_time(&c->loop);
+  c->last_tick = uv_now(&c->loop);
   c->conns = calloc(MN_MAX_CONNS, sizeof(*c->conns));
   return c->conns ? 0 : MN_ENOMEM;
 }

@@ -63,6 +63,22 @@ describe("monarch-run", function()
     assert.matches("echo from procs=2:%s+hello", out)
   end)
 
+  -- The controller's first heartbeat tick must see its own stall: a script that computes before it first
+  -- waits lost its local agent ("no heartbeat for 4.0 s") when the tick had no earlier one to compare with.
+  it("keeps its local agent when the script blocks right after starting, before it first waits", function()
+    local code = [[
+      local m = require 'monarch'
+      local h = m.hosts()
+      os.execute('sleep 4.5')
+      local p = h:spawn_procs{ procs = 1 }
+      p:load 'basic'
+      print('echo ' .. p:call_one('echo', 5):get())
+    ]]
+    local out, rc = sh(RUN .. " -e \"" .. code .. "\"")
+    assert.are.equal(0, rc, out)
+    assert.matches("echo 5", out)
+  end)
+
   it("exits non-zero on a script error and leaves no process behind", function()
     local code = [[
       local m = require 'monarch'

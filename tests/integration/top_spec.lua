@@ -33,7 +33,8 @@ describe("monarch-run --top", function()
   -- Runs cmd in a new tmux session `name` on a rows x cols terminal; after cmd
   -- the shell says how it exited and shows the terminal's modes (stty -a).
   local function start(name, cmd, rows, cols)
-    local script = string.format("%s; echo \"top exited with $?\"; stty -a; sleep 60", cmd)
+    -- "stty done" last: a screen that shows it shows the whole of stty's report too.
+    local script = string.format("%s; echo \"top exited with $?\"; stty -a; echo \"stty done\"; sleep 60", cmd)
     local out = tmux(string.format("new-session -d -s %s -x %d -y %d %s", name, cols or 160, rows or 40,
       shq("env MONARCH_TOKEN=" .. token .. " MONARCH_HISTORY= sh -c " .. shq(script))))
     assert(out == "", "tmux new-session: " .. out)
@@ -142,7 +143,7 @@ describe("monarch-run --top", function()
       wait_screen("top", function(x) return row(x, 0) ~= nil end, "the view again, at full size")
 
       tmux("send-keys -t top q")
-      s = wait_screen("top", has("top exited with"), "the exit status")
+      s = wait_screen("top", has("stty done"), "the exit status and the terminal's modes")
       assert.matches("top exited with 0\n", s)
       -- Restored: back from the alternate screen, the cursor shown, keys read by line and echoed again.
       assert.are.equal("0 1", (tmux("display -p -t top '#{alternate_on} #{cursor_flag}'"):gsub("%s+$", "")))
