@@ -261,6 +261,7 @@ end)
 -- Hosts that joined and wait for the next step (grow_onto, below), and how many joined in all.
 local joined, joins = {}, 0
 local hosts = monarch.hosts()
+local initial_hosts = { unpack(hosts.agents) } -- before any joined
 if hosts.on_join then
   hosts:on_join(function(a)
     joined[#joined + 1] = a
@@ -443,9 +444,8 @@ local function train_step(s)
   end
   if opts["kill-host-at"] == s and not injected.kill_host then
     injected.kill_host = true
-    local agents = monarch.hosts().agents
-    if #agents < 2 then die("--kill-host-at needs at least two hosts (--hosts)") end
-    os.execute("kill -9 " .. agents[#agents].pid)
+    if #initial_hosts < 2 then die("--kill-host-at needs at least two hosts (--hosts)") end
+    os.execute("kill -9 " .. initial_hosts[#initial_hosts].pid) -- the last host the run started with
     injected.killed_at, injected.killed = monarch.now(), "host was killed"
   end
   backup()
@@ -713,7 +713,13 @@ end
 local s = start_step
 while s < total_steps do
   wait_join(s)
-  if #joined > 0 and elastic then grow_onto(s) end
+  if #joined > 0 and elastic then
+    local ok, err = pcall(grow_onto, s)
+    if not ok then -- a host that went again before its procs had the state: go on without it
+      note("elastic: a host joined but could not take part: %s", tostring(err))
+      for k, t in pairs(st) do st[k] = t:on(procs) end
+    end
+  end
   local ok, res = pcall(advance, s)
   if ok then s = res else s = recover(res, s) end
 end

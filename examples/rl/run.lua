@@ -62,9 +62,14 @@ monarch.on_host_loss(function(ev)
 end)
 -- Hosts that join: env procs on them, handed to the trainer at its next update.
 local hosts, new_envs, joins = monarch.hosts(), {}, 0
+local victim_host = hosts.agents[#hosts.agents] -- --kill-host-at's: the last host the run started with
 if hosts.on_join then
   hosts:on_join(function(a)
-    local grown, added = procs:grow { a }
+    local ok, grown, added = pcall(procs.grow, procs, { a })
+    if not ok then -- the host went again before its procs were up: rollouts go on without it
+      print(string.format("env host %s:%d joined but its env procs did not start: %s", a.addr, a.port, tostring(grown)))
+      return
+    end
     procs, joins = grown, joins + 1
     new_envs[#new_envs + 1] = added
     print(string.format("env host %s:%d joined: %d env procs added (ranks %s)", a.addr, a.port, added:size(),
@@ -106,11 +111,10 @@ local summary = trainer.train {
     end
     if opts.kill_host_at and not killed and s.updates >= opts.kill_host_at then
       killed = true
-      local agents = monarch.hosts().agents
-      if #agents < 2 then error("--kill-host-at needs two hosts or more (--hosts)", 0) end
-      print(string.format("killing the env host agent at %s:%d (pid %d) with SIGKILL", agents[#agents].addr,
-        agents[#agents].port, agents[#agents].pid))
-      os.execute("kill -KILL " .. agents[#agents].pid)
+      if #hosts.agents < 2 then error("--kill-host-at needs two hosts or more (--hosts)", 0) end
+      print(string.format("killing the env host agent at %s:%d (pid %d) with SIGKILL", victim_host.addr,
+        victim_host.port, victim_host.pid))
+      os.execute("kill -KILL " .. victim_host.pid)
     end
   end,
   on_env_failure = function(err, p)
