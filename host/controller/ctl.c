@@ -225,15 +225,24 @@ int mn__ctl_push_pending(mn_conn_t *k, double call, int32_t slot, int relay) {
   return 0;
 }
 
-int mn_ctl_call(mn_ctl_t *c, mn_conn_t *k, char *frame, size_t n, double call, int32_t slot) {
-  if (k->on_relay > 0) return mn_ctl_cast_add(c, k, frame, n, call, slot, 0); /* behind them, the same way */
+int mn__ctl_track(mn_ctl_t *c, mn_conn_t *k, char *frame, size_t n, double call, int32_t slot, int relay) {
   mn_msg_set_seq(frame, k->seq + 1);
-  if (mn__ctl_push_pending(k, call, slot, 0) != 0) return MN_ENOMEM;
+  if (mn__ctl_push_pending(k, call, slot, relay) != 0) return MN_ENOMEM;
   if (!c->no_acks && mn_buf_append(&k->unacked, frame, n) != 0) return MN_ENOMEM;
-  /* While reconnecting, the copy in `unacked` goes out once the link is back. */
-  if (k->state == MN_CS_READY && mn_ctl_send(c, k, frame, n) != 0) return MN_ENOMEM;
   k->seq++;
   return 0;
+}
+
+int mn__ctl_call_direct(mn_ctl_t *c, mn_conn_t *k, char *frame, size_t n, double call, int32_t slot) {
+  if (mn__ctl_track(c, k, frame, n, call, slot, 0) != 0) return MN_ENOMEM;
+  /* While reconnecting, the copy in `unacked` goes out once the link is back. */
+  if (k->state == MN_CS_READY && mn_ctl_send(c, k, frame, n) != 0) return MN_ENOMEM;
+  return 0;
+}
+
+int mn_ctl_call(mn_ctl_t *c, mn_conn_t *k, char *frame, size_t n, double call, int32_t slot) {
+  if (k->on_relay > 0) return mn_ctl_cast_add(c, k, frame, n, call, slot, 0); /* behind them, the same way */
+  return mn__ctl_call_direct(c, k, frame, n, call, slot);
 }
 
 /* Records that the RESULT for `seq` arrived: drops its frame copy. */

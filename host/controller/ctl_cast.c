@@ -65,19 +65,10 @@ static int gather(mn_ctl_t *c, mn_conn_t *a, mn_conn_t *k, uint64_t seq) {
 int mn_ctl_cast_add(mn_ctl_t *c, mn_conn_t *k, char *frame, size_t n, double call, int32_t slot, int prefer) {
   /* Behind relayed calls, any call goes that way too (order); else a small one of a mesh-wide call, on an idle link. */
   int relay = relay_usable(c, k) && (k->on_relay > 0 || (prefer && k->rcount == 0 && n - MN_MSG_CALL_HEAD <= MN_CAST_MAX_REST));
-  if (!relay) {
-    size_t was = k->on_relay;
-    k->on_relay = 0; /* none (or its agent is gone, and unrelay resent them): the direct path */
-    int rc = mn_ctl_call(c, k, frame, n, call, slot);
-    k->on_relay = was;
-    return rc;
-  }
-  uint64_t seq = k->seq + 1;
-  mn_msg_set_seq(frame, seq);
-  if (mn__ctl_push_pending(k, call, slot, 1) != 0) return MN_ENOMEM;
-  if (mn_buf_append(&k->unacked, frame, n) != 0) return MN_ENOMEM;
-  if (gather(c, mn_ctl_conn(c, k->via), k, seq) != 0) return MN_ENOMEM;
-  k->seq = seq;
+  /* Not through the agent: it is away (unrelay resends what it had) or the call does not qualify. */
+  if (!relay) return mn__ctl_call_direct(c, k, frame, n, call, slot);
+  if (mn__ctl_track(c, k, frame, n, call, slot, 1) != 0) return MN_ENOMEM;
+  if (gather(c, mn_ctl_conn(c, k->via), k, k->seq) != 0) return MN_ENOMEM;
   k->on_relay++;
   c->cast_calls++;
   return 0;

@@ -67,6 +67,10 @@ void mn__ctl_on_timer(uv_timer_t *t);
 void mn__ctl_set_dirty(mn_ctl_t *c, mn_conn_t *k);
 /* Appends a pending entry (call, slot, relayed) to k's ring; 0 or MN_ENOMEM. */
 int mn__ctl_push_pending(mn_conn_t *k, double call, int32_t slot, int relay);
+/* Gives a CALL frame k's next seq and records it in flight (pending entry, unacked copy); 0 or MN_ENOMEM. */
+int mn__ctl_track(mn_ctl_t *c, mn_conn_t *k, char *frame, size_t n, double call, int32_t slot, int relay);
+/* A CALL on k's own link, whatever is in flight through its agent (mn_ctl_call without that check). */
+int mn__ctl_call_direct(mn_ctl_t *c, mn_conn_t *k, char *frame, size_t n, double call, int32_t slot);
 /* Agent conn `agent` is gone or reconnecting: its procs' relayed calls are resent on their own links. */
 void mn__ctl_unrelay_agent(mn_ctl_t *c, int agent);
 /* k's unanswered calls are (being) resent on its own link: none is relayed any more. */
