@@ -21,7 +21,7 @@
  */
 #include "agent_int.h"
 
-static void on_write(uv_write_t *w, int status) {
+void mn__agent_on_write(uv_write_t *w, int status) {
   (void)status; /* a failed write shows up as a read error on the same conn */
   free(w->data);
   free(w);
@@ -40,7 +40,7 @@ void mn__agent_send_buf(aconn_t *c, const mn_buf_t *b) {
   memcpy(copy, b->data, b->len);
   w->data = copy;
   uv_buf_t ub = uv_buf_init(copy, (unsigned)b->len);
-  if (uv_write(w, (uv_stream_t *)&c->tcp, &ub, 1, on_write) != 0) on_write(w, -1);
+  if (uv_write(w, (uv_stream_t *)&c->tcp, &ub, 1, mn__agent_on_write) != 0) mn__agent_on_write(w, -1);
 }
 
 /* Delivers b to the session's controller, or keeps it until the controller is back. */

@@ -81,7 +81,6 @@ typedef struct {
   } exits[MN_EXITS_KEPT];
   int nexits;          /* total recorded; the ring holds the last MN_EXITS_KEPT */
   uv_timer_t relay_timer; /* flushes cast results that wait for slower siblings */
-  int relay_timer_on;
   int port;            /* the port we listen on */
   ajoin_t *join;       /* --join: the attempt to join a controller (agent_join.c) */
   int exit_code;       /* what mn_agent_main returns once the loop stops */
@@ -151,6 +150,8 @@ void mn__agent_maybe_exit(agent_t *a);
 void mn__agent_persist_unmark(aproc_t *p);
 void mn__agent_refuse(aconn_t *c, int code, const char *msg);
 void mn__agent_send_buf(aconn_t *c, const mn_buf_t *b);
+/* Completion of a uv_write whose data is a malloc'd buffer it owns: frees both. */
+void mn__agent_on_write(uv_write_t *w, int status);
 void mn__agent_session_send(asession_t *s, const mn_buf_t *b);
 /* Stops the agent: closes every connection, kills every proc, ends the loop. */
 void mn__agent_stop(agent_t *a);

@@ -93,12 +93,6 @@ void mn__agent_handle_cast(aconn_t *c, const msgpack_object *m) {
 
 /* ---- results ------------------------------------------------------------------- */
 
-static void on_batch_written(uv_write_t *w, int status) {
-  (void)status;
-  free(w->data);
-  free(w);
-}
-
 /* Sends the session's batch (handing its buffer to the write), if it has one and its controller is here. */
 static void flush_session(asession_t *s) {
   if (s->nbatch == 0) return;
@@ -112,12 +106,11 @@ static void flush_session(asession_t *s) {
   w->data = s->batch.data;
   uv_buf_t b = uv_buf_init(s->batch.data, (unsigned)s->batch.len);
   mn_buf_init(&s->batch);
-  if (uv_write(w, (uv_stream_t *)&s->conn->tcp, &b, 1, on_batch_written) != 0) on_batch_written(w, -1);
+  if (uv_write(w, (uv_stream_t *)&s->conn->tcp, &b, 1, mn__agent_on_write) != 0) mn__agent_on_write(w, -1);
 }
 
 static void on_relay_timer(uv_timer_t *t) {
   agent_t *a = t->data;
-  a->relay_timer_on = 0;
   for (asession_t *s = a->sessions; s; s = s->next) flush_session(s);
 }
 
@@ -130,8 +123,7 @@ static void take_result(aproc_t *p, const char *body, size_t len) {
   if (mn_msg_results_add(&s->batch, p->tag, body, len) == 0) s->nbatch++;
   if (s->relayed == 0 || s->batch.len >= MN_RELAY_BATCH) {
     flush_session(s);
-  } else if (!p->a->relay_timer_on) {
-    p->a->relay_timer_on = 1;
+  } else if (!uv_is_active((uv_handle_t *)&p->a->relay_timer)) {
     uv_timer_start(&p->a->relay_timer, on_relay_timer, MN_RELAY_FLUSH_MS, 0);
   }
 }
