@@ -371,10 +371,12 @@ static int try_pong(proc_t *p, uint64_t session, const char *body, size_t len) {
   return 1;
 }
 
+/* Closes a controller connection, or the agent's relay (then casts reach us directly). */
 static void drop_conn(proc_t *p, conn_t **cur) {
   if (*cur == NULL) return;
   pthread_mutex_lock(&p->wlock);
-  if (p->fd == (*cur)->fd) p->fd = -1;
+  if ((*cur)->relay) p->relay_fd = -1;
+  else if (p->fd == (*cur)->fd) p->fd = -1;
   close((*cur)->fd);
   pthread_mutex_unlock(&p->wlock);
   mn_buf_free(&(*cur)->in);
@@ -622,18 +624,6 @@ static void report_status(proc_t *p, int64_t *next) {
   }
 }
 
-/* The agent's relay is gone (the agent died or closed it): casts now reach us directly. */
-static void drop_relay(proc_t *p, conn_t **relay) {
-  if (*relay == NULL) return;
-  pthread_mutex_lock(&p->wlock);
-  close(p->relay_fd);
-  p->relay_fd = -1;
-  pthread_mutex_unlock(&p->wlock);
-  mn_buf_free(&(*relay)->in);
-  free(*relay);
-  *relay = NULL;
-}
-
 static conn_t *open_relay(proc_t *p, int fd) {
   if (fd < 0) return NULL;
   conn_t *r = calloc(1, sizeof(*r));
@@ -701,10 +691,10 @@ static void io_loop(proc_t *p, int lfd, double orphan_timeout, int relay_fd) {
       if (read_conn(p, cur, &has_session) < 0) drop_conn(p, &cur);
     }
     if (relay != NULL && (pfd[3].revents & (POLLIN | POLLHUP | POLLERR)) && read_conn(p, relay, &relay_session) < 0)
-      drop_relay(p, &relay);
+      drop_conn(p, &relay);
   }
   drop_conn(p, &cur);
-  drop_relay(p, &relay);
+  drop_conn(p, &relay);
 }
 
 int mn_proc_main(const mn_proc_opts_t *o) {
