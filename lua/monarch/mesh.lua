@@ -326,14 +326,11 @@ function ProcMesh:survivors()
   end
   local stride = 1
   for d = hdim + 1, #names do stride = stride * sizes[d] end
-  local keep, nhosts = {}, 0
-  for h = 0, hsize - 1 do
-    local gone = false
-    for i = 1, #self._procs do
-      if math.floor((i - 1) / stride) % hsize == h and host_gone(self._procs[i]) then gone = true end
-    end
-    if not gone then nhosts = nhosts + 1 end
-    keep[h] = not gone
+  local function host_of(i) return math.floor((i - 1) / stride) % hsize end
+  local gone, nhosts = {}, hsize -- one pass: a position is gone with any of its procs' hosts
+  for i, p in ipairs(self._procs) do
+    local h = host_of(i)
+    if not gone[h] and host_gone(p) then gone[h], nhosts = true, nhosts - 1 end
   end
   if nhosts == hsize then return self, 0 end
   if nhosts == 0 then
@@ -341,7 +338,7 @@ function ProcMesh:survivors()
   end
   local procs = {}
   for i, p in ipairs(self._procs) do
-    if keep[math.floor((i - 1) / stride) % hsize] then procs[#procs + 1] = p end
+    if not gone[host_of(i)] then procs[#procs + 1] = p end
   end
   local nsizes = {}
   for d = 1, #names do nsizes[d] = d == hdim and nhosts or sizes[d] end
