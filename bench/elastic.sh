@@ -21,25 +21,11 @@ pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$dir"; }
 trap cleanup EXIT
 
-start_agents() {
-  : >"$dir/hosts"
-  for i in 1 2 3; do
-    $B/bin/monarch-worker --listen 127.0.0.1:0 >"$dir/agent$i.log" 2>&1 &
-    pids+=($!)
-    local port=""
-    for _ in $(seq 1 200); do
-      port=$(sed -n 's/.*listening on [^ ]*:\([0-9]*\).*/\1/p' "$dir/agent$i.log" | head -1)
-      [ -n "$port" ] && break
-      sleep 0.025
-    done
-    [ -n "$port" ] || { echo "agent $i did not start: $(cat "$dir/agent$i.log")"; exit 1; }
-    echo "127.0.0.1:$port" >>"$dir/hosts"
-  done
-}
+. bench/agents.sh
 
 # One run: prints the seconds from the kill to the next step.
 one() {
-  start_agents
+  start_agents 3
   local out
   out=$($B/bin/monarch-run --hostfile "$dir/hosts" examples/train.lua --procs 2 --quiet \
     --checkpoint-dir "$dir/ck" "$@" 2>&1) || { echo "train.lua failed: $out" >&2; exit 1; }
@@ -50,7 +36,7 @@ one() {
 
 # One join run: train.lua on 3 agents holds step 100 until a 4th joins.
 one_join() {
-  start_agents
+  start_agents 3
   local out="$dir/join.out" addr=""
   ( $B/bin/monarch-run --hostfile "$dir/hosts" --listen-joins 127.0.0.1:0 examples/train.lua --procs 2 --quiet \
       --checkpoint-dir "$dir/ck" --wait-join-at 100 >"$out" 2>&1 ) &

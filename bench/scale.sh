@@ -14,19 +14,8 @@ dir=$(mktemp -d)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$dir"; }
 trap cleanup EXIT
-for i in $(seq 1 "$agents"); do
-  $B/bin/monarch-worker --listen 127.0.0.1:0 >"$dir/agent$i.log" 2>&1 &
-  pids+=($!)
-done
-for i in $(seq 1 "$agents"); do
-  for _ in $(seq 1 200); do
-    port=$(sed -n 's/.*listening on [^ ]*:\([0-9]*\).*/\1/p' "$dir/agent$i.log" | head -1)
-    [ -n "$port" ] && break
-    sleep 0.025
-  done
-  [ -n "$port" ] || { echo "agent $i did not start: $(cat "$dir/agent$i.log")"; exit 1; }
-  echo "127.0.0.1:$port" >>"$dir/hosts"
-done
+. bench/agents.sh
+start_agents "$agents"
 echo "scale bench ($(nproc) cores, $(date -u +%Y-%m-%dT%H:%MZ)): $agents agents x $per procs"
 # Before: the controller PINGs every proc and writes every call to every proc
 # (MONARCH_PROC_HEARTBEAT=1 MONARCH_RELAY=0). Now: it PINGs the agents only
