@@ -88,6 +88,7 @@ void mn__agent_handle_cast(aconn_t *c, const msgpack_object *m) {
   /* A pid that is not one of this session's procs is skipped: it died, and the controller hears so. */
   cast_t ct = {c->session, t, r};
   uv_walk(c->a->loop, walk_cast, &ct);
+  if (c->a->sim != NULL) mn__agent_sim_cast(c->session, t, r->data, r->len); /* virtual procs answer here */
   rest_unref(r);
 }
 
@@ -114,18 +115,25 @@ static void on_relay_timer(uv_timer_t *t) {
   for (asession_t *s = a->sessions; s; s = s->next) flush_session(s);
 }
 
+void mn__agent_relay_answer(asession_t *s, uint64_t tag, const char *body, size_t len) {
+  if (s->nbatch == 0 && mn_msg_results_begin(&s->batch) != 0) return;
+  if (mn_msg_results_add(&s->batch, tag, body, len) == 0) s->nbatch++;
+  if (s->batch.len >= MN_RELAY_BATCH) flush_session(s);
+}
+
+void mn__agent_relay_push(asession_t *s) {
+  if (s->relayed == 0) flush_session(s);
+  else if (!uv_is_active((uv_handle_t *)&s->a->relay_timer)) /* relayed > 0: a relay was opened, the timer made */
+    uv_timer_start(&s->a->relay_timer, on_relay_timer, MN_RELAY_FLUSH_MS, 0);
+}
+
 static void take_result(aproc_t *p, const char *body, size_t len) {
   asession_t *s = p->owner;
   if (p->relayed > 0) p->relayed--;
   if (s == NULL) return; /* killed or parked: its session is gone */
   if (s->relayed > 0) s->relayed--;
-  if (s->nbatch == 0 && mn_msg_results_begin(&s->batch) != 0) return;
-  if (mn_msg_results_add(&s->batch, p->tag, body, len) == 0) s->nbatch++;
-  if (s->relayed == 0 || s->batch.len >= MN_RELAY_BATCH) {
-    flush_session(s);
-  } else if (!uv_is_active((uv_handle_t *)&p->a->relay_timer)) {
-    uv_timer_start(&p->a->relay_timer, on_relay_timer, MN_RELAY_FLUSH_MS, 0);
-  }
+  mn__agent_relay_answer(s, p->tag, body, len);
+  mn__agent_relay_push(s);
 }
 
 static void relay_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf) {
