@@ -158,6 +158,17 @@ static int l_connect(lua_State *L) {
   return 1;
 }
 
+/* core.connect_relayed(agent_conn, pid) -> id: a proc its agent reported with port 0, reached only through it. */
+static int l_connect_relayed(lua_State *L) {
+  lctl_t *c = get_ctl(L);
+  int agent = (int)luaL_checkinteger(L, 1);
+  int id = mn_ctl_connect_relayed(&c->ctl, agent, (int64_t)luaL_checknumber(L, 2));
+  if (id == MN_EINVAL) return luaL_argerror(L, 1, "not a ready host agent connection");
+  if (id < 0) return luaL_error(L, "cannot open a relay-only connection: %s", mn_strerror(id));
+  lua_pushinteger(L, id);
+  return 1;
+}
+
 static int l_disconnect(lua_State *L) {
   lctl_t *c = get_ctl(L);
   mn_ctl_disconnect(&c->ctl, (int)luaL_checkinteger(L, 1), luaL_optstring(L, 2, "closed by the script"));
@@ -708,6 +719,7 @@ static int l_put_chunk(lua_State *L) {
     int ref = luaL_ref(L, LUA_REGISTRYINDEX);
     int rc = mn_ctl_call_bulk(&c->ctl, k, head, h, src + soff, len, ref, call, i);
     if (rc == MN_EAGAIN) return luaL_error(L, "a bulk put on connection %d would overtake calls still going through its host agent (core.relayed)", conn);
+    if (rc == MN_EINVAL) return luaL_error(L, "a bulk put needs a proc's own link; connection %d is a proc reached only through its host agent (port 0: a simulated proc)", conn);
     if (rc != 0) return luaL_error(L, "cannot queue a bulk put on connection %d", conn);
     if (mn_ctl_inflight(k) > deepest) deepest = mn_ctl_inflight(k);
   }
@@ -841,7 +853,7 @@ static void set_msg_type(void *data, int type, const char *name) {
 int luaopen_monarch_core(lua_State *L) {
   static const luaL_Reg fns[] = {
       {"init", l_init},           {"shutdown", l_shutdown},   {"start_agent", l_start_agent},
-      {"connect", l_connect},     {"disconnect", l_disconnect}, {"info", l_info},
+      {"connect", l_connect},     {"connect_relayed", l_connect_relayed}, {"disconnect", l_disconnect}, {"info", l_info},
       {"send", l_send},           {"call", l_call},           {"call_as", l_call_as}, {"put_chunk", l_put_chunk}, {"fetch_into", l_fetch_into},           {"poll", l_poll},
       {"take_pending", l_take_pending}, {"inflight", l_inflight}, {"cancel", l_cancel}, {"oldest", l_oldest},
       {"relay", l_relay}, {"relayed", l_relayed}, {"cast_stats", l_cast_stats},

@@ -13,6 +13,7 @@ typedef struct {
   int writing;       /* uv_writes in flight (each owns its bytes) */
   mn_conn_t *k;      /* NULL once this attempt is abandoned */
   uint64_t started;  /* uv_now when the attempt began, for the handshake deadline */
+  uint8_t ns[MN_NONCE_LEN], nc[MN_NONCE_LEN]; /* this attempt's handshake nonces */
 } mn_link_t;
 
 struct mn_conn_s {
@@ -44,18 +45,19 @@ struct mn_conn_s {
   void *data;
   /* Casts (ctl_cast.c). A proc: */
   int via;           /* the agent conn that relays its casts (0: none) */
+  int relay_only;    /* no link of its own (SPAWNED port 0): every call goes through its agent (ctl_relayed.c) */
   uint64_t via_pid;  /* its pid, by which that agent knows it */
   size_t on_relay;   /* calls in flight through the agent; while any is, every call goes that way (order) */
   /* An agent: */
   mn_buf_t cast;     /* (pid, seq, tag) triples, as uint64s, of the cast being gathered */
   int in_cast;       /* on ctl's list of agents with a cast gathered */
-  /* Cold: the names and texts, last, so that the fields a RESULT touches share cache lines. */
+  /* Cold: the names and texts, last, so that the fields a RESULT touches share cache lines. On the heap
+   * (NULL for a relay-only proc, which goes by its agent's names): a proc costs no more than it uses. */
   int port;
   int64_t info_pid;
-  uint8_t ns[MN_NONCE_LEN], nc[MN_NONCE_LEN];
-  char host[256];
-  char info_host[256];
-  char reason[256];  /* why it closed, or why it is reconnecting */
+  char *host;        /* the address dialled */
+  char *info_host;   /* WELCOME's hostname, else host */
+  char *reason;      /* why it closed, or why it is reconnecting; NULL: none yet */
 };
 
 /* Queues an event for the Lua face; 0 or MN_ENOMEM. */
@@ -75,5 +77,14 @@ int mn__ctl_call_direct(mn_ctl_t *c, mn_conn_t *k, char *frame, size_t n, double
 void mn__ctl_unrelay_agent(mn_ctl_t *c, int agent);
 /* k's unanswered calls are (being) resent on its own link: none is relayed any more. */
 void mn__ctl_unrelay(mn_conn_t *k);
+
+/* ---- relay-only procs (ctl_relayed.c) ---- */
+
+/* Agent conn `agent` is back (same session): its relay-only procs' unanswered calls go to it again, as casts. */
+void mn__ctl_relayed_back(mn_ctl_t *c, int agent);
+/* Agent conn `agent` is closed for good: its relay-only procs are closed with it. */
+void mn__ctl_relayed_lost(mn_ctl_t *c, int agent);
+/* Sets *dst to a copy of the formatted text (at most 1 KiB); keeps the old text if out of memory. */
+void mn__ctl_set_text(char **dst, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 #endif

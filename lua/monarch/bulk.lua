@@ -42,6 +42,10 @@ function M.probe(p)
     p.bulk_why = "MONARCH_BULK_LOCAL=0"
     return
   end
+  if p.port == 0 then
+    p.bulk_why = "it has no link of its own (port 0: reached through its host agent only)"
+    return
+  end
   if mode ~= "1" and not on_this_host(p.addr) then
     p.bulk_why = "its agent is not at a loopback address (MONARCH_BULK_LOCAL=1 probes it anyway)"
     return

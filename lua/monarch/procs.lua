@@ -276,13 +276,20 @@ local known = setmetatable({}, { __mode = "k" }) -- every proc record connected,
 function M.each() return next, known, nil end
 
 --- Connects to a spawned proc; p.state goes connecting -> ready (or dead).
+-- Port 0 in SPAWNED (a simulated agent's virtual proc): no link of its own, every call a cast through
+-- its agent; the connection is ready at once and costs no socket.
 function M.connect(p)
   known[p] = true
-  local conn = core.connect(p.addr, p.port, "proc")
+  local conn
+  if p.port == 0 then
+    conn = core.connect_relayed(p.agent.conn, p.pid)
+  else
+    conn = core.connect(p.addr, p.port, "proc")
+    -- Mesh-wide calls reach it through the agent that spawned it (one frame per host).
+    if p.agent and p.agent.conn and p.pid then core.relay(conn, p.agent.conn, p.pid) end
+  end
   p.conn = conn
   proc_at[conn] = p
-  -- Mesh-wide calls reach it through the agent that spawned it (one frame per host).
-  if p.agent and p.agent.conn and p.pid then core.relay(conn, p.agent.conn, p.pid) end
   runtime.handle(conn, proc_handler(p, conn))
 end
 
