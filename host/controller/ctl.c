@@ -15,7 +15,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#define MN_READ_CHUNK (1024 * 1024) /* bytes offered to each read */
+#define MN_READ_CHUNK (1024 * 1024) /* most bytes offered to one read */
+#define MN_READ_FIRST 512           /* bytes offered to a link's first read: a small peer costs little memory */
 
 /* ---- connections ----------------------------------------------------------------- */
 
@@ -233,7 +234,7 @@ int mn_ctl_cancel(mn_ctl_t *c, mn_conn_t *k, double call) {
 
 int mn__ctl_push_pending(mn_conn_t *k, double call, int32_t slot, int relay) {
   if (k->rcount == k->rcap) {
-    size_t cap = k->rcap ? k->rcap * 2 : 8; /* small first: a mesh of many procs has few calls in flight on each */
+    size_t cap = k->rcap ? k->rcap * 2 : 4; /* small first: a mesh of many procs has few calls in flight on each */
     mn_pending_t *r = malloc(cap * sizeof(*r));
     if (r == NULL) return MN_ENOMEM;
     for (size_t i = 0; i < k->rcount; i++) r[i] = k->ring[(k->rhead + i) % k->rcap];
@@ -247,20 +248,10 @@ int mn__ctl_push_pending(mn_conn_t *k, double call, int32_t slot, int relay) {
   return 0;
 }
 
-/* Appends to a proc's unacked copies, starting small (mn_buf's first 4 KiB is much for one CALL); 0 or MN_ENOMEM. */
-static int keep_copy(mn_buf_t *b, const char *frame, size_t n) {
-  if (b->cap == 0) {
-    size_t cap = n < 64 ? 128 : 2 * n;
-    if ((b->data = malloc(cap)) == NULL) return MN_ENOMEM;
-    b->cap = cap;
-  }
-  return mn_buf_append(b, frame, n);
-}
-
 int mn__ctl_track(mn_ctl_t *c, mn_conn_t *k, char *frame, size_t n, double call, int32_t slot, int relay) {
   mn_msg_set_seq(frame, k->seq + 1);
   if (mn__ctl_push_pending(k, call, slot, relay) != 0) return MN_ENOMEM;
-  if (!c->no_acks && keep_copy(&k->unacked, frame, n) != 0) return MN_ENOMEM;
+  if (!c->no_acks && mn_buf_append(&k->unacked, frame, n) != 0) return MN_ENOMEM;
   k->seq++;
   return 0;
 }
@@ -509,11 +500,12 @@ static void on_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf) {
   mn_link_t *l = h->data;
   mn_conn_t *k = l->k;
   (void)hint;
-  if (k == NULL || mn_buf_reserve(&k->in, MN_READ_CHUNK) != 0) {
+  if (k == NULL || mn_buf_reserve(&k->in, l->chunk) != 0) {
     *buf = uv_buf_init(NULL, 0);
     return;
   }
-  *buf = uv_buf_init(k->in.data + k->in.len, (unsigned)(k->in.cap - k->in.len));
+  l->offered = k->in.cap - k->in.len;
+  *buf = uv_buf_init(k->in.data + k->in.len, (unsigned)l->offered);
 }
 
 /* Opens the session on a freshly authenticated link: SESSION, then every unanswered CALL. */
@@ -622,6 +614,7 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
   }
   k->last_rx = uv_now(&c->loop);
   k->in.len += (size_t)n;
+  if ((size_t)n == l->offered && l->chunk < MN_READ_CHUNK) l->chunk *= 2; /* a stream: read it in bigger pieces */
   if (k->state != MN_CS_READY && handshake_step(c, k) != 0) return;
   if (k->state == MN_CS_READY && k->in.len > 0 && !k->readable) {
     k->readable = 1;
@@ -678,6 +671,7 @@ static void start_link(mn_conn_t *k) {
   l->k = k;
   l->tcp.data = l;
   l->req.data = l;
+  l->chunk = MN_READ_FIRST;
   /* The loop's clock stands still while the script runs between waits: read
    * the time afresh, or a stale start ends the handshake at the next tick. */
   uv_update_time(&c->loop);

@@ -14,6 +14,8 @@ typedef struct {
   mn_conn_t *k;      /* NULL once this attempt is abandoned */
   uint64_t started;  /* uv_now when the attempt began, for the handshake deadline */
   uint8_t ns[MN_NONCE_LEN], nc[MN_NONCE_LEN]; /* this attempt's handshake nonces */
+  size_t chunk;      /* bytes offered to the next read: small first, doubled by each read that fills it */
+  size_t offered;    /* bytes the last read was offered */
 } mn_link_t;
 
 struct mn_conn_s {

@@ -16,7 +16,7 @@ void mn_buf_free(mn_buf_t *b) {
 
 int mn_buf_reserve(mn_buf_t *b, size_t extra) {
   if (b->cap - b->len >= extra) return 0;
-  size_t cap = b->cap ? b->cap : 4096;
+  size_t cap = b->cap ? b->cap : 64; /* small first: a controller holds several buffers per proc */
   while (cap - b->len < extra) {
     if (cap > SIZE_MAX / 2) return MN_ENOMEM;
     cap *= 2;
