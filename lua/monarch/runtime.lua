@@ -35,7 +35,8 @@ R.window = 4096 -- measured: 2.3x faster than 65536 under load, a tenth of the m
 -- ---- routing ---------------------------------------------------------------
 
 --- Routes a connection's events to handler fields on_connected(info),
--- on_closed(reason), on_reconnecting(reason) and on_reconnected(pid).
+-- on_closed(reason), on_reconnecting(reason) and on_reconnected(pid); each
+-- also gets conn, so one handler table can serve many connections.
 -- Messages go by type instead (runtime.on_message).
 function R.handle(conn, handler) handlers[conn] = handler end
 
@@ -78,13 +79,13 @@ local function dispatch(n)
     else
       local h = handlers[a]
       if b == "connected" then
-        if h and h.on_connected then h.on_connected(c) end
+        if h and h.on_connected then h.on_connected(c, a) end
       elseif b == "closed" then
-        if h and h.on_closed then h.on_closed(c) end
+        if h and h.on_closed then h.on_closed(c, a) end
       elseif b == "reconnecting" then
-        if h and h.on_reconnecting then h.on_reconnecting(c) end
+        if h and h.on_reconnecting then h.on_reconnecting(c, a) end
       elseif b == "reconnected" then
-        if h and h.on_reconnected then h.on_reconnected(c) end
+        if h and h.on_reconnected then h.on_reconnected(c, a) end
       elseif b == "agent_exit" then
         if R.on_agent_exit then R.on_agent_exit(c) end
       end
