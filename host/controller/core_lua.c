@@ -362,33 +362,38 @@ static void sweep_holds(lua_State *L, lctl_t *c) {
   }
 }
 
-/* Adds a proc's RESULT to ev as call_id, slot, ok, value; returns the new
- * count (>= 0), or MN_EPROTO when it is malformed or answers no call in
- * flight (conn is then closed). */
-static int take_result(lua_State *L, lctl_t *c, mn_conn_t *k, const msgpack_object *m, int ev, int n) {
-  char err[300];
-  mn_msg_result_t r;
+/* Adds a proc's RESULT r to ev as call_id, slot, ok, value; returns the new
+ * count (>= 0), or MN_EPROTO when it answers no call in flight (conn is
+ * then closed). */
+static int take_parsed(lua_State *L, lctl_t *c, mn_conn_t *k, const mn_msg_result_t *r, int ev, int n) {
   mn_pending_t p;
-  if (mn_msg_parse_result(m, &r, err, sizeof(err)) != 0) {
-    mn_ctl_refuse(&c->ctl, k, err);
-    return MN_EPROTO;
-  }
-  int taken = mn_ctl_take_result(k, r.seq, &p);
+  int taken = mn_ctl_take_result(k, r->seq, &p);
   if (taken == 1) return n; /* a second answer to a resent call: the first one counted */
   if (taken != 0) {
     mn_ctl_refuse(&c->ctl, k, "proc sent a RESULT that matches no call in flight");
     return MN_EPROTO;
   }
-  release_hold(L, c, p);
+  if (c->nholds > 0) release_hold(L, c, p);
   lua_pushnumber(L, p.call);
   lua_rawseti(L, ev, ++n);
   lua_pushinteger(L, p.slot);
   lua_rawseti(L, ev, ++n);
-  lua_pushboolean(L, r.ok);
+  lua_pushboolean(L, r->ok);
   lua_rawseti(L, ev, ++n);
-  push_result_value(L, c, p, &r);
+  push_result_value(L, c, p, r);
   lua_rawseti(L, ev, ++n);
   return n;
+}
+
+/* A decoded RESULT message m from proc conn k, as take_parsed; a malformed one closes k (MN_EPROTO). */
+static int take_result(lua_State *L, lctl_t *c, mn_conn_t *k, const msgpack_object *m, int ev, int n) {
+  char err[300];
+  mn_msg_result_t r;
+  if (mn_msg_parse_result(m, &r, err, sizeof(err)) != 0) {
+    mn_ctl_refuse(&c->ctl, k, err);
+    return MN_EPROTO;
+  }
+  return take_parsed(L, c, k, &r, ev, n);
 }
 
 /* A PONG to a heartbeat PING: receiving it was the point (the connection's last_rx). 1 or 0 (a predicate). */
@@ -399,8 +404,34 @@ static int is_heartbeat(const msgpack_object *m) {
          id->type == MSGPACK_OBJECT_POSITIVE_INTEGER && id->via.u64 >= MN_HB_PING_BASE;
 }
 
-/* A RESULTS frame from agent conn `agent`: each of its procs' results as if the proc had sent it. */
-static int take_results(lua_State *L, lctl_t *c, mn_conn_t *a, int agent, const msgpack_object *m, int ev, int n) {
+/* A RESULTS frame (body, len) from agent conn `agent`, read entry by entry: each of its procs' results
+ * as if the proc had sent it. A malformed frame closes the agent's conn (MN_EPROTO), a malformed entry
+ * only its proc's. */
+static int take_results(lua_State *L, lctl_t *c, mn_conn_t *a, int agent, mn_msg_results_reader_t *rr, int ev, int n) {
+  char err[300];
+  uint64_t tag;
+  mn_msg_result_t r;
+  int rc;
+  while ((rc = mn_msg_results_next(rr, &c->zone, &tag, &r, err, sizeof(err))) != 0) {
+    mn_conn_t *k = rc == 1 || rc == MN_EINVAL ? mn_ctl_relayed_conn(&c->ctl, agent, tag) : NULL;
+    if (rc != 1 && rc != MN_EINVAL) {
+      mn_ctl_refuse(&c->ctl, a, err);
+      return MN_EPROTO;
+    }
+    if (k == NULL) continue; /* a proc closed since (its calls failed with it) */
+    if (rc == MN_EINVAL) {
+      mn_ctl_refuse(&c->ctl, k, err);
+      continue;
+    }
+    int got = take_parsed(L, c, k, &r, ev, n);
+    if (got >= 0) n = got; /* a bad one closed its proc's conn; the others stand */
+  }
+  return n;
+}
+
+/* A RESULTS frame m decoded whole (one whose head is not the array32 the agent writes), as take_results. */
+static int take_results_decoded(lua_State *L, lctl_t *c, mn_conn_t *a, int agent, const msgpack_object *m, int ev,
+                                int n) {
   char err[300];
   uint32_t nr;
   if (mn_msg_parse_results(m, &nr, err, sizeof(err)) != 0) {
@@ -425,7 +456,14 @@ static int drain_conn(lua_State *L, lctl_t *c, int id, int ev, int n) {
   while ((len = mn_ctl_read_frame(&c->ctl, k, &body)) >= 0) {
     char err[300];
     msgpack_object m;
+    mn_msg_results_reader_t rr;
     msgpack_zone_clear(&c->zone);
+    if (mn_ctl_conn_kind(k) == MN_CONN_AGENT && mn_msg_results_open(&rr, body, (size_t)len) == 0) {
+      int r = take_results(L, c, k, id, &rr, ev, n); /* the hot path: not decoded whole */
+      if (r < 0) break;
+      n = r;
+      continue;
+    }
     if (mn_decode(body, (size_t)len, &c->zone, &m, err, sizeof(err)) != 0) {
       mn_ctl_refuse(&c->ctl, k, err);
       break;
@@ -435,7 +473,7 @@ static int drain_conn(lua_State *L, lctl_t *c, int id, int ev, int n) {
       if (r < 0) break;
       n = r;
     } else if (mn_msg_type(&m) == MN_MSG_RESULTS && mn_ctl_conn_kind(k) == MN_CONN_AGENT) {
-      int r = take_results(L, c, k, id, &m, ev, n);
+      int r = take_results_decoded(L, c, k, id, &m, ev, n); /* not in the agent's own form */
       if (r < 0) break;
       n = r;
     } else if (!is_heartbeat(&m)) {

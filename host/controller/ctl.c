@@ -128,9 +128,10 @@ void mn_ctl_disconnect(mn_ctl_t *c, int id, const char *reason) {
   k->out.len = 0;
   mn_buf_free(&k->unacked);
   k->unacked_off = 0;
-  if (k->kind == MN_CONN_AGENT) mn__ctl_unrelay_agent(c, id);
+  /* Closing: every connection goes anyway, and a walk of them all per agent would cost agents x procs. */
+  if (k->kind == MN_CONN_AGENT && !c->closing) mn__ctl_unrelay_agent(c, id);
   mn__ctl_push_event(c, MN_EV_CLOSED, id, 0, 0);
-  if (k->kind == MN_CONN_AGENT) mn__ctl_relayed_lost(c, id); /* after the agent's event: the script hears of the host first */
+  if (k->kind == MN_CONN_AGENT && !c->closing) mn__ctl_relayed_lost(c, id); /* after the agent's event: the script hears of the host first */
 }
 
 static void free_conn(mn_conn_t *k) {
