@@ -120,6 +120,31 @@ local function slot_done(rec, slot, ok, v)
 end
 M.slot_done = slot_done
 
+--- Settles the run of ok results of rec that starts at entry i of ev (the
+-- pump's array of fours: call id, slot, ok, value), as slot_done would each,
+-- without a lookup or a call per result: a host's answers to a mesh-wide
+-- call arrive together. Returns the index of the first entry after the run.
+function M.ok_run(rec, ev, i, n)
+  local id, values = rec.id, rec.values
+  repeat
+    local slot, v = ev[i + 1], ev[i + 3]
+    ev[i + 3] = nil
+    if rec.done then
+      settle_late(rec, slot)
+    else
+      values[slot] = v
+      if rec.on_slot then rec.on_slot(slot, true, v) end
+      rec.remaining = rec.remaining - 1
+      if rec.remaining == 0 then
+        calls[id] = nil
+        finish(rec)
+      end
+    end
+    i = i + 4
+  until i > n or rec.remaining <= 0 or ev[i] ~= id or ev[i + 2] ~= true -- settled: the call's record is gone
+  return i
+end
+
 --- Settles slot `slot` of rec with the failure a proc sent back (c: its
 -- {kind, message, kernel}, or nil).
 function M.slot_failed(rec, slot, c)
@@ -273,17 +298,18 @@ function M.submit(procs, kernel, args, nargs, opts)
     rec.future.call = rec -- so that fut:cancel() reaches the call
   end
   calls[id] = rec
-  local all_sendable = true
-  for _, p in ipairs(procs) do
+  -- One pass over the procs (a mesh of thousands: each proc's table is read once): their connections,
+  -- unless one cannot take the call now.
+  local targets = {}
+  for i, p in ipairs(procs) do
     if not SENDABLE[p.state] and not ((rec.bypass or p.in_hooks) and p.state == "initializing") then
-      all_sendable = false
+      targets = nil
       break
     end
+    targets[i] = p.conn
   end
-  if all_sendable and #procs > 0 then
+  if targets and #procs > 0 then
     -- The common case: one encoding, copied to every connection.
-    local targets = {}
-    for i, p in ipairs(procs) do targets[i] = p.conn end
     local depth = core.call(id, targets, kernel, unpack(args, 1, nargs))
     if depth > loop.window then M.wait_window(procs) end
   else
