@@ -1,20 +1,26 @@
 -- bench/scale.lua: what a mesh-wide call costs the controller as the mesh grows.
---   monarch-run --hostfile F bench/scale.lua PROCS_PER_HOST [CALLS]
--- Run by bench/scale.sh, which starts the host agents. Prints "name value" lines.
+--   monarch-run --hostfile F bench/scale.lua PROCS_PER_HOST [CALLS [IDLE_S]]
+-- Run by bench/scale.sh, which starts the host agents (real ones, or
+-- `monarch-worker --simulate` ones whose procs are virtual). Prints
+-- "name value" lines.
 local monarch = require "monarch"
-local per, calls = tonumber(arg[1] or "32"), tonumber(arg[2] or "40")
+local ffi = require "ffi"
+local per, calls, idle = tonumber(arg[1] or "32"), tonumber(arg[2] or "40"), tonumber(arg[3] or "5")
 
 local median = require("bench.stats").median
 
--- This process's CPU seconds (user + system), from /proc: what the controller spent.
-local TICK = 100 -- USER_HZ on Linux
+ffi.cdef [[
+typedef struct { long tv_sec; long tv_usec; } mn_timeval_t;
+typedef struct { mn_timeval_t ru_utime, ru_stime; long rest[14]; } mn_rusage_t;
+int getrusage(int who, mn_rusage_t *usage);
+int getpid(void);
+]]
+
+-- This process's CPU seconds (user + system), to the microsecond: what the controller spent.
+local ru = ffi.new("mn_rusage_t")
 local function cpu_s()
-  local f = assert(io.open("/proc/self/stat"))
-  local s = f:read("*a")
-  f:close()
-  local fields = {}
-  for w in s:match("%) (.*)"):gmatch("%S+") do fields[#fields + 1] = w end
-  return (tonumber(fields[12]) + tonumber(fields[13])) / TICK -- utime, stime
+  assert(ffi.C.getrusage(0, ru) == 0, "getrusage failed")
+  return tonumber(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) + tonumber(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6
 end
 
 local function status_kib(key)
@@ -24,8 +30,18 @@ local function status_kib(key)
   return tonumber(s:match(key .. ":%s*(%d+)"))
 end
 
-local hosts = monarch.hosts()
+local function collect()
+  collectgarbage("collect")
+  collectgarbage("collect")
+end
+
 local t0 = monarch.now()
+local hosts = monarch.hosts()
+print(string.format("connect_s %.3f", monarch.now() - t0))
+collect()
+local rss0 = status_kib("VmRSS")
+
+t0 = monarch.now()
 local procs = hosts:spawn_procs{ procs = per }
 procs:load "basic"
 local spawn_s = monarch.now() - t0
@@ -44,14 +60,22 @@ end
 print(string.format("call_gather_ms %.3f", median(lat)))
 print(string.format("ctl_cpu_per_call_ms %.3f", median(cpu)))
 
+-- Memory per proc: the resident set grown since the agents were connected, with one ValueMesh of the
+-- mesh alive, less that ValueMesh's own Lua bytes (what any gather of n values must hold).
+local vm = procs:call("noop"):get()
+collect()
+local rss1, lua1 = status_kib("VmRSS"), collectgarbage("count")
+vm = nil
+collect()
+local vm_bytes = (lua1 - collectgarbage("count")) * 1024
+print(string.format("valuemesh_bytes_per_proc %.0f", vm_bytes / n))
+print(string.format("ctl_bytes_per_proc %.0f", ((rss1 - rss0) * 1024 - vm_bytes) / n))
+
 -- Idle: the controller only keeps its heartbeats going.
-local idle = 5
 local c0, w0 = cpu_s(), monarch.now()
 monarch.sleep(idle)
 print(string.format("ctl_idle_cpu_pct %.2f", (cpu_s() - c0) / (monarch.now() - w0) * 100))
 print(string.format("ctl_peak_rss_mib %.1f", status_kib("VmHWM") / 1024))
-local ffi = require "ffi"
-ffi.cdef "int getpid(void);"
 local fds = io.popen("ls /proc/" .. ffi.C.getpid() .. "/fd | wc -l")
 print(string.format("ctl_open_fds %d", tonumber(fds:read("*a"))))
 fds:close()
