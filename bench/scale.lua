@@ -14,6 +14,8 @@ typedef struct { long tv_sec; long tv_usec; } mn_timeval_t;
 typedef struct { mn_timeval_t ru_utime, ru_stime; long rest[14]; } mn_rusage_t;
 int getrusage(int who, mn_rusage_t *usage);
 int getpid(void);
+struct mallinfo2 { size_t arena, ordblks, smblks, hblks, hblkhd, usmblks, fsmblks, uordblks, fordblks, keepcost; };
+struct mallinfo2 mallinfo2(void);
 ]]
 
 -- This process's CPU seconds (user + system), to the microsecond: what the controller spent.
@@ -35,11 +37,17 @@ local function collect()
   collectgarbage("collect")
 end
 
+-- Bytes in use: the Lua heap and C's malloc (glibc's count), after a full collection.
+local function heap_bytes()
+  local m = ffi.C.mallinfo2()
+  return collectgarbage("count") * 1024 + tonumber(m.uordblks) + tonumber(m.hblkhd)
+end
+
 local t0 = monarch.now()
 local hosts = monarch.hosts()
 print(string.format("connect_s %.3f", monarch.now() - t0))
 collect()
-local rss0 = status_kib("VmRSS")
+local rss0, heap0 = status_kib("VmRSS"), heap_bytes()
 
 t0 = monarch.now()
 local procs = hosts:spawn_procs{ procs = per }
@@ -60,16 +68,18 @@ end
 print(string.format("call_gather_ms %.3f", median(lat)))
 print(string.format("ctl_cpu_per_call_ms %.3f", median(cpu)))
 
--- Memory per proc: the resident set grown since the agents were connected, with one ValueMesh of the
--- mesh alive, less that ValueMesh's own Lua bytes (what any gather of n values must hold).
+-- Memory per proc, since the agents were connected, with one ValueMesh of the mesh alive, less that
+-- ValueMesh's own Lua bytes (what any gather of n values must hold): the bytes in use (Lua heap and
+-- malloc), and the resident set (which keeps what the collector freed, as the process grew to).
 local vm = procs:call("noop"):get()
 collect()
-local rss1, lua1 = status_kib("VmRSS"), collectgarbage("count")
+local rss1, heap1, lua1 = status_kib("VmRSS"), heap_bytes(), collectgarbage("count")
 vm = nil
 collect()
 local vm_bytes = (lua1 - collectgarbage("count")) * 1024
 print(string.format("valuemesh_bytes_per_proc %.0f", vm_bytes / n))
-print(string.format("ctl_bytes_per_proc %.0f", ((rss1 - rss0) * 1024 - vm_bytes) / n))
+print(string.format("ctl_bytes_per_proc %.0f", (heap1 - heap0 - vm_bytes) / n))
+print(string.format("ctl_rss_per_proc %.0f", ((rss1 - rss0) * 1024 - vm_bytes) / n))
 
 -- Idle: the controller only keeps its heartbeats going.
 local c0, w0 = cpu_s(), monarch.now()

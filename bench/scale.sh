@@ -59,7 +59,8 @@ if [ "${REAL:-1}" != 0 ]; then
   now=$(run "the through-agents run" $B/bin/monarch-run --hostfile "$dir/hosts" bench/scale.lua "$per" "$calls")
   stop_agents
   printf '%-40s %16s %16s %8s\n' "measure" "per proc" "through agents" "ratio"
-  for k in spawn_connect_s call_gather_ms ctl_cpu_per_call_ms ctl_bytes_per_proc ctl_idle_cpu_pct ctl_peak_rss_mib ctl_open_fds; do
+  for k in spawn_connect_s call_gather_ms ctl_cpu_per_call_ms ctl_bytes_per_proc ctl_rss_per_proc ctl_idle_cpu_pct \
+    ctl_peak_rss_mib ctl_open_fds; do
     b=$(get $k "$before") n=$(get $k "$now")
     printf '%-40s %16s %16s %7.2fx\n' "$k" "$b" "$n" "$(echo "$n / $b" | bc -l)"
   done
@@ -68,17 +69,19 @@ fi
 if [ -n "$sim_hosts" ]; then
   echo
   echo "simulated hosts (monarch-worker --simulate) x $sim_per procs; $sim_calls calls per batch, median of 5 batches"
-  printf '%6s %7s %9s %8s %15s %20s %19s %17s %10s\n' hosts procs connect_s spawn_s call_gather_ms \
-    ctl_cpu_per_call_ms ctl_bytes_per_proc ctl_idle_cpu_pct agent_kib
+  fmt='%6s %7s %9s %8s %15s %20s %19s %17s %17s %10s\n'
+  printf "$fmt" hosts procs connect_s spawn_s call_gather_ms ctl_cpu_per_call_ms ctl_bytes_per_proc ctl_rss_per_proc \
+    ctl_idle_cpu_pct agent_kib
   for h in $sim_hosts; do
     start_agents "$h" --simulate
     # One agent's own memory (private pages, KiB): what each of the thousands costs the machine.
     akib=$(awk '/^Private_(Clean|Dirty):/ {s += $2} END {print s}' "/proc/${pids[0]}/smaps_rollup" 2>/dev/null || echo "?")
     out=$(run "the run on $h simulated hosts" $B/bin/monarch-run --hostfile "$dir/hosts" bench/scale.lua "$sim_per" "$sim_calls")
     stop_agents
-    printf '%6s %7s %9s %8s %15s %20s %19s %17s %10s\n' "$h" "$(get procs "$out")" "$(get connect_s "$out")" \
-      "$(get spawn_connect_s "$out")" "$(get call_gather_ms "$out")" "$(get ctl_cpu_per_call_ms "$out")" \
-      "$(get ctl_bytes_per_proc "$out")" "$(get ctl_idle_cpu_pct "$out")" "$akib"
+    printf "$fmt" "$h" "$(get procs "$out")" "$(get connect_s "$out")" "$(get spawn_connect_s "$out")" \
+      "$(get call_gather_ms "$out")" "$(get ctl_cpu_per_call_ms "$out")" "$(get ctl_bytes_per_proc "$out")" \
+      "$(get ctl_rss_per_proc "$out")" "$(get ctl_idle_cpu_pct "$out")" "$akib"
   done
-  echo "spawn_s: spawn_procs + load \"basic\"; ctl_bytes_per_proc: controller resident memory grown per proc, less the ValueMesh"
+  echo "spawn_s: spawn_procs + load \"basic\"; per proc, less the ValueMesh: ctl_bytes (Lua heap + malloc in use),"
+  echo "ctl_rss (resident set grown: also what the collector freed); agent_kib: one agent's private memory"
 fi

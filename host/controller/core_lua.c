@@ -224,6 +224,9 @@ static void check_message(lua_State *L, int idx) {
 static int l_send(lua_State *L) {
   lctl_t *c = get_ctl(L);
   mn_conn_t *k = ready_conn(L, c, (int)luaL_checkinteger(L, 1), 0);
+  if (mn_ctl_relay_only(k))
+    return luaL_error(L, "connection %d takes only calls: it is a proc reached through its host agent (SPAWNED with port 0, "
+                         "a simulated proc), with no link of its own for a message", (int)lua_tointeger(L, 1));
   luaL_checktype(L, 2, LUA_TTABLE);
   check_message(L, 2);
   msgpack_packer pk;

@@ -105,6 +105,23 @@ describe("simulated hosts (monarch-worker --simulate)", function()
     assert.are.equal("dead", victim.state)
   end)
 
+  it("restarts a killed virtual proc under restart = true: a new pid, its library loaded again", function()
+    local m = mesh{ sims[2].addr }
+    m = m:options{ restart = true }
+    local events = {}
+    m:on_failure(function(e) events[#events + 1] = e end)
+    local old = m._procs[3].pid
+    procs_mod.kill(m._procs[3], 9)
+    local t0 = monarch.now()
+    while #events == 0 and monarch.now() - t0 < 5 do monarch.sleep(0.02) end
+    m:ready(10)
+    assert.are.equal(1, #events)
+    assert.is_true(events[1].restarting)
+    assert.are_not.equal(old, m._procs[3].pid)
+    assert.are.equal(0, m._procs[3].port)
+    assert.are.same({ 2, 4 }, m:call("rank"):get(10):values()[3])
+  end)
+
   it("lists the virtual procs in STATUS", function()
     local m = mesh{ sims[2].addr }
     m:call("noop"):get(10)
@@ -128,6 +145,10 @@ describe("simulated hosts (monarch-worker --simulate)", function()
     assert.is_false(ok)
     assert.are.equal("unknown_kernel", err.kind)
     assert.matches("on a simulated proc", err.message, 1, true)
+    -- A PING travels on a proc's own link, which a virtual proc has not got.
+    ok, err = pcall(m.ping, m)
+    assert.is_false(ok)
+    assert.matches("takes only calls", tostring(err), 1, true)
   end)
 
   it("resends what was in flight when its agent's link comes back", function()
