@@ -6,12 +6,13 @@
 #     next to the new one (a CAST per host agent, agents watch their procs);
 #  2. simulated hosts: `monarch-worker --simulate` agents whose procs are
 #     virtual (emulated inside the agent, no process each), SIM_PER procs on
-#     each of 1, 16, 256, 1,024 and 4,096 hosts. Every controller, cast and
-#     relay path is the production code over real TCP; only the procs are
-#     pretend, so thousands of hosts fit on this machine.
+#     each of 1, 16, 256, 1,024 and 4,096 hosts, then the same 32,768 procs
+#     on 64 hosts (SIM_EXTRA, HOSTSxPROCS): what costs per host and what per
+#     proc. Every controller, cast and relay path is the production code over
+#     real TCP; only the procs are pretend, so thousands of hosts fit here.
 #   bench/scale.sh [AGENTS [PER [CALLS]]]
-#   SIM_HOSTS="1 16 256 1024 4096" SIM_PER=8 SIM_CALLS=8 REAL=1 bench/scale.sh
-# SIM_HOSTS= (empty) skips the simulated series, REAL=0 the real one. Every
+#   SIM_HOSTS="1 16 256 1024 4096" SIM_PER=8 SIM_EXTRA=64x512 SIM_CALLS=8 REAL=1 bench/scale.sh
+# SIM_HOSTS= and SIM_EXTRA= (empty) skip the simulated series, REAL=0 the real one. Every
 # agent and proc runs on this machine, so latencies include their CPU on its
 # cores; the controller's CPU per call is its own (getrusage). Exits non-zero
 # with a message if a run fails; kills every process it started.
@@ -19,7 +20,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${BUILD:-build}
 agents=${1:-32} per=${2:-32} calls=${3:-40}
-sim_hosts=${SIM_HOSTS-1 16 256 1024 4096} sim_per=${SIM_PER:-8} sim_calls=${SIM_CALLS:-8}
+sim_hosts=${SIM_HOSTS-1 16 256 1024 4096} sim_per=${SIM_PER:-8} sim_calls=${SIM_CALLS:-8} sim_extra=${SIM_EXTRA-64x512}
+rows=""
+for h in $sim_hosts; do rows="$rows ${h}x$sim_per"; done
+rows="$rows $sim_extra"
 export MONARCH_TOKEN=${MONARCH_TOKEN:-$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')}
 export OPENBLAS_NUM_THREADS=1
 dir=$(mktemp -d)
@@ -39,7 +43,7 @@ run() {
   local name=$1 out
   shift
   if ! out=$("$@" 2>"$dir/err"); then
-    echo "bench/scale.sh: $name failed: $(tail -5 "$dir/err")" >&2
+    echo "bench/scale.sh: $name failed: $(head -4 "$dir/err")" >&2
     exit 1
   fi
   echo "$out"
@@ -66,22 +70,25 @@ if [ "${REAL:-1}" != 0 ]; then
   done
 fi
 
-if [ -n "$sim_hosts" ]; then
+if [ -n "${rows// /}" ]; then
   echo
-  echo "simulated hosts (monarch-worker --simulate) x $sim_per procs; $sim_calls calls per batch, median of 5 batches"
-  fmt='%6s %7s %9s %8s %15s %20s %19s %17s %17s %10s\n'
+  echo "simulated hosts (monarch-worker --simulate): hosts x procs each; $sim_calls calls per batch, median of 5 batches"
+  fmt='%6s %7s %9s %8s %15s %20s %19s %17s %17s %23s %10s\n'
   printf "$fmt" hosts procs connect_s spawn_s call_gather_ms ctl_cpu_per_call_ms ctl_bytes_per_proc ctl_rss_per_proc \
-    ctl_idle_cpu_pct agent_kib
-  for h in $sim_hosts; do
+    ctl_idle_cpu_pct agents_cpu_per_call_ms agent_kib
+  for row in $rows; do
+    h=${row%x*} p=${row#*x}
+    case "$h$p" in *[!0-9]* | "") echo "bench/scale.sh: a simulated row is HOSTSxPROCS, got '$row'" >&2; exit 2 ;; esac
     start_agents "$h" --simulate
-    # One agent's own memory (private pages, KiB): what each of the thousands costs the machine.
+    out=$(run "the run on $h simulated hosts" $B/bin/monarch-run --hostfile "$dir/hosts" bench/scale.lua "$p" "$sim_calls")
+    # One agent's own memory after the run (private pages, KiB): what each of the thousands costs the machine.
     akib=$(awk '/^Private_(Clean|Dirty):/ {s += $2} END {print s}' "/proc/${pids[0]}/smaps_rollup" 2>/dev/null || echo "?")
-    out=$(run "the run on $h simulated hosts" $B/bin/monarch-run --hostfile "$dir/hosts" bench/scale.lua "$sim_per" "$sim_calls")
     stop_agents
     printf "$fmt" "$h" "$(get procs "$out")" "$(get connect_s "$out")" "$(get spawn_connect_s "$out")" \
       "$(get call_gather_ms "$out")" "$(get ctl_cpu_per_call_ms "$out")" "$(get ctl_bytes_per_proc "$out")" \
-      "$(get ctl_rss_per_proc "$out")" "$(get ctl_idle_cpu_pct "$out")" "$akib"
+      "$(get ctl_rss_per_proc "$out")" "$(get ctl_idle_cpu_pct "$out")" "$(get agents_cpu_per_call_ms "$out")" "$akib"
   done
   echo "spawn_s: spawn_procs + load \"basic\"; per proc, less the ValueMesh: ctl_bytes (Lua heap + malloc in use),"
-  echo "ctl_rss (resident set grown: also what the collector freed); agent_kib: one agent's private memory"
+  echo "ctl_rss (resident set grown: also what the collector freed); agents_cpu: every agent's CPU per call, the"
+  echo "simulated procs' work included (all of it shares this machine's cores); agent_kib: one agent's private memory"
 fi
