@@ -205,14 +205,7 @@ static sim_call_t fail(asim_t *s, const char *kind, const char *kernel, size_t k
   va_end(ap);
   msgpack_packer pk;
   msgpack_packer_init(&pk, &s->val, mn_buf_write_cb);
-  msgpack_pack_map(&pk, 3);
-  mn_pack_cstr(&pk, "kind");
-  mn_pack_cstr(&pk, kind);
-  mn_pack_cstr(&pk, "message");
-  mn_pack_cstr(&pk, msg);
-  mn_pack_cstr(&pk, "kernel");
-  msgpack_pack_str(&pk, kl);
-  msgpack_pack_str_body(&pk, kernel, kl);
+  mn_msg_pack_failure(&pk, kind, msg, kernel, kl);
   return (sim_call_t){0, 0, 0};
 }
 

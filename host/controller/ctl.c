@@ -697,7 +697,7 @@ static void start_link(mn_conn_t *k) {
   else mn_ctl_disconnect(c, k->id, msg);
 }
 
-int mn_ctl_connect(mn_ctl_t *c, const char *host, int port, mn_conn_kind_t kind) {
+int mn__ctl_new_conn(mn_ctl_t *c, mn_conn_kind_t kind, mn_conn_t **out) {
   if (c->nconns + 1 >= MN_MAX_CONNS) return MN_ELIMIT;
   mn_conn_t *k = calloc(1, sizeof(*k));
   if (k == NULL) return MN_ENOMEM;
@@ -705,17 +705,23 @@ int mn_ctl_connect(mn_ctl_t *c, const char *host, int port, mn_conn_kind_t kind)
   k->kind = kind;
   k->id = ++c->nconns;
   c->conns[k->id] = k;
+  *out = k;
+  return 0;
+}
+
+int mn_ctl_connect(mn_ctl_t *c, const char *host, int port, mn_conn_kind_t kind) {
+  char *h = strdup(host), *ih = strdup(host);
+  mn_conn_t *k;
+  int rc = h != NULL && ih != NULL ? mn__ctl_new_conn(c, kind, &k) : MN_ENOMEM;
+  if (rc != 0) {
+    free(h);
+    free(ih);
+    return rc;
+  }
+  k->host = h;
+  k->info_host = ih;
   k->port = port;
   k->reconnect_ms = c->reconnect_ms;
-  mn__ctl_set_text(&k->host, "%s", host);
-  mn__ctl_set_text(&k->info_host, "%s", host);
-  if (k->host == NULL || k->info_host == NULL) {
-    c->conns[k->id] = NULL;
-    c->nconns--;
-    free(k->host);
-    free(k);
-    return MN_ENOMEM;
-  }
   randombytes_buf(&k->session, sizeof(k->session));
   k->session |= 1; /* never 0: 0 means "no session" on the proc */
   start_link(k);

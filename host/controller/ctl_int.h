@@ -62,6 +62,8 @@ struct mn_conn_s {
   char *reason;      /* why it closed, or why it is reconnecting; NULL: none yet */
 };
 
+/* A new connection of `kind`, zeroed but for its id, in c's table as *out; 0, MN_ELIMIT or MN_ENOMEM. */
+int mn__ctl_new_conn(mn_ctl_t *c, mn_conn_kind_t kind, mn_conn_t **out);
 /* Queues an event for the Lua face; 0 or MN_ENOMEM. */
 int mn__ctl_push_event(mn_ctl_t *c, mn_ev_kind_t k, int conn, int64_t a, int64_t b);
 /* A timer callback that does nothing: its firing only ends a uv_run(UV_RUN_ONCE). */

@@ -11,18 +11,13 @@
 #include "ctl_int.h"
 
 #include <stdio.h>
-#include <stdlib.h>
 
 int mn_ctl_connect_relayed(mn_ctl_t *c, int agent, int64_t pid) {
   mn_conn_t *a = mn_ctl_conn(c, agent);
   if (a == NULL || a->kind != MN_CONN_AGENT || a->state != MN_CS_READY) return MN_EINVAL;
-  if (c->nconns + 1 >= MN_MAX_CONNS) return MN_ELIMIT;
-  mn_conn_t *k = calloc(1, sizeof(*k));
-  if (k == NULL) return MN_ENOMEM;
-  k->ctl = c;
-  k->kind = MN_CONN_PROC;
-  k->id = ++c->nconns;
-  c->conns[k->id] = k;
+  mn_conn_t *k;
+  int rc = mn__ctl_new_conn(c, MN_CONN_PROC, &k);
+  if (rc != 0) return rc;
   k->state = MN_CS_READY;
   k->ever_ready = 1;
   k->relay_only = 1;

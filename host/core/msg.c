@@ -335,6 +335,18 @@ size_t mn_msg_result_head(mn_buf_t *b, msgpack_packer *pk, uint64_t seq, int ok)
   return answer_head(b, pk, MN_MSG_RESULT, seq, ok);
 }
 
+void mn_msg_pack_failure(msgpack_packer *pk, const char *kind, const char *message, const char *kernel, size_t klen) {
+  msgpack_pack_map(pk, kernel != NULL ? 3 : 2);
+  pack_cstr(pk, "kind");
+  pack_cstr(pk, kind);
+  pack_cstr(pk, "message");
+  pack_cstr(pk, message);
+  if (kernel == NULL) return;
+  pack_cstr(pk, "kernel");
+  msgpack_pack_str(pk, klen);
+  msgpack_pack_str_body(pk, kernel, klen);
+}
+
 size_t mn_msg_reply_head(mn_buf_t *b, msgpack_packer *pk, uint64_t req, int ok) {
   return answer_head(b, pk, MN_MSG_REPLY, req, ok);
 }

@@ -155,6 +155,8 @@ size_t mn_msg_put_head(char out[MN_MSG_PUT_HEAD], uint64_t tensor, uint64_t offs
 size_t mn_msg_call_head(mn_buf_t *b, msgpack_packer *pk, const char *kernel, size_t kl, uint32_t nargs);
 /* Starts [RESULT, seq, ok, ...]; the caller packs the value. Initialises pk over b. */
 size_t mn_msg_result_head(mn_buf_t *b, msgpack_packer *pk, uint64_t seq, int ok);
+/* The value of a failed RESULT: {kind, message, kernel} (kernel NULL: {kind, message}), packed with pk. */
+void mn_msg_pack_failure(msgpack_packer *pk, const char *kind, const char *message, const char *kernel, size_t klen);
 /* Starts [REPLY, req, ok, ...]; the caller packs the value. Initialises pk over b. */
 size_t mn_msg_reply_head(mn_buf_t *b, msgpack_packer *pk, uint64_t req, int ok);
 

@@ -114,14 +114,7 @@ static void reply_err(mn_exec_t *x, uint64_t seq, const char *kind, const char *
   x->ref_len = 0;
   x->replied_err = 1;
   size_t start = mn_msg_result_head(&x->out, &pk, seq, 0);
-  msgpack_pack_map(&pk, 3);
-  mn_pack_cstr(&pk, "kind");
-  mn_pack_cstr(&pk, kind);
-  mn_pack_cstr(&pk, "message");
-  mn_pack_cstr(&pk, msg);
-  mn_pack_cstr(&pk, "kernel");
-  msgpack_pack_str(&pk, klen);
-  msgpack_pack_str_body(&pk, kernel, klen);
+  mn_msg_pack_failure(&pk, kind, msg, kernel, klen);
   mn_frame_end(&x->out, start);
 }
 

@@ -142,11 +142,7 @@ static void replay_one(proc_t *p, uint64_t session, int relay, uint64_t seq) {
     snprintf(msg, sizeof(msg), "result of call %llu was lost in a reconnect: the replay cache (%u MiB) overflowed",
              (unsigned long long)seq, MN_REPLAY_MAX_BYTES >> 20);
     size_t s = mn_msg_result_head(&b, &pk, seq, 0);
-    msgpack_pack_map(&pk, 2);
-    mn_pack_cstr(&pk, "kind");
-    mn_pack_cstr(&pk, "lost");
-    mn_pack_cstr(&pk, "message");
-    mn_pack_cstr(&pk, msg);
+    mn_msg_pack_failure(&pk, "lost", msg, NULL, 0);
     mn_frame_end(&b, s);
     write_locked(p, session, relay, b.data, b.len);
     mn_buf_free(&b);
