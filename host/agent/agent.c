@@ -314,6 +314,7 @@ static void handle(aconn_t *c, const msgpack_object *m) {
   case MN_MSG_LIST: mn__agent_handle_list(c, m); break;
   case MN_MSG_STATUS: mn__agent_handle_status(c, m); break;
   case MN_MSG_CAST: mn__agent_handle_cast(c, m); break;
+  case MN_MSG_ACKS: mn__agent_handle_acks(c, m); break;
   case MN_MSG_PING: {
     const msgpack_object *id;
     /* A PING of another shape is ignored: nobody waits for its answer. */

@@ -187,6 +187,8 @@ int mn__agent_relay_open(aproc_t *p, int fd);
 void mn__agent_relay_proc_gone(aproc_t *p);
 /* CAST: hands each named proc of the session its CALL. */
 void mn__agent_handle_cast(aconn_t *c, const msgpack_object *m);
+/* ACKS: each named proc of c's session gets its ACK over its relay. */
+void mn__agent_handle_acks(aconn_t *c, const msgpack_object *m);
 void mn__agent_relay_session_gone(asession_t *s);
 void mn__agent_relay_close(agent_t *a);
 

@@ -23,11 +23,14 @@ typedef struct {
   char head[MN_MSG_CALL_HEAD];
 } cast_write_t;
 
+/* A walk over a session's procs that calls fn for each one a flat list of uints names (its pid first, `width` per proc). */
 typedef struct {
   asession_t *s;
-  const msgpack_object *t; /* the (pid, seq, tag) triples */
-  rest_t *rest;
-} cast_t;
+  const msgpack_object *t;
+  uint32_t width;
+  void (*fn)(aproc_t *p, const msgpack_object *entry, void *arg);
+  void *arg;
+} walk_t;
 
 static void rest_unref(rest_t *r) {
   if (--r->refs == 0) free(r);
@@ -40,13 +43,15 @@ static void on_cast_written(uv_write_t *w, int status) {
   free(cw);
 }
 
-static void relay_write(aproc_t *p, uint64_t seq, rest_t *rest) {
+static void relay_write(aproc_t *p, const msgpack_object *e, void *arg) {
+  rest_t *rest = arg;
   cast_write_t *cw = malloc(sizeof(*cw));
   if (cw == NULL) return; /* the call is lost here; the controller's timeout or a reconnect resends it */
+  p->tag = e[2].via.u64;
   cw->req.data = cw;
   cw->rest = rest;
   rest->refs++;
-  mn_msg_call_from_cast(cw->head, seq, rest->len);
+  mn_msg_call_from_cast(cw->head, e[1].via.u64, rest->len);
   uv_buf_t b[2] = {uv_buf_init(cw->head, MN_MSG_CALL_HEAD), uv_buf_init(rest->data, (unsigned)rest->len)};
   if (uv_write(&cw->req, (uv_stream_t *)&p->relay, b, 2, on_cast_written) != 0) {
     rest_unref(rest);
@@ -57,18 +62,15 @@ static void relay_write(aproc_t *p, uint64_t seq, rest_t *rest) {
   p->owner->relayed++;
 }
 
-static void walk_cast(uv_handle_t *h, void *arg) {
-  cast_t *ct = arg;
+static void walk_targets(uv_handle_t *h, void *arg) {
+  walk_t *w = arg;
   if (h->type != UV_PROCESS || uv_is_closing(h)) return;
   aproc_t *p = h->data;
-  if (p->owner != ct->s || !p->relay_open) return;
+  if (p->owner != w->s || !p->relay_open) return;
   uint64_t pid = (uint64_t)((uv_process_t *)h)->pid;
-  const msgpack_object *v = ct->t->via.array.ptr;
-  for (uint32_t i = 0; i + 2 < ct->t->via.array.size; i += 3)
-    if (v[i].via.u64 == pid) {
-      p->tag = v[i + 2].via.u64;
-      relay_write(p, v[i + 1].via.u64, ct->rest);
-    }
+  const msgpack_object *v = w->t->via.array.ptr;
+  for (uint32_t i = 0; i + w->width <= w->t->via.array.size; i += w->width)
+    if (v[i].via.u64 == pid) w->fn(p, &v[i], w->arg);
 }
 
 void mn__agent_handle_cast(aconn_t *c, const msgpack_object *m) {
@@ -86,9 +88,34 @@ void mn__agent_handle_cast(aconn_t *c, const msgpack_object *m) {
   r->len = rlen;
   memcpy(r->data, rest, rlen);
   /* A pid that is not one of this session's procs is skipped: it died, and the controller hears so. */
-  cast_t ct = {c->session, t, r};
-  uv_walk(c->a->loop, walk_cast, &ct);
+  walk_t w = {c->session, t, 3, relay_write, r};
+  uv_walk(c->a->loop, walk_targets, &w);
   rest_unref(r);
+}
+
+static void ack_write(aproc_t *p, const msgpack_object *e, void *arg) {
+  (void)arg;
+  uv_write_t *w = malloc(sizeof(*w) + 16);
+  if (w == NULL) return; /* the proc keeps its replay cache until the next ACK */
+  mn_buf_t b = {(char *)(w + 1), 0, 16}; /* an ACK is at most 14 bytes: the buffer never grows */
+  if (mn_msg_pack_ack(&b, e[1].via.u64) != 0) {
+    free(w);
+    return;
+  }
+  w->data = NULL; /* mn__agent_on_write frees w->data and w: the bytes live inside w */
+  uv_buf_t ub = uv_buf_init(b.data, (unsigned)b.len);
+  if (uv_write(w, (uv_stream_t *)&p->relay, &ub, 1, mn__agent_on_write) != 0) free(w);
+}
+
+void mn__agent_handle_acks(aconn_t *c, const msgpack_object *m) {
+  char err[300];
+  const msgpack_object *t;
+  if (mn_msg_parse_acks(m, &t, err, sizeof(err)) != 0) {
+    mn__agent_refuse(c, MN_EPROTO, err);
+    return;
+  }
+  walk_t w = {c->session, t, 2, ack_write, NULL};
+  uv_walk(c->a->loop, walk_targets, &w);
 }
 
 /* ---- results ------------------------------------------------------------------- */

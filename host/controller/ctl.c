@@ -688,10 +688,11 @@ int mn_ctl_connect(mn_ctl_t *c, const char *host, int port, mn_conn_kind_t kind)
 /* Tells a proc the highest seq whose RESULT arrived, if that moved: it drops those from its replay cache. */
 static void send_ack(mn_ctl_t *c, mn_conn_t *k) {
   if (k->acked <= k->ack_sent) return;
+  k->ack_sent = k->acked;
+  if (mn__ctl_relay_ack(c, k)) return; /* one ACKS frame per agent, not one write per proc */
   char f[16];
   mn_buf_t b = {f, 0, sizeof(f)}; /* an ACK is at most 14 bytes: the buffer never grows */
   if (mn_msg_pack_ack(&b, k->acked) == 0) mn_ctl_send(c, k, b.data, b.len);
-  k->ack_sent = k->acked;
 }
 
 static void on_heartbeat(uv_timer_t *t) {
@@ -735,6 +736,7 @@ static void on_heartbeat(uv_timer_t *t) {
     if (mn_msg_pack_ping(&b, MN_HB_PING_BASE + c->hb_count) == 0) mn_ctl_send(c, k, b.data, b.len);
     if (k->kind == MN_CONN_PROC) send_ack(c, k);
   }
+  mn__ctl_relay_acks_end(c);
   mn_ctl_flush(c);
 }
 

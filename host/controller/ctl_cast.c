@@ -49,9 +49,8 @@ static int relay_usable(mn_ctl_t *c, mn_conn_t *k) {
   return a != NULL && a->state == MN_CS_READY && k->state == MN_CS_READY;
 }
 
-/* Adds (pid, seq, tag) to agent a's cast, putting a on the list of agents to send to. */
-static int gather(mn_ctl_t *c, mn_conn_t *a, mn_conn_t *k, uint64_t seq) {
-  uint64_t t[3] = {k->via_pid, seq, (uint64_t)k->id};
+/* Adds n uints (one cast target, or one ACK) to agent a's batch, putting a on the list of agents to send to. */
+static int gather(mn_ctl_t *c, mn_conn_t *a, const uint64_t *t, size_t n) {
   if (!a->in_cast) {
     if (c->casting == NULL) c->casting = calloc((size_t)MN_MAX_CONNS, sizeof(int));
     if (c->casting == NULL) return MN_ENOMEM;
@@ -59,7 +58,7 @@ static int gather(mn_ctl_t *c, mn_conn_t *a, mn_conn_t *k, uint64_t seq) {
     a->cast.len = 0;
     c->casting[c->ncasting++] = a->id;
   }
-  return mn_buf_append(&a->cast, (const char *)t, sizeof(t));
+  return mn_buf_append(&a->cast, (const char *)t, n * sizeof(uint64_t));
 }
 
 int mn_ctl_cast_add(mn_ctl_t *c, mn_conn_t *k, char *frame, size_t n, double call, int32_t slot, int prefer) {
@@ -68,7 +67,8 @@ int mn_ctl_cast_add(mn_ctl_t *c, mn_conn_t *k, char *frame, size_t n, double cal
   /* Not through the agent: it is away (unrelay resends what it had) or the call does not qualify. */
   if (!relay) return mn__ctl_call_direct(c, k, frame, n, call, slot);
   if (mn__ctl_track(c, k, frame, n, call, slot, 1) != 0) return MN_ENOMEM;
-  if (gather(c, mn_ctl_conn(c, k->via), k, k->seq) != 0) return MN_ENOMEM;
+  uint64_t t[3] = {k->via_pid, k->seq, (uint64_t)k->id};
+  if (gather(c, mn_ctl_conn(c, k->via), t, 3) != 0) return MN_ENOMEM;
   k->on_relay++;
   c->cast_calls++;
   return 0;
@@ -87,6 +87,23 @@ int mn_ctl_cast_end(mn_ctl_t *c, const char *frame, size_t n) {
   }
   c->ncasting = 0;
   return rc;
+}
+
+int mn__ctl_relay_ack(mn_ctl_t *c, mn_conn_t *k) {
+  if (!relay_usable(c, k)) return 0;
+  uint64_t t[2] = {k->via_pid, k->acked};
+  return gather(c, mn_ctl_conn(c, k->via), t, 2) == 0;
+}
+
+void mn__ctl_relay_acks_end(mn_ctl_t *c) {
+  for (int i = 0; i < c->ncasting; i++) {
+    mn_conn_t *a = mn_ctl_conn(c, c->casting[i]);
+    a->in_cast = 0;
+    /* Out of memory: those procs keep their replay caches a tick longer; the next ACK covers them. */
+    (void)mn_msg_pack_acks(&a->out, (const uint64_t *)a->cast.data, a->cast.len / (2 * sizeof(uint64_t)));
+    mn__ctl_set_dirty(c, a);
+  }
+  c->ncasting = 0;
 }
 
 void mn__ctl_unrelay(mn_conn_t *k) {

@@ -47,8 +47,8 @@ struct mn_conn_s {
   uint64_t via_pid;  /* its pid, by which that agent knows it */
   size_t on_relay;   /* calls in flight through the agent; while any is, every call goes that way (order) */
   /* An agent: */
-  mn_buf_t cast;     /* (pid, seq, tag) triples, as uint64s, of the cast being gathered */
-  int in_cast;       /* on ctl's list of agents with a cast gathered */
+  mn_buf_t cast;     /* uint64s of the batch being gathered: a cast's (pid, seq, tag) triples, or ACKS' pairs */
+  int in_cast;       /* on ctl's list of agents with a batch gathered */
   /* Cold: the names and texts, last, so that the fields a RESULT touches share cache lines. */
   int port;
   int64_t info_pid;
@@ -71,6 +71,10 @@ int mn__ctl_push_pending(mn_conn_t *k, double call, int32_t slot, int relay);
 int mn__ctl_track(mn_ctl_t *c, mn_conn_t *k, char *frame, size_t n, double call, int32_t slot, int relay);
 /* A CALL on k's own link, whatever is in flight through its agent (mn_ctl_call without that check). */
 int mn__ctl_call_direct(mn_ctl_t *c, mn_conn_t *k, char *frame, size_t n, double call, int32_t slot);
+/* Queues k's ACK in its agent's ACKS batch (sent by mn__ctl_relay_acks_end); 0 if it must go on k's own link. */
+int mn__ctl_relay_ack(mn_ctl_t *c, mn_conn_t *k);
+/* Sends each agent its gathered ACKS. */
+void mn__ctl_relay_acks_end(mn_ctl_t *c);
 /* Agent conn `agent` is gone or reconnecting: its procs' relayed calls are resent on their own links. */
 void mn__ctl_unrelay_agent(mn_ctl_t *c, int agent);
 /* k's unanswered calls are (being) resent on its own link: none is relayed any more. */

@@ -52,6 +52,7 @@ static const spec_t specs[] = {
     [MN_MSG_RESULTS] = {"RESULTS", 1, 0, BY_SERVER, "[31, tag, result, tag, result, ...]"},
     [MN_MSG_JOIN] = {"JOIN", 5, 0, BY_SERVER, "[32, version, nonce_a, addr, mac]"},
     [MN_MSG_JOINED] = {"JOINED", 2, 0, BY_CTL, "[33, mac]"},
+    [MN_MSG_ACKS] = {"ACKS", 2, 1, BY_CTL, "[34, [pid, acked, ...]]"},
 };
 
 #define NSPECS (sizeof(specs) / sizeof(specs[0]))
@@ -348,6 +349,14 @@ int mn_msg_pack_cast(mn_buf_t *b, const uint64_t *targets, size_t n, const char 
   return finish(b, s, f);
 }
 
+int mn_msg_pack_acks(mn_buf_t *b, const uint64_t *pairs, size_t n) {
+  msgpack_packer pk;
+  size_t s;
+  int f = head(b, &pk, &s, 2, MN_MSG_ACKS) | msgpack_pack_array(&pk, (uint32_t)(2 * n));
+  for (size_t i = 0; i < 2 * n; i++) f |= msgpack_pack_uint64(&pk, pairs[i]);
+  return finish(b, s, f);
+}
+
 void mn_msg_call_from_cast(char out[MN_MSG_CALL_HEAD], uint64_t seq, size_t rlen) {
   mn_put_be32(out, (uint32_t)(MN_MSG_CALL_HEAD - MN_FRAME_HEADER + rlen));
   out[4] = (char)0x94;
@@ -537,6 +546,20 @@ int mn_msg_parse_cast(const msgpack_object *m, const msgpack_object **targets, c
   *targets = t;
   *rest = at(m, 2)->via.bin.ptr;
   *rlen = at(m, 2)->via.bin.size;
+  return 0;
+}
+
+int mn_msg_parse_acks(const msgpack_object *m, const msgpack_object **pairs, char *err, size_t errlen) {
+  int rc;
+  const spec_t *s = check(m, MN_MSG_ACKS, &rc, err, errlen);
+  if (rc != 0) return rc;
+  const msgpack_object *t = at(m, 1);
+  if (t->type != MSGPACK_OBJECT_ARRAY || t->via.array.size % 2 != 0)
+    return bad(s, err, errlen, "element 1 is not an array of (pid, acked) pairs");
+  for (uint32_t i = 0; i < t->via.array.size; i++)
+    if (t->via.array.ptr[i].type != MSGPACK_OBJECT_POSITIVE_INTEGER)
+      return bad(s, err, errlen, "element 1 holds something other than uints");
+  *pairs = t;
   return 0;
 }
 

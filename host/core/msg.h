@@ -51,6 +51,7 @@ typedef enum {
   MN_MSG_RESULTS = 31,    /* agent -> controller: tag, RESULT, tag, RESULT...: its procs' answers to casts, batched */
   MN_MSG_JOIN = 32,       /* agent -> controller's join port: version, nonce, address to dial, mac */
   MN_MSG_JOINED = 33,     /* controller's join port -> agent: mac; the controller dials the address next */
+  MN_MSG_ACKS = 34,       /* controller -> agent: [pid, acked, ...]: ACKs for its procs, handed on over their relays */
 } mn_msg_t;
 
 #define MN_MSG_CALL_SEQ_OFFSET 7 /* a CALL frame's seq bytes: len(4) + fixarray(1) + type(1) + 0xcf(1) */
@@ -114,6 +115,9 @@ void mn_msg_call_from_cast(char out[MN_MSG_CALL_HEAD], uint64_t seq, size_t rlen
 int mn_msg_results_begin(mn_buf_t *b);
 int mn_msg_results_add(mn_buf_t *b, uint64_t tag, const char *result, size_t len);
 void mn_msg_results_end(mn_buf_t *b, uint32_t n);
+
+/* ACKS [34, [pid, acked, ...]]: n (pid, acked) pairs, flat; the agent gives each proc [ACK, acked] on its relay. */
+int mn_msg_pack_acks(mn_buf_t *b, const uint64_t *pairs, size_t n);
 
 /* JOIN [32, version, nonce_a, addr, mac]: a host agent asks a controller to dial it at addr ("HOST:PORT"). */
 int mn_msg_pack_join(mn_buf_t *b, const uint8_t nonce_a[32], const char *addr, const uint8_t mac[32]);
@@ -259,6 +263,8 @@ int mn_msg_parse_request(const msgpack_object *m, mn_msg_request_t *out, char *e
 /* CAST: *targets (an array of 3n uints), *rest and *rlen (its bin). */
 int mn_msg_parse_cast(const msgpack_object *m, const msgpack_object **targets, const char **rest, size_t *rlen,
                       char *err, size_t errlen);
+/* ACKS: *pairs (an array of 2n uints). */
+int mn_msg_parse_acks(const msgpack_object *m, const msgpack_object **pairs, char *err, size_t errlen);
 /* RESULTS: *n entries, entry i being tag (element 1 + 2i, a uint) and a RESULT (element 2 + 2i, an array). */
 int mn_msg_parse_results(const msgpack_object *m, uint32_t *n, char *err, size_t errlen);
 int mn_msg_parse_join(const msgpack_object *m, mn_msg_join_t *out, char *err, size_t errlen);

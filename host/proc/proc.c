@@ -467,6 +467,23 @@ static int control_frame(proc_t *p, conn_t *c, const char *body, size_t len, int
   return rc;
 }
 
+/* An ACK the agent handed on (ACKS): trims the replay cache as one on our own link does. 1 if it was one. */
+static int relay_ack(proc_t *p, const char *body, size_t len) {
+  if (len < 2 || (unsigned char)body[1] != MN_MSG_ACK) return 0;
+  msgpack_zone zone;
+  msgpack_object m;
+  char err[128];
+  uint64_t acked;
+  if (!msgpack_zone_init(&zone, 256)) return 1;
+  if (mn_decode(body, len, &zone, &m, err, sizeof(err)) == 0 && mn_msg_parse_ack(&m, &acked, err, sizeof(err)) == 0) {
+    pthread_mutex_lock(&p->wlock);
+    mn_replay_trim(&p->replay, acked);
+    pthread_mutex_unlock(&p->wlock);
+  }
+  msgpack_zone_destroy(&zone);
+  return 1; /* a malformed one from our own agent is dropped: the next ACK covers it */
+}
+
 /* Frames split off one read, queued for the executor in one batch. */
 typedef struct {
   item_t *first, *last;
@@ -564,6 +581,7 @@ static int parse_frames(proc_t *p, conn_t *c, int *has_session) {
     int handled = 0;
     if (c->relay) {
       if (session == 0) continue; /* no controller yet: nobody to answer; it resends directly */
+      if (relay_ack(p, body, (size_t)len)) continue;
     } else {
       if ((rc = control_frame(p, c, body, (size_t)len, has_session, &handled)) != 0) break;
       if (handled) {

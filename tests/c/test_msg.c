@@ -106,14 +106,15 @@ static void test_names(void **state) {
   (void)state;
   int n = 0;
   mn_msg_each(count_type, &n);
-  assert_int_equal(n, 29);
+  assert_int_equal(n, 30);
   assert_string_equal(mn_msg_name(MN_MSG_CALL), "CALL");
   assert_null(mn_msg_name(0));
   assert_null(mn_msg_name(23));
   assert_string_equal(mn_msg_name(MN_MSG_CANCEL), "CANCEL");
   assert_string_equal(mn_msg_name(MN_MSG_JOIN), "JOIN");
   assert_string_equal(mn_msg_name(MN_MSG_JOINED), "JOINED");
-  assert_null(mn_msg_name(34));
+  assert_string_equal(mn_msg_name(MN_MSG_ACKS), "ACKS");
+  assert_null(mn_msg_name(35));
   assert_null(mn_msg_name(1000));
   assert_null(mn_msg_name(-1));
 }
@@ -590,6 +591,26 @@ static void test_cast_results(void **state) {
   done(&m);
 }
 
+/* ACKS: (pid, acked) pairs round-trip; an odd count or a non-uint is refused by name. */
+static void test_acks(void **state) {
+  (void)state;
+  mn_buf_t b;
+  mn_buf_init(&b);
+  uint64_t p[4] = {1001, 42, 1002, 7};
+  assert_int_equal(mn_msg_pack_acks(&b, p, 2), 0);
+  msg_t m;
+  take(&b, &m);
+  const msgpack_object *pairs;
+  assert_int_equal(mn_msg_parse_acks(&m.obj, &pairs, m.err, sizeof(m.err)), 0);
+  assert_int_equal(pairs->via.array.size, 4);
+  assert_int_equal(pairs->via.array.ptr[3].via.u64, 7);
+  done(&m);
+  hand(&b, "uu", (uint64_t)MN_MSG_ACKS, (uint64_t)3);
+  take(&b, &m);
+  expect_named(mn_msg_parse_acks(&m.obj, &pairs, m.err, sizeof(m.err)), m.err, "ACKS", "pairs");
+  done(&m);
+}
+
 static void test_pong_from_ping(void **state) {
   (void)state;
   char out[MN_MSG_PONG_MAX];
@@ -799,6 +820,7 @@ int main(void) {
       cmocka_unit_test(test_put_and_lost),
       cmocka_unit_test(test_result),
       cmocka_unit_test(test_cast_results),
+      cmocka_unit_test(test_acks),
       cmocka_unit_test(test_pong_from_ping),
       cmocka_unit_test(test_agent_events),
       cmocka_unit_test(test_spawn_kill),
