@@ -32,6 +32,8 @@ typedef struct {
   void *arg;
 } walk_t;
 
+static void flush_session(asession_t *s);
+
 static void rest_unref(rest_t *r) {
   if (--r->refs == 0) free(r);
 }
@@ -82,13 +84,22 @@ void mn__agent_handle_cast(aconn_t *c, const msgpack_object *m) {
     mn__agent_refuse(c, MN_EPROTO, err);
     return;
   }
+  const msgpack_object *subs;
+  if (mn_msg_parse_cast_subs(m, &subs, err, sizeof(err)) != 0) {
+    mn__agent_refuse(c, MN_EPROTO, err);
+    return;
+  }
+  asession_t *s = c->relay_of != NULL ? c->relay_of : c->session;
+  if (s->up != c && s->nbatch > 0) flush_session(s); /* what was gathered goes back the way its casts came */
+  s->up = c;
+  s->relayed += mn__agent_tree_forward(s, subs, rest, rlen);
   rest_t *r = malloc(sizeof(*r) + rlen);
   if (r == NULL) return; /* as for a lost write: resent after a reconnect, or the call times out */
   r->refs = 1;
   r->len = rlen;
   memcpy(r->data, rest, rlen);
   /* A pid that is not one of this session's procs is skipped: it died, and the controller hears so. */
-  walk_t w = {c->session, t, 3, relay_write, r};
+  walk_t w = {s, t, 3, relay_write, r};
   uv_walk(c->a->loop, walk_targets, &w);
   rest_unref(r);
 }
@@ -125,7 +136,8 @@ static void flush_session(asession_t *s) {
   if (s->nbatch == 0) return;
   mn_msg_results_end(&s->batch, s->nbatch);
   s->nbatch = 0;
-  uv_write_t *w = s->conn != NULL && !s->conn->closing ? malloc(sizeof(*w)) : NULL;
+  aconn_t *to = s->up != NULL && !s->up->closing ? s->up : s->conn;
+  uv_write_t *w = to != NULL && !to->closing ? malloc(sizeof(*w)) : NULL;
   if (w == NULL) {
     s->batch.len = 0;
     return;
@@ -133,12 +145,36 @@ static void flush_session(asession_t *s) {
   w->data = s->batch.data;
   uv_buf_t b = uv_buf_init(s->batch.data, (unsigned)s->batch.len);
   mn_buf_init(&s->batch);
-  if (uv_write(w, (uv_stream_t *)&s->conn->tcp, &b, 1, mn__agent_on_write) != 0) mn__agent_on_write(w, -1);
+  if (uv_write(w, (uv_stream_t *)&to->tcp, &b, 1, mn__agent_on_write) != 0) mn__agent_on_write(w, -1);
 }
+
+void mn__agent_relay_flush(asession_t *s) { flush_session(s); }
 
 static void on_relay_timer(uv_timer_t *t) {
   agent_t *a = t->data;
   for (asession_t *s = a->sessions; s; s = s->next) flush_session(s);
+}
+
+/* Sends s's batch when nothing more is awaited or it is large; else within MN_RELAY_FLUSH_MS. */
+static void batch_grew(asession_t *s, agent_t *a) {
+  if (a->relay_timer.data == NULL) { /* made on first use: an agent that never relays has none */
+    uv_timer_init(a->loop, &a->relay_timer);
+    a->relay_timer.data = a;
+    uv_unref((uv_handle_t *)&a->relay_timer);
+  }
+  if (s->relayed == 0 || s->batch.len >= MN_RELAY_BATCH) {
+    flush_session(s);
+  } else if (!uv_is_active((uv_handle_t *)&a->relay_timer)) {
+    uv_timer_start(&a->relay_timer, on_relay_timer, MN_RELAY_FLUSH_MS, 0);
+  }
+}
+
+void mn__agent_relay_take_batch(asession_t *s, const char *entries, size_t len, uint32_t n) {
+  s->relayed -= (int64_t)n < s->relayed ? (int64_t)n : s->relayed;
+  if (s->nbatch == 0 && mn_msg_results_begin(&s->batch) != 0) return;
+  if (mn_buf_append(&s->batch, entries, len) != 0) return;
+  s->nbatch += n;
+  batch_grew(s, s->a);
 }
 
 static void take_result(aproc_t *p, const char *body, size_t len) {
@@ -148,11 +184,7 @@ static void take_result(aproc_t *p, const char *body, size_t len) {
   if (s->relayed > 0) s->relayed--;
   if (s->nbatch == 0 && mn_msg_results_begin(&s->batch) != 0) return;
   if (mn_msg_results_add(&s->batch, p->tag, body, len) == 0) s->nbatch++;
-  if (s->relayed == 0 || s->batch.len >= MN_RELAY_BATCH) {
-    flush_session(s);
-  } else if (!uv_is_active((uv_handle_t *)&p->a->relay_timer)) {
-    uv_timer_start(&p->a->relay_timer, on_relay_timer, MN_RELAY_FLUSH_MS, 0);
-  }
+  batch_grew(s, p->a);
 }
 
 static void relay_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf) {
@@ -203,11 +235,6 @@ static void relay_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf) {
 
 int mn__agent_relay_open(aproc_t *p, int fd) {
   agent_t *a = p->a;
-  if (a->relay_timer.data == NULL) {
-    uv_timer_init(a->loop, &a->relay_timer);
-    a->relay_timer.data = a;
-    uv_unref((uv_handle_t *)&a->relay_timer);
-  }
   uv_pipe_init(a->loop, &p->relay, 0);
   p->relay.data = p;
   int rc = uv_pipe_open(&p->relay, fd);

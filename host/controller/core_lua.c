@@ -427,6 +427,11 @@ static int drain_conn(lua_State *L, lctl_t *c, int id, int ev, int n) {
       int r = take_results(L, c, k, id, &m, ev, n);
       if (r < 0) break;
       n = r;
+    } else if (mn_msg_type(&m) == MN_MSG_LINKED && mn_ctl_conn_kind(k) == MN_CONN_AGENT) {
+      if (mn_ctl_take_linked(&c->ctl, k, &m, err, sizeof(err)) != 0) {
+        mn_ctl_refuse(&c->ctl, k, err);
+        break;
+      }
     } else if (!is_heartbeat(&m)) {
       n = push_event(L, ev, n, id, "message");
       push_obj(L, &m);
@@ -530,11 +535,21 @@ static int l_relayed(lua_State *L) {
 /* core.cast_stats() -> {casts = CAST frames sent, calls = the proc calls they carried} */
 static int l_cast_stats(lua_State *L) {
   lctl_t *c = get_ctl(L);
-  lua_createtable(L, 0, 2);
+  lua_createtable(L, 0, 6);
   lua_pushnumber(L, (lua_Number)c->ctl.casts);
   lua_setfield(L, -2, "casts");
   lua_pushnumber(L, (lua_Number)c->ctl.cast_calls);
   lua_setfield(L, -2, "calls");
+  int active, up, routed;
+  mn_ctl_tree_stats(&c->ctl, &active, &up, &routed);
+  lua_pushboolean(L, active);
+  lua_setfield(L, -2, "tree");
+  lua_pushinteger(L, up);
+  lua_setfield(L, -2, "links_up");
+  lua_pushinteger(L, routed);
+  lua_setfield(L, -2, "routed");
+  lua_pushinteger(L, c->ctl.ntree);
+  lua_setfield(L, -2, "tree_agents");
   return 1;
 }
 
@@ -605,6 +620,15 @@ static int l_configure(lua_State *L) {
     lua_Number n = luaL_checknumber(L, -1);
     if (n < 1 || n > 1e9 || n != (lua_Number)(int)n) return luaL_error(L, "core.configure: cast_min must be a positive integer");
     c->ctl.cast_min = (int)n;
+  }
+  lua_pop(L, 1);
+  lua_getfield(L, 1, "fanout");
+  if (!lua_isnil(L, -1)) {
+    lua_Number n = luaL_checknumber(L, -1);
+    if (!(n == 0 || (n >= 2 && n <= MN_TREE_MAX_FANOUT)) || n != (lua_Number)(int)n)
+      return luaL_error(L, "core.configure: fanout must be 0 (no tree) or an integer in 2..%d", MN_TREE_MAX_FANOUT);
+    c->ctl.fanout = (int)n;
+    c->ctl.tree_dirty = 1; /* the next cast rebuilds the tree for it */
   }
   lua_pop(L, 1);
   return 0;

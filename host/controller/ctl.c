@@ -49,6 +49,7 @@ int mn_ctl_init(mn_ctl_t *c, const char *token, size_t toklen) {
   c->hb_timeout_ms = MN_HEARTBEAT_TIMEOUT_MS;
   c->reconnect_ms = MN_RECONNECT_MS;
   c->cast_min = MN_CAST_MIN_TARGETS;
+  c->fanout = MN_TREE_FANOUT;
   /* MONARCH_PROC_HEARTBEAT=1: PING every proc too, as before agents watched them (to measure the difference). */
   const char *phb = getenv("MONARCH_PROC_HEARTBEAT");
   c->proc_heartbeats = phb && strcmp(phb, "1") == 0;
@@ -172,6 +173,8 @@ void mn_ctl_close(mn_ctl_t *c) {
   free(c->events);
   free(c->released);
   free(c->casting);
+  free(c->tree);
+  free(c->touched);
 }
 
 /* ---- writing ------------------------------------------------------------------ */
@@ -541,6 +544,7 @@ static int handshake_step(mn_ctl_t *c, mn_conn_t *k) {
         k->info_pid = new_pid;
         int again = k->ever_ready;
         k->state = MN_CS_READY;
+        if (k->kind == MN_CONN_AGENT) mn__ctl_tree_changed(c);
         k->peer_closed = 0;
         k->ever_ready = 1;
         k->attempt = 0;
@@ -670,6 +674,7 @@ int mn_ctl_connect(mn_ctl_t *c, const char *host, int port, mn_conn_kind_t kind)
   if (k == NULL) return MN_ENOMEM;
   k->ctl = c;
   k->kind = kind;
+  k->tree_pos = -1;
   k->id = ++c->nconns;
   c->conns[k->id] = k;
   k->port = port;
@@ -762,6 +767,7 @@ static mn_pending_t pop_pending(mn_conn_t *k) {
   k->rhead = (k->rhead + 1) % k->rcap;
   k->rcount--;
   if (p.relay && k->on_relay > 0) k->on_relay--;
+  if (p.relay) mn__ctl_tree_answered(k->ctl, k);
   return p;
 }
 

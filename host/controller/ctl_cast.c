@@ -41,7 +41,8 @@ size_t mn_ctl_relayed(const mn_conn_t *k) { return k->on_relay; }
 
 mn_conn_t *mn_ctl_relayed_conn(mn_ctl_t *c, int agent, uint64_t tag) {
   mn_conn_t *k = tag <= (uint64_t)c->nconns ? mn_ctl_conn(c, (int)tag) : NULL;
-  return k != NULL && k->kind == MN_CONN_PROC && k->via == agent && k->state != MN_CS_CLOSED ? k : NULL;
+  (void)agent; /* through the tree, a proc's answers come from the top agent of its route, not its own */
+  return k != NULL && k->kind == MN_CONN_PROC && k->via > 0 && k->state != MN_CS_CLOSED ? k : NULL;
 }
 
 static int relay_usable(mn_ctl_t *c, mn_conn_t *k) {
@@ -76,6 +77,8 @@ int mn_ctl_cast_add(mn_ctl_t *c, mn_conn_t *k, char *frame, size_t n, double cal
 
 int mn_ctl_cast_end(mn_ctl_t *c, const char *frame, size_t n) {
   int rc = 0;
+  if (c->tree_dirty) mn__ctl_tree_refresh(c);
+  if (mn__ctl_tree_active(c)) return mn__ctl_tree_cast_end(c, frame + MN_MSG_CALL_HEAD, n - MN_MSG_CALL_HEAD);
   for (int i = 0; i < c->ncasting; i++) {
     mn_conn_t *a = mn_ctl_conn(c, c->casting[i]);
     a->in_cast = 0;
@@ -108,10 +111,16 @@ void mn__ctl_relay_acks_end(mn_ctl_t *c) {
 
 void mn__ctl_unrelay(mn_conn_t *k) {
   k->on_relay = 0;
-  for (size_t i = 0; i < k->rcount; i++) k->ring[(k->rhead + i) % k->rcap].relay = 0;
+  for (size_t i = 0; i < k->rcount; i++) {
+    mn_pending_t *p = &k->ring[(k->rhead + i) % k->rcap];
+    if (p->relay) mn__ctl_tree_answered(k->ctl, k);
+    p->relay = 0;
+  }
 }
 
 void mn__ctl_unrelay_agent(mn_ctl_t *c, int agent) {
+  mn__ctl_tree_changed(c);
+  if (mn__ctl_tree_unrelay_agent(c)) return;
   for (int i = 1; i <= c->nconns; i++) {
     mn_conn_t *k = c->conns[i];
     if (k->via != agent || k->on_relay == 0) continue;

@@ -49,6 +49,13 @@ struct mn_conn_s {
   /* An agent: */
   mn_buf_t cast;     /* uint64s of the batch being gathered: a cast's (pid, seq, tag) triples, or ACKS' pairs */
   int in_cast;       /* on ctl's list of agents with a batch gathered */
+  /* An agent in the cast tree (ctl_tree.c): */
+  int tree_pos;      /* its position (host order), -1 when not in the tree */
+  int tree_up;       /* its parent reported their link up (LINKED) in the current tree */
+  int route;         /* the agent its casts go through now (its parent), 0: directly */
+  int64_t tree_inflight; /* relayed calls in flight whose route passes through it */
+  uint32_t tree_count;   /* this cast's triples in its subtree */
+  int in_tree, tree_root; /* this cast touched it; it is cast to directly */
   /* Cold: the names and texts, last, so that the fields a RESULT touches share cache lines. */
   int port;
   int64_t info_pid;
@@ -75,6 +82,16 @@ int mn__ctl_call_direct(mn_ctl_t *c, mn_conn_t *k, char *frame, size_t n, double
 int mn__ctl_relay_ack(mn_ctl_t *c, mn_conn_t *k);
 /* Sends each agent its gathered ACKS. */
 void mn__ctl_relay_acks_end(mn_ctl_t *c);
+/* The tree (ctl_tree.c): whether casts go through it; the agents changed; a relayed answer for proc k arrived. */
+int mn__ctl_tree_active(const mn_ctl_t *c);
+void mn__ctl_tree_changed(mn_ctl_t *c);
+/* Rebuilds the tree if the agents changed (TREE to each agent when it is, or was, active). */
+void mn__ctl_tree_refresh(mn_ctl_t *c);
+void mn__ctl_tree_answered(mn_ctl_t *c, mn_conn_t *k);
+/* Sends the gathered cast (each agent's triples in a->cast) down the tree; 0 or MN_ENOMEM. */
+int mn__ctl_tree_cast_end(mn_ctl_t *c, const char *rest, size_t rlen);
+/* An agent is lost while the tree is active: every relayed call goes direct (1); 0 when the tree is not active. */
+int mn__ctl_tree_unrelay_agent(mn_ctl_t *c);
 /* Agent conn `agent` is gone or reconnecting: its procs' relayed calls are resent on their own links. */
 void mn__ctl_unrelay_agent(mn_ctl_t *c, int agent);
 /* k's unanswered calls are (being) resent on its own link: none is relayed any more. */
