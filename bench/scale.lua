@@ -25,6 +25,8 @@ local function status_kib(key)
 end
 
 local hosts = monarch.hosts()
+-- SCALE_FANOUT=0: casts go to every agent directly (no tree); unset: the default fan-out.
+if os.getenv("SCALE_FANOUT") then monarch.configure{ fanout = tonumber(os.getenv("SCALE_FANOUT")) } end
 local t0 = monarch.now()
 local procs = hosts:spawn_procs{ procs = per }
 procs:load "basic"

@@ -18,14 +18,18 @@ trap cleanup EXIT
 start_agents "$agents"
 echo "scale bench ($(nproc) cores, $(date -u +%Y-%m-%dT%H:%MZ)): $agents agents x $per procs"
 # Before: the controller PINGs every proc and writes every call to every proc
-# (MONARCH_PROC_HEARTBEAT=1 MONARCH_RELAY=0). Now: it PINGs the agents only
+# (MONARCH_PROC_HEARTBEAT=1 MONARCH_RELAY=0). Casts: it PINGs the agents only
 # (each watches its procs' status lines), and a mesh-wide call goes to each
-# agent as one CAST frame, answered by one batched RESULTS frame.
+# agent as one CAST frame, answered by one batched RESULTS frame (fanout 0: no
+# tree). Tree: past 16 agents (the default fanout) it casts to the top 16 and
+# they hand the call on to their children.
 before=$(MONARCH_PROC_HEARTBEAT=1 MONARCH_RELAY=0 $B/bin/monarch-run --hostfile "$dir/hosts" bench/scale.lua "$per" "$calls")
-now=$($B/bin/monarch-run --hostfile "$dir/hosts" bench/scale.lua "$per" "$calls")
+flat=$(SCALE_FANOUT=0 $B/bin/monarch-run --hostfile "$dir/hosts" bench/scale.lua "$per" "$calls")
+tree=$($B/bin/monarch-run --hostfile "$dir/hosts" bench/scale.lua "$per" "$calls")
 get() { echo "$2" | awk -v k="$1" '$1 == k {print $2}'; }
-printf '%-40s %16s %16s %8s\n' "measure" "per proc" "through agents" "ratio"
+ratio() { if [ "$(echo "$2 > 0" | bc -l)" = 1 ]; then printf '%7.2fx' "$(echo "$1 / $2" | bc -l)"; else printf '%8s' "-"; fi; }
+printf '%-24s %12s %12s %12s %8s %8s\n' "measure" "per proc" "casts" "cast tree" "casts/" "tree/"
 for k in spawn_connect_s call_gather_ms ctl_cpu_per_call_ms ctl_idle_cpu_pct ctl_peak_rss_mib ctl_open_fds; do
-  b=$(get $k "$before") n=$(get $k "$now")
-  printf '%-40s %16s %16s %7.2fx\n' "$k" "$b" "$n" "$(echo "$n / $b" | bc -l)"
+  b=$(get $k "$before") f=$(get $k "$flat") t=$(get $k "$tree")
+  printf '%-24s %12s %12s %12s %s %s\n' "$k" "$b" "$f" "$t" "$(ratio "$f" "$b")" "$(ratio "$t" "$b")"
 done

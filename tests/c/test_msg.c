@@ -106,7 +106,7 @@ static void test_names(void **state) {
   (void)state;
   int n = 0;
   mn_msg_each(count_type, &n);
-  assert_int_equal(n, 30);
+  assert_int_equal(n, 32);
   assert_string_equal(mn_msg_name(MN_MSG_CALL), "CALL");
   assert_null(mn_msg_name(0));
   assert_null(mn_msg_name(23));
@@ -114,7 +114,7 @@ static void test_names(void **state) {
   assert_string_equal(mn_msg_name(MN_MSG_JOIN), "JOIN");
   assert_string_equal(mn_msg_name(MN_MSG_JOINED), "JOINED");
   assert_string_equal(mn_msg_name(MN_MSG_ACKS), "ACKS");
-  assert_null(mn_msg_name(35));
+  assert_null(mn_msg_name(37));
   assert_null(mn_msg_name(1000));
   assert_null(mn_msg_name(-1));
 }
@@ -611,6 +611,73 @@ static void test_acks(void **state) {
   done(&m);
 }
 
+/* The tree's messages: TREE, LINKED, a relay SESSION and a CAST with subs round-trip; bad shapes are named. */
+static void test_tree_messages(void **state) {
+  (void)state;
+  mn_buf_t b;
+  msg_t m;
+  const char *addrs[2] = {"10.0.0.2:7000", "[::1]:7001"};
+  uint64_t sessions[2] = {11, 12}, epoch, index;
+  const msgpack_object *ch, *subs;
+  mn_buf_init(&b);
+  assert_int_equal(mn_msg_pack_tree(&b, 3, addrs, sessions, 2), 0);
+  take(&b, &m);
+  assert_int_equal(mn_msg_parse_tree(&m.obj, &epoch, &ch, m.err, sizeof(m.err)), 0);
+  assert_int_equal(epoch, 3);
+  assert_int_equal(ch->via.array.size, 4);
+  assert_int_equal(ch->via.array.ptr[3].via.u64, 12);
+  done(&m);
+  int up;
+  mn_buf_init(&b);
+  assert_int_equal(mn_msg_pack_linked(&b, 3, 1, 1), 0);
+  take(&b, &m);
+  assert_int_equal(mn_msg_parse_linked(&m.obj, &epoch, &index, &up, m.err, sizeof(m.err)), 0);
+  assert_true(epoch == 3 && index == 1 && up == 1);
+  done(&m);
+  mn_msg_session_t sess;
+  mn_buf_init(&b);
+  assert_int_equal(mn_msg_pack_relay_session(&b, 99), 0);
+  take(&b, &m);
+  assert_int_equal(mn_msg_parse_session(&m.obj, &sess, m.err, sizeof(m.err)), 0);
+  assert_true(sess.session == 99 && sess.relay == 1);
+  done(&m);
+  /* CAST with one sub (child 1, 1 triple, no deeper subs), then handed on from its decoded parts. */
+  msgpack_packer pk;
+  size_t start;
+  uint64_t t[3] = {1001, 5, 7};
+  mn_buf_init(&b);
+  assert_int_equal(mn_msg_cast_head(&b, &pk, &start, t, 1, "r", 1, 1), 0);
+  msgpack_pack_uint64(&pk, 1);
+  msgpack_pack_uint64(&pk, 1);
+  msgpack_pack_array(&pk, 3);
+  for (int i = 0; i < 3; i++) msgpack_pack_uint64(&pk, t[i] + 1);
+  msgpack_pack_array(&pk, 0);
+  mn_frame_end(&b, start);
+  take(&b, &m);
+  assert_int_equal(mn_msg_parse_cast_subs(&m.obj, &subs, m.err, sizeof(m.err)), 0);
+  assert_int_equal(subs->via.array.size, 4);
+  mn_buf_t fwd;
+  mn_buf_init(&fwd);
+  assert_int_equal(mn_msg_pack_cast_obj(&fwd, &subs->via.array.ptr[2], "r", 1, &subs->via.array.ptr[3]), 0);
+  done(&m);
+  take(&fwd, &m);
+  const msgpack_object *targets;
+  const char *rest;
+  size_t rlen;
+  assert_int_equal(mn_msg_parse_cast(&m.obj, &targets, &rest, &rlen, m.err, sizeof(m.err)), 0);
+  assert_int_equal(targets->via.array.ptr[0].via.u64, 1002);
+  done(&m);
+  /* Malformed: TREE pairs of the wrong types; subs not in quads; LINKED's up not a bool. */
+  hand(&b, "uuu", (uint64_t)MN_MSG_TREE, (uint64_t)1, (uint64_t)2);
+  take(&b, &m);
+  expect_named(mn_msg_parse_tree(&m.obj, &epoch, &ch, m.err, sizeof(m.err)), m.err, "TREE", "children");
+  done(&m);
+  hand(&b, "uuuu", (uint64_t)MN_MSG_LINKED, (uint64_t)1, (uint64_t)2, (uint64_t)3);
+  take(&b, &m);
+  expect_named(mn_msg_parse_linked(&m.obj, &epoch, &index, &up, m.err, sizeof(m.err)), m.err, "LINKED", "up");
+  done(&m);
+}
+
 static void test_pong_from_ping(void **state) {
   (void)state;
   char out[MN_MSG_PONG_MAX];
@@ -821,6 +888,7 @@ int main(void) {
       cmocka_unit_test(test_result),
       cmocka_unit_test(test_cast_results),
       cmocka_unit_test(test_acks),
+      cmocka_unit_test(test_tree_messages),
       cmocka_unit_test(test_pong_from_ping),
       cmocka_unit_test(test_agent_events),
       cmocka_unit_test(test_spawn_kill),
