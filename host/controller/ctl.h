@@ -44,10 +44,13 @@ typedef enum {
 #define MN_REFUSED_MS 300           /* an agent's address that refuses for this long has no agent: the host is lost */
 #define MN_HB_PING_BASE (1ull << 40) /* PING ids at or above this are heartbeats, not Lua pings */
 
+typedef struct mn_cast_rest_s mn_cast_rest_t;
+
 typedef struct {
   double call;  /* Lua call id */
   int32_t slot; /* index of this proc in the call's targets */
   int32_t relay; /* sent through the proc's agent (a cast) */
+  mn_cast_rest_t *rest; /* a relayed call's bytes after its seq, shared by the cast's procs (ctl_cast.c) */
 } mn_pending_t;
 
 typedef struct mn_ctl_s mn_ctl_t;
@@ -105,6 +108,7 @@ struct mn_ctl_s {
   uint64_t tree_epoch;    /* bumped per rebuild; named in TREE and LINKED */
   int tree_dirty;         /* the agents changed since the last rebuild */
   int *touched, ntouched; /* agents the cast being sent touched */
+  mn_cast_rest_t *cur_rest; /* the cast being gathered: its bytes after the seq, shared by its relayed calls */
 };
 
 /* 0, or MN_EAUTH (a bad token) or MN_ENOMEM. */

@@ -67,7 +67,15 @@ int mn_ctl_cast_add(mn_ctl_t *c, mn_conn_t *k, char *frame, size_t n, double cal
   int relay = relay_usable(c, k) && (k->on_relay > 0 || (prefer && k->rcount == 0 && n - MN_MSG_CALL_HEAD <= MN_CAST_MAX_REST));
   /* Not through the agent: it is away (unrelay resends what it had) or the call does not qualify. */
   if (!relay) return mn__ctl_call_direct(c, k, frame, n, call, slot);
-  if (mn__ctl_track(c, k, frame, n, call, slot, 1) != 0) return MN_ENOMEM;
+  if (c->cur_rest == NULL) {
+    size_t rlen = n - MN_MSG_CALL_HEAD;
+    c->cur_rest = malloc(sizeof(*c->cur_rest) + rlen);
+    if (c->cur_rest == NULL) return MN_ENOMEM;
+    c->cur_rest->refs = 1; /* the cast's own, let go at mn_ctl_cast_end */
+    c->cur_rest->len = (uint32_t)rlen;
+    memcpy(c->cur_rest->data, frame + MN_MSG_CALL_HEAD, rlen);
+  }
+  if (mn__ctl_track(c, k, frame, n, call, slot, 1, c->cur_rest) != 0) return MN_ENOMEM;
   uint64_t t[3] = {k->via_pid, k->seq, (uint64_t)k->id};
   if (gather(c, mn_ctl_conn(c, k->via), t, 3) != 0) return MN_ENOMEM;
   k->on_relay++;
@@ -75,7 +83,20 @@ int mn_ctl_cast_add(mn_ctl_t *c, mn_conn_t *k, char *frame, size_t n, double cal
   return 0;
 }
 
+void mn__ctl_rest_unref(mn_cast_rest_t *r) {
+  if (--r->refs == 0) free(r);
+}
+
+static int cast_send(mn_ctl_t *c, const char *frame, size_t n);
+
 int mn_ctl_cast_end(mn_ctl_t *c, const char *frame, size_t n) {
+  int rc = cast_send(c, frame, n);
+  if (c->cur_rest != NULL) mn__ctl_rest_unref(c->cur_rest);
+  c->cur_rest = NULL;
+  return rc;
+}
+
+static int cast_send(mn_ctl_t *c, const char *frame, size_t n) {
   int rc = 0;
   if (c->tree_dirty) mn__ctl_tree_refresh(c);
   if (mn__ctl_tree_active(c)) return mn__ctl_tree_cast_end(c, frame + MN_MSG_CALL_HEAD, n - MN_MSG_CALL_HEAD);
@@ -109,13 +130,43 @@ void mn__ctl_relay_acks_end(mn_ctl_t *c) {
   c->ncasting = 0;
 }
 
+/* The frames of k's calls in flight, in seq order: a relayed call's rebuilt from its cast's shared
+ * bytes, a direct one's taken from `unacked`. They then all go on k's own link. */
+static void rebuild_unacked(mn_conn_t *k) {
+  mn_buf_t nb;
+  mn_buf_init(&nb);
+  size_t off = k->unacked_off;
+  uint64_t seq = k->seq - k->rcount + 1;
+  for (size_t i = 0; i < k->rcount; i++, seq++) {
+    mn_pending_t *p = &k->ring[(k->rhead + i) & (k->rcap - 1)];
+    if (p->rest != NULL) {
+      char head[MN_MSG_CALL_HEAD];
+      mn_msg_call_from_cast(head, seq, p->rest->len);
+      /* Out of memory: this call is not resent; its timeout, or the proc's loss, fails it. */
+      if (mn_buf_append(&nb, head, sizeof(head)) == 0) mn_buf_append(&nb, p->rest->data, p->rest->len);
+      mn__ctl_rest_unref(p->rest);
+      p->rest = NULL;
+    } else if (off + MN_FRAME_HEADER <= k->unacked.len) {
+      size_t len = MN_FRAME_HEADER + mn_be32(k->unacked.data + off);
+      mn_buf_append(&nb, k->unacked.data + off, len);
+      off += len;
+    }
+  }
+  mn_buf_free(&k->unacked);
+  k->unacked = nb;
+  k->unacked_off = 0;
+}
+
 void mn__ctl_unrelay(mn_conn_t *k) {
+  int any = 0;
   k->on_relay = 0;
   for (size_t i = 0; i < k->rcount; i++) {
-    mn_pending_t *p = &k->ring[(k->rhead + i) % k->rcap];
+    mn_pending_t *p = &k->ring[(k->rhead + i) & (k->rcap - 1)];
     if (p->relay) mn__ctl_tree_answered(k->ctl, k);
+    any |= p->rest != NULL;
     p->relay = 0;
   }
+  if (any && !k->ctl->no_acks) rebuild_unacked(k);
 }
 
 void mn__ctl_unrelay_agent(mn_ctl_t *c, int agent) {

@@ -65,6 +65,16 @@ struct mn_conn_s {
   char reason[256];  /* why it closed, or why it is reconnecting */
 };
 
+/* A cast's CALL bytes after the seq, kept once for all its relayed calls instead of a copy per proc in
+ * `unacked`: a proc's frame is rebuilt from it only if its call must be resent on its own link. */
+struct mn_cast_rest_s {
+  int refs;
+  uint32_t len;
+  char data[];
+};
+
+void mn__ctl_rest_unref(mn_cast_rest_t *r);
+
 /* Queues an event for the Lua face; 0 or MN_ENOMEM. */
 int mn__ctl_push_event(mn_ctl_t *c, mn_ev_kind_t k, int conn, int64_t a, int64_t b);
 /* A timer callback that does nothing: its firing only ends a uv_run(UV_RUN_ONCE). */
@@ -72,10 +82,12 @@ void mn__ctl_on_timer(uv_timer_t *t);
 
 /* Marks k for the next flush. */
 void mn__ctl_set_dirty(mn_ctl_t *c, mn_conn_t *k);
-/* Appends a pending entry (call, slot, relayed) to k's ring; 0 or MN_ENOMEM. */
-int mn__ctl_push_pending(mn_conn_t *k, double call, int32_t slot, int relay);
-/* Gives a CALL frame k's next seq and records it in flight (pending entry, unacked copy); 0 or MN_ENOMEM. */
-int mn__ctl_track(mn_ctl_t *c, mn_conn_t *k, char *frame, size_t n, double call, int32_t slot, int relay);
+/* Appends a pending entry (call, slot, relayed with its shared bytes) to k's ring; 0 or MN_ENOMEM. */
+int mn__ctl_push_pending(mn_conn_t *k, double call, int32_t slot, int relay, mn_cast_rest_t *rest);
+/* Gives a CALL frame k's next seq and records it in flight: a pending entry, and an unacked copy
+ * unless `rest` (a relayed call's shared bytes) stands for it; 0 or MN_ENOMEM. */
+int mn__ctl_track(mn_ctl_t *c, mn_conn_t *k, char *frame, size_t n, double call, int32_t slot, int relay,
+                  mn_cast_rest_t *rest);
 /* A CALL on k's own link, whatever is in flight through its agent (mn_ctl_call without that check). */
 int mn__ctl_call_direct(mn_ctl_t *c, mn_conn_t *k, char *frame, size_t n, double call, int32_t slot);
 /* Queues k's ACK in its agent's ACKS batch (sent by mn__ctl_relay_acks_end); 0 if it must go on k's own link. */
