@@ -16,11 +16,19 @@ typedef struct {
 } mn_link_t;
 
 struct mn_conn_s {
-  mn_link_t *link;
+  /* Hot: what a call sent and a RESULT taken touch, together in the first cache lines. */
   mn_ctl_t *ctl;
+  mn_pending_t *ring;
+  size_t rhead, rcount, rcap;
+  uint64_t seq;      /* last CALL sequence number sent */
+  uint64_t acked;    /* highest seq whose RESULT arrived */
+  uint64_t via_pid;  /* its pid, by which its agent knows it (casts, ctl_cast.c) */
+  size_t on_relay;   /* calls in flight through the agent; while any is, every call goes that way (order) */
   int id;
+  int via;           /* a proc: the agent conn that relays its casts (0: none) */
   mn_conn_kind_t kind;
   mn_conn_state_t state;
+  mn_link_t *link;
   mn_buf_t in;       /* bytes read, not yet drained */
   size_t in_off;     /* bytes at the front of `in` already drained (compacted lazily) */
   mn_buf_t out;      /* frames queued, not yet written */
@@ -30,8 +38,6 @@ struct mn_conn_s {
   int readable;      /* on ctl's readable list */
   int ever_ready;
   uint64_t session;  /* random id; the same across reconnects */
-  uint64_t seq;      /* last CALL sequence number sent */
-  uint64_t acked;    /* highest seq whose RESULT arrived */
   uint64_t ack_sent; /* highest seq announced in an ACK */
   uint64_t last_rx;  /* uv_now of the last bytes received */
   uint64_t lost_at;  /* uv_now when reconnecting began */
@@ -39,13 +45,7 @@ struct mn_conn_s {
   int attempt;
   int peer_closed;   /* the last loss was an EOF or reset from the peer, not silence */
   uv_timer_t *retry; /* pending reconnect attempt */
-  mn_pending_t *ring;
-  size_t rhead, rcount, rcap;
   void *data;
-  /* Casts (ctl_cast.c). A proc: */
-  int via;           /* the agent conn that relays its casts (0: none) */
-  uint64_t via_pid;  /* its pid, by which that agent knows it */
-  size_t on_relay;   /* calls in flight through the agent; while any is, every call goes that way (order) */
   /* An agent: */
   mn_buf_t cast;     /* uint64s of the batch being gathered: a cast's (pid, seq, tag) triples, or ACKS' pairs */
   int in_cast;       /* on ctl's list of agents with a batch gathered */
@@ -56,7 +56,7 @@ struct mn_conn_s {
   int64_t tree_inflight; /* relayed calls in flight whose route passes through it */
   uint32_t tree_count;   /* this cast's triples in its subtree */
   int in_tree, tree_root; /* this cast touched it; it is cast to directly */
-  /* Cold: the names and texts, last, so that the fields a RESULT touches share cache lines. */
+  /* Cold: the names and texts, last. */
   int port;
   int64_t info_pid;
   uint8_t ns[MN_NONCE_LEN], nc[MN_NONCE_LEN];

@@ -38,6 +38,7 @@ M.records = calls
 local function finish(rec)
   if rec.done then return end
   rec.done = true
+  if rec.collected then core.uncollect(rec.id) end
   if rec.mode == "broadcast" then
     -- Procs the script stopped itself are not a failure worth stopping it for.
     for _, f in ipairs(rec.failures or {}) do
@@ -120,6 +121,16 @@ local function slot_done(rec, slot, ok, v)
 end
 M.slot_done = slot_done
 
+--- Settles n slots whose values C already stored into rec.values (core.collect): the common case of
+-- a mesh-wide call, without a Lua step per proc.
+function M.slots_done(rec, n)
+  rec.remaining = rec.remaining - n
+  if rec.remaining == 0 then
+    calls[rec.id] = nil
+    finish(rec)
+  end
+end
+
 --- Settles slot `slot` of rec with the failure a proc sent back (c: its
 -- {kind, message, kernel}, or nil).
 function M.slot_failed(rec, slot, c)
@@ -141,6 +152,7 @@ end
 
 -- States in which a proc takes calls now, will take them once back, or never.
 local SENDABLE = { ready = true, reconnecting = true }
+local COLLECT_MIN = 4 -- below this many procs, a call's answers come per slot (collecting costs a registry ref)
 local COMING_BACK = { restarting = true, initializing = true }
 
 --- Sends slot `slot` of rec to its proc (or queues it until the proc is back).
@@ -284,6 +296,8 @@ function M.submit(procs, kernel, args, nargs, opts)
     -- The common case: one encoding, copied to every connection.
     local targets = {}
     for i, p in ipairs(procs) do targets[i] = p.conn end
+    -- Successes land in rec.values from C; only failures come per slot (no on_slot to tell).
+    if #procs >= COLLECT_MIN and not rec.on_slot then rec.collected = core.collect(id, rec.values) end
     local depth = core.call(id, targets, kernel, unpack(args, 1, nargs))
     if depth > loop.window then M.wait_window(procs) end
   else

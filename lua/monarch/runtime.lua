@@ -61,7 +61,7 @@ function R.unhandled(err, p)
   if p then unheard[err] = p end
 end
 
-local records, slot_done = calls.records, calls.slot_done
+local records, slot_done, slots_done = calls.records, calls.slot_done, calls.slots_done
 
 local function dispatch(n)
   for i = 1, n, 4 do
@@ -70,7 +70,13 @@ local function dispatch(n)
     if id ~= 0 then
       local rec = records[id]
       if rec then
-        if b then slot_done(rec, a, true, c) else calls.slot_failed(rec, a, c) end
+        if not b then
+          calls.slot_failed(rec, a, c)
+        elseif a < 0 then
+          slots_done(rec, -a) -- -a answers C stored into rec.values itself (core.collect)
+        else
+          slot_done(rec, a, true, c)
+        end
       end
     elseif b == "message" then
       local fn = type(c) == "table" and routes[c[1]]
