@@ -45,6 +45,17 @@ mn_conn_t *mn_ctl_relayed_conn(mn_ctl_t *c, int agent, uint64_t tag) {
   return k != NULL && k->kind == MN_CONN_PROC && k->via > 0 && k->state != MN_CS_CLOSED ? k : NULL;
 }
 
+void mn_ctl_prefetch(mn_ctl_t *c, uint64_t id, int deep) {
+  mn_conn_t *k = id > 0 && id <= (uint64_t)c->nconns ? c->conns[id] : NULL;
+  if (k == NULL) return;
+  if (!deep) {
+    __builtin_prefetch(k);
+    __builtin_prefetch((const char *)k + 64);
+  } else if (k->ring != NULL) {
+    __builtin_prefetch(&k->ring[k->rhead]);
+  }
+}
+
 static int relay_usable(mn_ctl_t *c, mn_conn_t *k) {
   mn_conn_t *a = k->via > 0 ? mn_ctl_conn(c, k->via) : NULL;
   return a != NULL && a->state == MN_CS_READY && k->state == MN_CS_READY;

@@ -285,17 +285,16 @@ function M.submit(procs, kernel, args, nargs, opts)
     rec.future.call = rec -- so that fut:cancel() reaches the call
   end
   calls[id] = rec
-  local all_sendable = true
-  for _, p in ipairs(procs) do
+  -- The common case: every proc takes calls now; one encoding, copied to every connection.
+  local targets, all_sendable = {}, true
+  for i, p in ipairs(procs) do
     if not SENDABLE[p.state] and not ((rec.bypass or p.in_hooks) and p.state == "initializing") then
       all_sendable = false
       break
     end
+    targets[i] = p.conn
   end
   if all_sendable and #procs > 0 then
-    -- The common case: one encoding, copied to every connection.
-    local targets = {}
-    for i, p in ipairs(procs) do targets[i] = p.conn end
     -- Successes land in rec.values from C; only failures come per slot (no on_slot to tell).
     if #procs >= COLLECT_MIN and not rec.on_slot then rec.collected = core.collect(id, rec.values) end
     local depth = core.call(id, targets, kernel, unpack(args, 1, nargs))
