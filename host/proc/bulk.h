@@ -76,14 +76,14 @@ int mn_bulk_copy(const mn_bulk_peer_t *peer, int to_peer, char *local, uint64_t 
  * Our map of bytes off .. off+len of the memfd the controller holds as its
  * fd `fd` (a big HostTensor), into *at. The region is mapped whole on first
  * use (page tables filled at once) and kept for the next transfers: that
- * setup costs about half as much as the copy itself. The file is found
- * through a pidfd (pidfd_getfd: the same permission as process_vm_readv)
- * after the peer proved itself, and known by its inode, so a reused fd
- * number never reaches an old map. 0; 1 when there is no map to be had
- * (no pidfd_getfd, a failed mmap: why in stats and err; the caller copies
- * with process_vm); else mn_bulk_check_peer's code, or MN_EINVAL for an fd
- * that is no memfd or a range outside it, with err. Maps belong to the one
- * thread that runs calls (and the tests' own).
+ * setup costs about half as much as the copy itself. The file is opened
+ * through /proc/<pid>/fd, the peer proved afterwards (so the file was its),
+ * and known by its inode, so a reused fd number never reaches an old map.
+ * 0; 1 when there is no map to be had (the file cannot be opened, a failed
+ * mmap: why in stats and err; the caller copies with process_vm); else
+ * mn_bulk_check_peer's code, or MN_EINVAL for an fd that is no memfd or a
+ * range outside it, with err. Maps belong to the one thread that runs
+ * calls (and the tests' own).
  */
 int mn_bulk_map(const mn_bulk_peer_t *peer, int fd, uint64_t off, size_t len, char **at, char *err, size_t errlen);
 

@@ -9,7 +9,6 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -84,18 +83,16 @@ static void unmap(region_t *r) {
   memset(r, 0, sizeof(*r));
 }
 
-/* The controller's fd `fd` as one of ours (close it), or -errno. */
+/*
+ * The file behind the controller's fd `fd`, opened as one of ours (close
+ * it), or -errno. Through /proc rather than pidfd_getfd: it works on every
+ * kernel and under valgrind, and the caller proves the process afterwards.
+ */
 static int take_fd(pid_t pid, int fd) {
-#if defined(SYS_pidfd_open) && defined(SYS_pidfd_getfd)
-  int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
-  if (pidfd < 0) return -errno;
-  int got = (int)syscall(SYS_pidfd_getfd, pidfd, fd, 0);
-  int e = errno;
-  close(pidfd);
-  return got >= 0 ? got : -e;
-#else
-  return -ENOSYS;
-#endif
+  char path[64];
+  snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)pid, fd);
+  int got = open(path, O_RDWR | O_CLOEXEC);
+  return got >= 0 ? got : -errno;
 }
 
 /* Whether the controller still holds r's file as its fd r->fd. */
@@ -181,7 +178,7 @@ static int check_region(int lfd, int fd, uint64_t off, size_t len, struct stat *
 int mn_bulk_map(const mn_bulk_peer_t *peer, int fd, uint64_t off, size_t len, char **at, char *err, size_t errlen) {
   drop_others(peer->pid);
   int lfd = take_fd(peer->pid, fd);
-  if (lfd < 0) return unmapped("taking", fd, lfd, err, errlen);
+  if (lfd < 0) return unmapped("opening", fd, lfd, err, errlen);
   /* Proved after the fd was taken: the process it came from was the controller (not a reused pid). */
   int rc = mn_bulk_check_peer(peer, err, errlen);
   struct stat st;
