@@ -100,10 +100,10 @@ static void *work(void *arg) {
   return NULL;
 }
 
-int mn_bulk_threads(size_t n) {
+int mn_bulk_threads(size_t n, int mapped) {
   const char *e = getenv("MONARCH_BULK_THREADS");
   long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-  long k = e != NULL && *e ? atol(e) : (cpus < MN_BULK_DEFAULT_THREADS ? cpus : MN_BULK_DEFAULT_THREADS);
+  long k = e != NULL && *e ? atol(e) : mapped ? 1 : (cpus < MN_BULK_DEFAULT_THREADS ? cpus : MN_BULK_DEFAULT_THREADS);
   if (k > MN_BULK_MAX_THREADS) k = MN_BULK_MAX_THREADS;
   size_t by_size = n / MN_BULK_STRIPE_MIN;
   if ((size_t)k > by_size) k = (long)by_size;
@@ -113,7 +113,7 @@ int mn_bulk_threads(size_t n) {
 int mn_bulk_copy(const mn_bulk_peer_t *peer, int to_peer, char *local, uint64_t remote, char *mapped, size_t n,
                  atomic_int *cancel, char *err, size_t errlen) {
   job_t j = {peer, to_peer, local, remote, mapped, n, cancel, 0, 0, 0};
-  int k = mn_bulk_threads(n);
+  int k = mn_bulk_threads(n, mapped != NULL);
   worker_t w[MN_BULK_MAX_THREADS];
   pthread_t th[MN_BULK_MAX_THREADS];
   int started[MN_BULK_MAX_THREADS] = {0};

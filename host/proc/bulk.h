@@ -17,7 +17,7 @@
 
 #define MN_BULK_PIECE (4u << 20)      /* bytes a thread claims at a time: cancel flag (and peer proof) checked between pieces */
 #define MN_BULK_STRIPE_MIN (4u << 20) /* a copy gets one thread per this many bytes, up to the thread count */
-#define MN_BULK_DEFAULT_THREADS 4     /* threads of one copy, at most the CPUs online (MONARCH_BULK_THREADS) */
+#define MN_BULK_DEFAULT_THREADS 4     /* threads of one process_vm copy, at most the CPUs online (MONARCH_BULK_THREADS) */
 #define MN_BULK_MAX_THREADS 16        /* most threads one copy uses, whatever MONARCH_BULK_THREADS says */
 #define MN_BULK_MAPS 8                /* controller regions a proc keeps mapped at most; the least recently used goes */
 #define MN_BULK_SWEEP_MS 1000         /* an idle proc holding maps checks this often that the controller still has them */
@@ -51,18 +51,22 @@ typedef struct {
 int mn_bulk_check_peer(const mn_bulk_peer_t *peer, char *err, size_t errlen);
 
 /*
- * Threads a copy of n bytes uses: MONARCH_BULK_THREADS, else the CPUs online
- * up to MN_BULK_DEFAULT_THREADS; at most MN_BULK_MAX_THREADS and one per
- * MN_BULK_STRIPE_MIN bytes; at least 1.
+ * Threads a copy of n bytes uses: MONARCH_BULK_THREADS, else 1 for a copy
+ * through a map (mapped) and the CPUs online up to MN_BULK_DEFAULT_THREADS
+ * for one by process_vm; at most MN_BULK_MAX_THREADS and one per
+ * MN_BULK_STRIPE_MIN bytes; at least 1. A mapped copy on one thread runs
+ * at memcpy's speed; a second one gains on an idle machine but waits on
+ * the slower of the two whenever another process takes a core. The
+ * kernel's copy runs at half that speed per thread, so it needs them.
  */
-int mn_bulk_threads(size_t n);
+int mn_bulk_threads(size_t n, int mapped);
 
 /*
  * Copies n bytes between local memory and peer's memory at remote: into
  * the peer when to_peer, else out of it. `mapped`, when not NULL, is our
  * own map of those peer bytes (mn_bulk_map): copied with plain loads and
  * streaming stores. Else process_vm_readv/writev, proving the peer before
- * each piece (its pid could be reused once it dies). mn_bulk_threads(n)
+ * each piece (its pid could be reused once it dies). mn_bulk_threads(n, mapped)
  * threads (the caller's among them) take MN_BULK_PIECE pieces in turn, so
  * a thread the scheduler holds back delays one piece, not a fixed share;
  * they stop when *cancel is set (cancel may be NULL). 0, or with err:

@@ -46,7 +46,7 @@ static void copies_both_ways_striped(void **state) {
   for (size_t i = 0; i < n; i++) a[i] = (char)(i * 31 + 7);
   mn_bulk_peer_t p = self_peer();
   setenv("MONARCH_BULK_THREADS", "3", 1);
-  assert_int_equal(mn_bulk_threads(n), 3);
+  assert_int_equal(mn_bulk_threads(n, 0), 3);
   assert_int_equal(mn_bulk_copy(&p, 0, b, (uint64_t)(uintptr_t)a, NULL, n, NULL, err, sizeof(err)), 0);
   assert_memory_equal(a, b, n);
   memset(a, 0, n);
@@ -59,11 +59,13 @@ static void copies_both_ways_striped(void **state) {
 
 static void counts_threads_within_limits(void **state) {
   setenv("MONARCH_BULK_THREADS", "1000", 1);
-  assert_int_equal(mn_bulk_threads((size_t)MN_BULK_STRIPE_MIN * 100), MN_BULK_MAX_THREADS);
-  assert_int_equal(mn_bulk_threads(10), 1); /* one stripe: small copies stay on the caller's thread */
+  assert_int_equal(mn_bulk_threads((size_t)MN_BULK_STRIPE_MIN * 100, 0), MN_BULK_MAX_THREADS);
+  assert_int_equal(mn_bulk_threads((size_t)MN_BULK_STRIPE_MIN * 100, 1), MN_BULK_MAX_THREADS);
+  assert_int_equal(mn_bulk_threads(10, 0), 1); /* one stripe: small copies stay on the caller's thread */
   setenv("MONARCH_BULK_THREADS", "0", 1);
-  assert_int_equal(mn_bulk_threads((size_t)MN_BULK_STRIPE_MIN * 100), 1);
+  assert_int_equal(mn_bulk_threads((size_t)MN_BULK_STRIPE_MIN * 100, 0), 1);
   unsetenv("MONARCH_BULK_THREADS");
+  assert_int_equal(mn_bulk_threads((size_t)MN_BULK_STRIPE_MIN * 100, 1), 1); /* a mapped copy: one thread unless told */
 }
 
 static void stops_when_cancelled_and_names_a_bad_address(void **state) {
