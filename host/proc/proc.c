@@ -80,6 +80,7 @@ typedef struct {
   const mn_auth_t *auth;
   mn_exec_t exec;
   long spin_ns;
+  int64_t swept_ns;         /* when the executor last dropped bulk maps the controller no longer holds (bulk.h) */
   atomic_ullong executed;   /* calls run, for the agent's status report */
   atomic_ullong received;   /* calls queued by the I/O thread; received - executed are in flight */
   int status_fd;            /* the port pipe, kept for status lines to the agent (-1: none) */
@@ -117,7 +118,27 @@ static item_t *take_all(proc_t *p) {
   while (atomic_load_explicit(&p->nitems, memory_order_acquire) == 0 && mn_now_ns() < until)
     sched_yield();
   pthread_mutex_lock(&p->lock);
-  while (p->head == NULL && !p->stop) pthread_cond_wait(&p->cond, &p->lock);
+  while (p->head == NULL && !p->stop) {
+    if (mn_bulk_maps_held() == 0) {
+      pthread_cond_wait(&p->cond, &p->lock);
+      continue;
+    }
+    /* Maps of the controller's memory (bulk.h): while idle, drop those it no longer holds, every so often. */
+    int64_t due = p->swept_ns + (int64_t)MN_BULK_SWEEP_MS * 1000000, now = mn_now_ns();
+    if (now >= due) {
+      pthread_mutex_unlock(&p->lock);
+      mn_bulk_sweep();
+      p->swept_ns = mn_now_ns();
+      pthread_mutex_lock(&p->lock);
+      continue;
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    int64_t at = (int64_t)ts.tv_nsec + (due - now);
+    ts.tv_sec += (time_t)(at / 1000000000);
+    ts.tv_nsec = (long)(at % 1000000000);
+    pthread_cond_timedwait(&p->cond, &p->lock, &ts); /* woken by work, or due for a sweep: the loop decides */
+  }
   item_t *all = p->head;
   p->head = p->tail = NULL;
   atomic_store(&p->nitems, 0);
