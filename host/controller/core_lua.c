@@ -273,6 +273,11 @@ static int l_call(lua_State *L) {
         mn_ctl_prefetch(&c->ctl, (uint64_t)lua_tointeger(L, -1), 0);
         lua_pop(L, 1);
       }
+      if (i + 4 <= n) {
+        lua_rawgeti(L, 2, i + 4);
+        mn_ctl_prefetch(&c->ctl, (uint64_t)lua_tointeger(L, -1), 2);
+        lua_pop(L, 1);
+      }
       lua_rawgeti(L, 2, i);
       id = (int)lua_tointeger(L, -1);
       lua_pop(L, 1);

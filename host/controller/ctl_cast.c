@@ -51,8 +51,10 @@ void mn_ctl_prefetch(mn_ctl_t *c, uint64_t id, int deep) {
   if (!deep) {
     __builtin_prefetch(k);
     __builtin_prefetch((const char *)k + 64);
-  } else if (k->ring != NULL) {
+  } else if (k->ring != NULL && deep == 1) {
     __builtin_prefetch(&k->ring[k->rhead]);
+  } else if (k->ring != NULL && k->rcount < k->rcap) {
+    __builtin_prefetch(&k->ring[(k->rhead + k->rcount) & (k->rcap - 1)], 1);
   }
 }
 

@@ -153,6 +153,7 @@ end
 -- States in which a proc takes calls now, will take them once back, or never.
 local SENDABLE = { ready = true, reconnecting = true }
 local COLLECT_MIN = 4 -- below this many procs, a call's answers come per slot (collecting costs a registry ref)
+local conns_of = setmetatable({}, { __mode = "k" }) -- procs list -> its conns, for core.call
 local COMING_BACK = { restarting = true, initializing = true }
 
 --- Sends slot `slot` of rec to its proc (or queues it until the proc is back).
@@ -286,7 +287,12 @@ function M.submit(procs, kernel, args, nargs, opts)
   end
   calls[id] = rec
   -- The common case: every proc takes calls now; one encoding, copied to every connection.
-  local targets, all_sendable = {}, true
+  -- The conns list is kept per procs list and refreshed in place: no garbage per call.
+  local targets, all_sendable = #procs >= 16 and conns_of[procs], true
+  if not targets or #targets ~= #procs then
+    targets = {}
+    if #procs >= 16 then conns_of[procs] = targets end -- a small list is often made per call
+  end
   for i, p in ipairs(procs) do
     if not SENDABLE[p.state] and not ((rec.bypass or p.in_hooks) and p.state == "initializing") then
       all_sendable = false
