@@ -1,35 +1,98 @@
 #!/usr/bin/env bash
 # bench/scale.sh: mesh-wide call + gather, controller CPU and memory, as the
-# mesh grows: real procs on local host agents (AGENTS x PER procs).
-#   bench/scale.sh [AGENTS [PER [CALLS]]]     (default 32 x 32 = 1,024 procs)
-# Every agent and proc is a real process on real TCP on this machine, so the
-# latencies include the procs' own CPU time on its cores; the controller's
-# CPU per call is its own (from /proc/self/stat).
+# mesh grows, in one run:
+#  1. real procs on local host agents (AGENTS x PER, default 32 x 32 = 1,024),
+#     the old direct path (a CALL per proc, the controller PINGs every proc)
+#     next to the new one (a CAST per host agent, agents watch their procs);
+#  2. simulated hosts: `monarch-worker --simulate` agents whose procs are
+#     virtual (emulated inside the agent, no process each), SIM_PER procs on
+#     each of 1, 16, 256, 1,024 and 4,096 hosts, then the same 32,768 procs
+#     on 64 hosts (SIM_EXTRA, HOSTSxPROCS): what costs per host and what per
+#     proc. Every controller, cast and relay path is the production code over
+#     real TCP; only the procs are pretend, so thousands of hosts fit here.
+#   bench/scale.sh [AGENTS [PER [CALLS]]]
+#   SIM_HOSTS="1 16 256 1024 4096" SIM_PER=8 SIM_EXTRA=64x512 SIM_CALLS=8 REAL=1 bench/scale.sh
+# SIM_HOSTS= and SIM_EXTRA= (empty) skip the simulated series, REAL=0 the real one. Every
+# agent and proc runs on this machine, so latencies include their CPU on its
+# cores; the controller's CPU per call is its own (getrusage). Exits non-zero
+# with a message if a run fails; kills every process it started.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${BUILD:-build}
 agents=${1:-32} per=${2:-32} calls=${3:-40}
+sim_hosts=${SIM_HOSTS-1 16 256 1024 4096} sim_per=${SIM_PER:-8} sim_calls=${SIM_CALLS:-8} sim_extra=${SIM_EXTRA-64x512}
+rows=""
+for h in $sim_hosts; do rows="$rows ${h}x$sim_per"; done
+rows="$rows $sim_extra"
 export MONARCH_TOKEN=${MONARCH_TOKEN:-$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')}
+export OPENBLAS_NUM_THREADS=1
 dir=$(mktemp -d)
 pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$dir"; }
+stop_agents() {
+  local p
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  pids=()
+}
+cleanup() { stop_agents; rm -rf "$dir"; }
 trap cleanup EXIT
 . bench/agents.sh
-start_agents "$agents"
-echo "scale bench ($(nproc) cores, $(date -u +%Y-%m-%dT%H:%MZ)): $agents agents x $per procs"
-# Before: the controller PINGs every proc and writes every call to every proc
-# (MONARCH_PROC_HEARTBEAT=1 MONARCH_RELAY=0). Casts: it PINGs the agents only
-# (each watches its procs' status lines), and a mesh-wide call goes to each
-# agent as one CAST frame, answered by one batched RESULTS frame (fanout 0: no
-# tree). Tree: past 16 agents (the default fanout) it casts to the top 16 and
-# they hand the call on to their children.
-before=$(MONARCH_PROC_HEARTBEAT=1 MONARCH_RELAY=0 $B/bin/monarch-run --hostfile "$dir/hosts" bench/scale.lua "$per" "$calls")
-flat=$(SCALE_FANOUT=0 $B/bin/monarch-run --hostfile "$dir/hosts" bench/scale.lua "$per" "$calls")
-tree=$($B/bin/monarch-run --hostfile "$dir/hosts" bench/scale.lua "$per" "$calls")
 get() { echo "$2" | awk -v k="$1" '$1 == k {print $2}'; }
-ratio() { if [ "$(echo "$2 > 0" | bc -l)" = 1 ]; then printf '%7.2fx' "$(echo "$1 / $2" | bc -l)"; else printf '%8s' "-"; fi; }
-printf '%-24s %12s %12s %12s %8s %8s\n' "measure" "per proc" "casts" "cast tree" "casts/" "tree/"
-for k in spawn_connect_s call_gather_ms ctl_cpu_per_call_ms ctl_idle_cpu_pct ctl_peak_rss_mib ctl_open_fds; do
-  b=$(get $k "$before") f=$(get $k "$flat") t=$(get $k "$tree")
-  printf '%-24s %12s %12s %12s %s %s\n' "$k" "$b" "$f" "$t" "$(ratio "$f" "$b")" "$(ratio "$t" "$b")"
-done
+# run NAME ARGS...: the controller on $dir/hosts; its output, or a clear failure.
+run() {
+  local name=$1 out
+  shift
+  if ! out=$("$@" 2>"$dir/err"); then
+    echo "bench/scale.sh: $name failed: $(head -4 "$dir/err")" >&2
+    exit 1
+  fi
+  echo "$out"
+}
+echo "scale bench ($(nproc) cores, $(date -u +%Y-%m-%dT%H:%MZ))"
+
+if [ "${REAL:-1}" != 0 ]; then
+  start_agents "$agents"
+  echo
+  echo "real procs: $agents agents x $per procs ($((agents * per))), per-proc path vs through the agents"
+  # Before: the controller PINGs every proc and writes every call to every proc
+  # (MONARCH_PROC_HEARTBEAT=1 MONARCH_RELAY=0). Now: it PINGs the agents only
+  # (each watches its procs' status lines), and a mesh-wide call goes to each
+  # agent as one CAST frame, answered by one batched RESULTS frame.
+  before=$(MONARCH_PROC_HEARTBEAT=1 MONARCH_RELAY=0 run "the per-proc run" \
+    $B/bin/monarch-run --hostfile "$dir/hosts" bench/scale.lua "$per" "$calls")
+  # Casts to every agent directly (fanout 0), then through the cast tree (past the default fanout of 16
+  # agents the controller casts to the top 16 and they hand the call on to their children).
+  flat=$(SCALE_FANOUT=0 run "the flat-cast run" $B/bin/monarch-run --hostfile "$dir/hosts" bench/scale.lua "$per" "$calls")
+  now=$(run "the cast-tree run" $B/bin/monarch-run --hostfile "$dir/hosts" bench/scale.lua "$per" "$calls")
+  stop_agents
+  ratio() { if [ "$(echo "$2 > 0" | bc -l)" = 1 ]; then printf '%7.2fx' "$(echo "$1 / $2" | bc -l)"; else printf '%8s' "-"; fi; }
+  printf '%-24s %12s %12s %12s %8s %8s\n' "measure" "per proc" "flat casts" "cast tree" "flat/" "tree/"
+  for k in spawn_connect_s call_gather_ms ctl_cpu_per_call_ms ctl_bytes_per_proc ctl_rss_per_proc ctl_idle_cpu_pct \
+    ctl_peak_rss_mib ctl_open_fds; do
+    b=$(get $k "$before") f=$(get $k "$flat") n=$(get $k "$now")
+    printf '%-24s %12s %12s %12s %s %s\n' "$k" "$b" "$f" "$n" "$(ratio "$f" "$b")" "$(ratio "$n" "$b")"
+  done
+fi
+
+if [ -n "${rows// /}" ]; then
+  echo
+  echo "simulated hosts (monarch-worker --simulate): hosts x procs each; $sim_calls calls per batch, median of 5 batches"
+  fmt='%6s %7s %9s %8s %15s %20s %19s %17s %17s %23s %10s\n'
+  printf "$fmt" hosts procs connect_s spawn_s call_gather_ms ctl_cpu_per_call_ms ctl_bytes_per_proc ctl_rss_per_proc \
+    ctl_idle_cpu_pct agents_cpu_per_call_ms agent_kib
+  for row in $rows; do
+    h=${row%x*} p=${row#*x}
+    case "$h$p" in *[!0-9]* | "") echo "bench/scale.sh: a simulated row is HOSTSxPROCS, got '$row'" >&2; exit 2 ;; esac
+    start_agents "$h" --simulate
+    out=$(run "the run on $h simulated hosts" $B/bin/monarch-run --hostfile "$dir/hosts" bench/scale.lua "$p" "$sim_calls")
+    # One agent's own memory after the run (private pages, KiB): what each of the thousands costs the machine.
+    akib=$(awk '/^Private_(Clean|Dirty):/ {s += $2} END {print s}' "/proc/${pids[0]}/smaps_rollup" 2>/dev/null || echo "?")
+    stop_agents
+    printf "$fmt" "$h" "$(get procs "$out")" "$(get connect_s "$out")" "$(get spawn_connect_s "$out")" \
+      "$(get call_gather_ms "$out")" "$(get ctl_cpu_per_call_ms "$out")" "$(get ctl_bytes_per_proc "$out")" \
+      "$(get ctl_rss_per_proc "$out")" "$(get ctl_idle_cpu_pct "$out")" "$(get agents_cpu_per_call_ms "$out")" "$akib"
+  done
+  echo "spawn_s: spawn_procs + load \"basic\"; per proc, less the ValueMesh: ctl_bytes (Lua heap + malloc in use),"
+  echo "ctl_rss (resident set grown: also what the collector freed); agents_cpu: every agent's CPU per call, the"
+  echo "simulated procs' work included (all of it shares this machine's cores); agent_kib: one agent's private memory"
+fi

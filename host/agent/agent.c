@@ -118,6 +118,7 @@ static void session_end(asession_t *s) {
   agent_t *a = s->a;
   s->ended = 1;
   uv_walk(a->loop, walk_kill, s);
+  if (a->sim != NULL) mn__agent_sim_session_end(s);
   asession_t **pp = &a->sessions;
   while (*pp && *pp != s) pp = &(*pp)->next;
   if (*pp) *pp = s->next;
@@ -235,6 +236,10 @@ static void handle_spawn(aconn_t *c, const msgpack_object *m) {
     c->session->hang_ms = hang->via.u64;
     mn__agent_watch_hangs(c->a, hang->via.u64);
   }
+  if (c->a->sim != NULL) {
+    mn__agent_sim_spawn(c->session, req, n, rb, w); /* virtual procs: nothing to exec */
+    return;
+  }
   /* The cores shared out among this host's procs, these included (earlier procs keep theirs). */
   long cpus = sysconf(_SC_NPROCESSORS_ONLN);
   int threads = cpus > 0 ? (int)(cpus / (c->a->nprocs + n)) : 1;
@@ -274,6 +279,7 @@ static void handle_kill(aconn_t *c, const msgpack_object *m) {
   /* Only this controller's own procs: it cannot signal arbitrary pids. */
   kill_req_t k = {kl.pid, kl.sig, c->session};
   uv_walk(c->a->loop, walk_signal, &k);
+  if (c->a->sim != NULL) mn__agent_sim_kill(c->session, kl.pid, kl.sig);
 }
 
 /* SESSION [22, id, 0, true]: a parent agent's relay link for session id, which must be ours already. */
@@ -495,7 +501,8 @@ int mn_agent_main(const mn_agent_opts_t *o) {
     if (write(o->port_fd, line, (size_t)n) != n) return 2;
     close(o->port_fd);
   } else {
-    printf("monarch-worker: host agent listening on %s:%d\n", o->listen_host, port);
+    printf("monarch-worker: host agent listening on %s:%d%s\n", o->listen_host, port,
+           o->simulate ? " (simulated procs: a scale test)" : "");
     fflush(stdout);
   }
   const char *grace = getenv("MONARCH_AGENT_GRACE");
@@ -516,6 +523,7 @@ int mn_agent_main(const mn_agent_opts_t *o) {
   uv_unref((uv_handle_t *)&sigterm);
   uv_unref((uv_handle_t *)&sigint);
   a->port = port;
+  if (o->simulate && mn__agent_sim_init(a) != 0) return 2;
   if (o->join != NULL && mn__agent_join_start(a) != 0) return 2;
   uv_run(a->loop, UV_RUN_DEFAULT);
   mn__agent_join_close(a);
@@ -525,6 +533,7 @@ int mn_agent_main(const mn_agent_opts_t *o) {
   uv_walk(a->loop, walk_kill_parked, NULL);
   uv_close((uv_handle_t *)&a->tick, NULL);
   mn__agent_relay_close(a);
+  mn__agent_sim_close(a);
   if (a->hang_period != 0) uv_close((uv_handle_t *)&a->hang_timer, NULL);
   uv_close((uv_handle_t *)&a->server, NULL);
   uv_close((uv_handle_t *)&sigterm, NULL);

@@ -13,6 +13,7 @@ typedef struct {
   const char *exe;        /* path of monarch-worker, exec'd for procs */
   double orphan_timeout;  /* passed to procs */
   const char *join;       /* a controller's join port, "HOST:PORT", to ask to dial us (NULL: wait to be dialled) */
+  int simulate;           /* --simulate: procs are virtual, emulated inside the agent (agent_sim.c); a scale test */
 } mn_agent_opts_t;
 
 /*

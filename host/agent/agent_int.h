@@ -45,6 +45,7 @@ typedef struct ajoin_s ajoin_t;
 typedef struct asession_s asession_t;
 typedef struct apersist_s apersist_t;
 typedef struct alink_s alink_t;
+typedef struct asim_s asim_t;
 
 /* A persistent mesh's record: its procs point at it. */
 struct apersist_s {
@@ -85,6 +86,7 @@ typedef struct {
   int port;            /* the port we listen on */
   ajoin_t *join;       /* --join: the attempt to join a controller (agent_join.c) */
   int exit_code;       /* what mn_agent_main returns once the loop stops */
+  asim_t *sim;         /* --simulate: the virtual procs (agent_sim.c); NULL otherwise */
 } agent_t;
 
 struct asession_s {
@@ -184,6 +186,8 @@ int mn__agent_spawn_one(asession_t *c, uint64_t req, int index, int rank, int wo
                         int spin_us);
 /* Starts (or speeds up) the check of procs' status lines for a session whose hang_ms is set. */
 void mn__agent_watch_hangs(agent_t *a, uint64_t hang_ms);
+/* Records an exit for STATUS's list of recent ones (sig 0: none). */
+void mn__agent_note_exit(agent_t *a, int rank, int64_t pid, int64_t status, int sig);
 
 /* ---- agent_relay.c ------------------------------------------------------------------------ */
 
@@ -212,6 +216,28 @@ int64_t mn__agent_tree_forward(asession_t *s, const msgpack_object *subs, const 
 void mn__agent_tree_tick(agent_t *a);
 /* Closes s's links (the session ends). */
 void mn__agent_tree_close(asession_t *s);
+
+/* Adds one RESULT body, named tag, to s's batch (sent at once if that makes it MN_RELAY_BATCH). */
+void mn__agent_relay_answer(asession_t *s, uint64_t tag, const char *body, size_t len);
+/* The end of a burst of answers: sends s's batch now, unless its procs still owe answers (then within MN_RELAY_FLUSH_MS). */
+void mn__agent_relay_push(asession_t *s);
+
+/* ---- agent_sim.c: --simulate, virtual procs answered inside the agent ------------------------ */
+
+/* Sets up the simulation once the agent listens (its port is in the virtual pids); 0 or MN_ENOMEM. */
+int mn__agent_sim_init(agent_t *a);
+void mn__agent_sim_close(agent_t *a);
+/* SPAWN: n virtual procs, ranks rank_base.., each answered SPAWNED with port 0 (one write for all). */
+void mn__agent_sim_spawn(asession_t *s, uint64_t req, int n, int rank_base, int world);
+/* KILL: a terminating signal ends the session's virtual proc `pid` with PROC_EXIT; other pids are ignored. */
+void mn__agent_sim_kill(asession_t *s, int64_t pid, int sig);
+/* CAST: answers the targets that are the session's virtual procs; the others are left to the relay. */
+void mn__agent_sim_cast(asession_t *s, const msgpack_object *targets, const char *rest, size_t rlen);
+/* The session is over: its virtual procs go, without PROC_EXIT (as killed real ones do). */
+void mn__agent_sim_session_end(asession_t *s);
+/* STATUS: how many virtual procs there are, then each one's entry (as a real proc's, plus simulated = true). */
+int mn__agent_sim_count(const agent_t *a);
+void mn__agent_sim_status(const agent_t *a, msgpack_packer *pk, const asession_t *me, uint64_t now);
 
 /* ---- agent_persist.c ---------------------------------------------------------------------- */
 

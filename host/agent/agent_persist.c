@@ -322,9 +322,10 @@ void mn__agent_handle_status(aconn_t *c, const msgpack_object *m) {
   mn_pack_cstr(&pk, "uptime");
   msgpack_pack_double(&pk, (double)(now - a->started) / 1e3);
   mn_pack_cstr(&pk, "procs");
-  msgpack_pack_array(&pk, (size_t)w.count);
+  msgpack_pack_array(&pk, (size_t)w.count + (size_t)mn__agent_sim_count(a));
   w.pack = 1;
   uv_walk(a->loop, walk_status, &w);
+  mn__agent_sim_status(a, &pk, c->session, now);
   int kept = a->nexits < MN_EXITS_KEPT ? a->nexits : MN_EXITS_KEPT;
   mn_pack_cstr(&pk, "exits");
   msgpack_pack_array(&pk, (size_t)kept);

@@ -22,16 +22,19 @@ void mn__agent_send_spawn_failed(asession_t *c, uint64_t req, int index, const c
   mn_buf_free(&b);
 }
 
+void mn__agent_note_exit(agent_t *a, int rank, int64_t pid, int64_t status, int sig) {
+  int slot = a->nexits++ % MN_EXITS_KEPT;
+  a->exits[slot].rank = rank;
+  a->exits[slot].pid = pid;
+  a->exits[slot].status = status;
+  a->exits[slot].sig = sig;
+  a->exits[slot].at = uv_now(a->loop);
+}
+
 static void on_proc_exit(uv_process_t *h, int64_t status, int sig) {
   aproc_t *p = h->data;
   char msg[160];
-  agent_t *ag = p->a;
-  int slot = ag->nexits++ % MN_EXITS_KEPT;
-  ag->exits[slot].rank = p->rank;
-  ag->exits[slot].pid = h->pid;
-  ag->exits[slot].status = status;
-  ag->exits[slot].sig = sig;
-  ag->exits[slot].at = uv_now(ag->loop);
+  mn__agent_note_exit(p->a, p->rank, h->pid, status, sig);
   if (p->owner != NULL) {
     if (!p->reported) {
       snprintf(msg, sizeof(msg), "proc rank %d exited (%s %d) before it was ready", p->rank,

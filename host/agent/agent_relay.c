@@ -101,6 +101,7 @@ void mn__agent_handle_cast(aconn_t *c, const msgpack_object *m) {
   /* A pid that is not one of this session's procs is skipped: it died, and the controller hears so. */
   walk_t w = {s, t, 3, relay_write, r};
   uv_walk(c->a->loop, walk_targets, &w);
+  if (c->a->sim != NULL) mn__agent_sim_cast(s, t, r->data, r->len); /* virtual procs answer here */
   rest_unref(r);
 }
 
@@ -177,14 +178,21 @@ void mn__agent_relay_take_batch(asession_t *s, const char *entries, size_t len, 
   batch_grew(s, s->a);
 }
 
+void mn__agent_relay_answer(asession_t *s, uint64_t tag, const char *body, size_t len) {
+  if (s->nbatch == 0 && mn_msg_results_begin(&s->batch) != 0) return;
+  if (mn_msg_results_add(&s->batch, tag, body, len) == 0) s->nbatch++;
+  if (s->batch.len >= MN_RELAY_BATCH) flush_session(s);
+}
+
+void mn__agent_relay_push(asession_t *s) { batch_grew(s, s->a); }
+
 static void take_result(aproc_t *p, const char *body, size_t len) {
   asession_t *s = p->owner;
   if (p->relayed > 0) p->relayed--;
   if (s == NULL) return; /* killed or parked: its session is gone */
   if (s->relayed > 0) s->relayed--;
-  if (s->nbatch == 0 && mn_msg_results_begin(&s->batch) != 0) return;
-  if (mn_msg_results_add(&s->batch, p->tag, body, len) == 0) s->nbatch++;
-  batch_grew(s, p->a);
+  mn__agent_relay_answer(s, p->tag, body, len);
+  mn__agent_relay_push(s);
 }
 
 static void relay_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf) {

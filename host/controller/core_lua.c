@@ -169,6 +169,17 @@ static int l_connect(lua_State *L) {
   return 1;
 }
 
+/* core.connect_relayed(agent_conn, pid) -> id: a proc its agent reported with port 0, reached only through it. */
+static int l_connect_relayed(lua_State *L) {
+  lctl_t *c = get_ctl(L);
+  int agent = (int)luaL_checkinteger(L, 1);
+  int id = mn_ctl_connect_relayed(&c->ctl, agent, (int64_t)luaL_checknumber(L, 2));
+  if (id == MN_EINVAL) return luaL_argerror(L, 1, "not a ready host agent connection");
+  if (id < 0) return luaL_error(L, "cannot open a relay-only connection: %s", mn_strerror(id));
+  lua_pushinteger(L, id);
+  return 1;
+}
+
 static int l_disconnect(lua_State *L) {
   lctl_t *c = get_ctl(L);
   mn_ctl_disconnect(&c->ctl, (int)luaL_checkinteger(L, 1), luaL_optstring(L, 2, "closed by the script"));
@@ -224,6 +235,9 @@ static void check_message(lua_State *L, int idx) {
 static int l_send(lua_State *L) {
   lctl_t *c = get_ctl(L);
   mn_conn_t *k = ready_conn(L, c, (int)luaL_checkinteger(L, 1), 0);
+  if (mn_ctl_relay_only(k))
+    return luaL_error(L, "connection %d takes only calls: it is a proc reached through its host agent (SPAWNED with port 0, "
+                         "a simulated proc), with no link of its own for a message", (int)lua_tointeger(L, 1));
   luaL_checktype(L, 2, LUA_TTABLE);
   check_message(L, 2);
   msgpack_packer pk;
@@ -400,27 +414,20 @@ static int collected(lua_State *L, lctl_t *c, mn_pending_t p, const mn_msg_resul
   return 1;
 }
 
-/* Adds a proc's RESULT to ev as call_id, slot, ok, value (or, for a collected
- * call, to the run of its answers); returns the new count (>= 0), or
- * MN_EPROTO when it is malformed or answers no call in flight (conn is then
- * closed). */
-static int take_result(lua_State *L, lctl_t *c, mn_conn_t *k, const msgpack_object *m, int ev, int n) {
-  char err[300];
-  mn_msg_result_t r;
+/* Adds a proc's RESULT r to ev as call_id, slot, ok, value (or, for a collected call, to the run of
+ * its answers); returns the new count (>= 0), or MN_EPROTO when it answers no call in flight (conn is
+ * then closed). */
+static int take_parsed(lua_State *L, lctl_t *c, mn_conn_t *k, const mn_msg_result_t *r, int ev, int n) {
   mn_pending_t p;
-  if (mn_msg_parse_result(m, &r, err, sizeof(err)) != 0) {
-    mn_ctl_refuse(&c->ctl, k, err);
-    return MN_EPROTO;
-  }
-  int taken = mn_ctl_take_result(k, r.seq, &p);
+  int taken = mn_ctl_take_result(k, r->seq, &p);
   if (taken == 1) return n; /* a second answer to a resent call: the first one counted */
   if (taken != 0) {
     mn_ctl_refuse(&c->ctl, k, "proc sent a RESULT that matches no call in flight");
     return MN_EPROTO;
   }
-  release_hold(L, c, p);
+  if (c->nholds > 0) release_hold(L, c, p);
   if (c->run_n > 0 && c->run_call != p.call) n = flush_run(L, c, ev, n);
-  if (collected(L, c, p, &r)) {
+  if (collected(L, c, p, r)) {
     c->run_call = p.call;
     c->run_n++;
     return n;
@@ -430,11 +437,22 @@ static int take_result(lua_State *L, lctl_t *c, mn_conn_t *k, const msgpack_obje
   lua_rawseti(L, ev, ++n);
   lua_pushinteger(L, p.slot);
   lua_rawseti(L, ev, ++n);
-  lua_pushboolean(L, r.ok);
+  lua_pushboolean(L, r->ok);
   lua_rawseti(L, ev, ++n);
-  push_result_value(L, c, p, &r);
+  push_result_value(L, c, p, r);
   lua_rawseti(L, ev, ++n);
   return n;
+}
+
+/* A decoded RESULT message m from proc conn k, as take_parsed; a malformed one closes k (MN_EPROTO). */
+static int take_result(lua_State *L, lctl_t *c, mn_conn_t *k, const msgpack_object *m, int ev, int n) {
+  char err[300];
+  mn_msg_result_t r;
+  if (mn_msg_parse_result(m, &r, err, sizeof(err)) != 0) {
+    mn_ctl_refuse(&c->ctl, k, err);
+    return MN_EPROTO;
+  }
+  return take_parsed(L, c, k, &r, ev, n);
 }
 
 /* A PONG to a heartbeat PING: receiving it was the point (the connection's last_rx). 1 or 0 (a predicate). */
@@ -445,8 +463,34 @@ static int is_heartbeat(const msgpack_object *m) {
          id->type == MSGPACK_OBJECT_POSITIVE_INTEGER && id->via.u64 >= MN_HB_PING_BASE;
 }
 
-/* A RESULTS frame from agent conn `agent`: each of its procs' results as if the proc had sent it. */
-static int take_results(lua_State *L, lctl_t *c, mn_conn_t *a, int agent, const msgpack_object *m, int ev, int n) {
+/* A RESULTS frame (body, len) from agent conn `agent`, read entry by entry: each of its procs' results
+ * as if the proc had sent it. A malformed frame closes the agent's conn (MN_EPROTO), a malformed entry
+ * only its proc's. */
+static int take_results(lua_State *L, lctl_t *c, mn_conn_t *a, int agent, mn_msg_results_reader_t *rr, int ev, int n) {
+  char err[300];
+  uint64_t tag;
+  mn_msg_result_t r;
+  int rc;
+  while ((rc = mn_msg_results_next(rr, &c->zone, &tag, &r, err, sizeof(err))) != 0) {
+    mn_conn_t *k = rc == 1 || rc == MN_EINVAL ? mn_ctl_relayed_conn(&c->ctl, agent, tag) : NULL;
+    if (rc != 1 && rc != MN_EINVAL) {
+      mn_ctl_refuse(&c->ctl, a, err);
+      return MN_EPROTO;
+    }
+    if (k == NULL) continue; /* a proc closed since (its calls failed with it) */
+    if (rc == MN_EINVAL) {
+      mn_ctl_refuse(&c->ctl, k, err);
+      continue;
+    }
+    int got = take_parsed(L, c, k, &r, ev, n);
+    if (got >= 0) n = got; /* a bad one closed its proc's conn; the others stand */
+  }
+  return n;
+}
+
+/* A RESULTS frame m decoded whole (one whose head is not the array32 the agent writes), as take_results. */
+static int take_results_decoded(lua_State *L, lctl_t *c, mn_conn_t *a, int agent, const msgpack_object *m, int ev,
+                                int n) {
   char err[300];
   uint32_t nr;
   if (mn_msg_parse_results(m, &nr, err, sizeof(err)) != 0) {
@@ -474,7 +518,14 @@ static int drain_conn(lua_State *L, lctl_t *c, int id, int ev, int n) {
   while ((len = mn_ctl_read_frame(&c->ctl, k, &body)) >= 0) {
     char err[300];
     msgpack_object m;
+    mn_msg_results_reader_t rr;
     msgpack_zone_clear(&c->zone);
+    if (mn_ctl_conn_kind(k) == MN_CONN_AGENT && mn_msg_results_open(&rr, body, (size_t)len) == 0) {
+      int r = take_results(L, c, k, id, &rr, ev, n); /* the hot path: not decoded whole */
+      if (r < 0) break;
+      n = r;
+      continue;
+    }
     if (mn_decode(body, (size_t)len, &c->zone, &m, err, sizeof(err)) != 0) {
       mn_ctl_refuse(&c->ctl, k, err);
       break;
@@ -484,7 +535,7 @@ static int drain_conn(lua_State *L, lctl_t *c, int id, int ev, int n) {
       if (r < 0) break;
       n = r;
     } else if (mn_msg_type(&m) == MN_MSG_RESULTS && mn_ctl_conn_kind(k) == MN_CONN_AGENT) {
-      int r = take_results(L, c, k, id, &m, ev, n);
+      int r = take_results_decoded(L, c, k, id, &m, ev, n); /* not in the agent's own form */
       if (r < 0) break;
       n = r;
     } else if (mn_msg_type(&m) == MN_MSG_LINKED && mn_ctl_conn_kind(k) == MN_CONN_AGENT) {
@@ -823,6 +874,7 @@ static int l_put_chunk(lua_State *L) {
     int ref = luaL_ref(L, LUA_REGISTRYINDEX);
     int rc = mn_ctl_call_bulk(&c->ctl, k, head, h, src + soff, len, ref, call, i);
     if (rc == MN_EAGAIN) return luaL_error(L, "a bulk put on connection %d would overtake calls still going through its host agent (core.relayed)", conn);
+    if (rc == MN_EINVAL) return luaL_error(L, "a bulk put needs a proc's own link; connection %d is a proc reached only through its host agent (port 0: a simulated proc)", conn);
     if (rc != 0) return luaL_error(L, "cannot queue a bulk put on connection %d", conn);
     if (mn_ctl_inflight(k) > deepest) deepest = mn_ctl_inflight(k);
   }
@@ -956,7 +1008,7 @@ static void set_msg_type(void *data, int type, const char *name) {
 int luaopen_monarch_core(lua_State *L) {
   static const luaL_Reg fns[] = {
       {"init", l_init},           {"shutdown", l_shutdown},   {"start_agent", l_start_agent},
-      {"connect", l_connect},     {"disconnect", l_disconnect}, {"info", l_info},
+      {"connect", l_connect},     {"connect_relayed", l_connect_relayed}, {"disconnect", l_disconnect}, {"info", l_info},
       {"send", l_send},           {"call", l_call},           {"call_as", l_call_as}, {"put_chunk", l_put_chunk}, {"fetch_into", l_fetch_into},           {"poll", l_poll},
       {"take_pending", l_take_pending}, {"inflight", l_inflight}, {"cancel", l_cancel}, {"oldest", l_oldest},
       {"relay", l_relay}, {"relayed", l_relayed}, {"cast_stats", l_cast_stats}, {"collect", l_collect},

@@ -9,12 +9,14 @@
 #include <netdb.h>
 #include <sodium.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#define MN_READ_CHUNK (1024 * 1024) /* bytes offered to each read */
+#define MN_READ_CHUNK (1024 * 1024) /* most bytes offered to one read */
+#define MN_READ_FIRST 512           /* bytes offered to a link's first read: a small peer costs little memory */
 
 /* ---- connections ----------------------------------------------------------------- */
 
@@ -29,6 +31,21 @@ int mn__ctl_push_event(mn_ctl_t *c, mn_ev_kind_t k, int conn, int64_t a, int64_t
   c->events[c->nevents++] = (mn_event_t){k, conn, a, b};
   return 0;
 }
+
+void mn__ctl_set_text(char **dst, const char *fmt, ...) {
+  char buf[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf, sizeof(buf), fmt, ap);
+  va_end(ap);
+  char *t = strdup(buf);
+  if (t == NULL) return;
+  free(*dst);
+  *dst = t;
+}
+
+/* k's reason, "" before it has one. */
+static const char *reason_of(const mn_conn_t *k) { return k->reason ? k->reason : ""; }
 
 static void mark(int **list, int *n, int id) {
   if (*list == NULL) *list = calloc((size_t)MN_MAX_CONNS, sizeof(int));
@@ -106,14 +123,16 @@ void mn_ctl_disconnect(mn_ctl_t *c, int id, const char *reason) {
   mn_conn_t *k = mn_ctl_conn(c, id);
   if (k == NULL || k->state == MN_CS_CLOSED) return;
   k->state = MN_CS_CLOSED;
-  snprintf(k->reason, sizeof(k->reason), "%s", reason);
+  mn__ctl_set_text(&k->reason, "%s", reason);
   drop_link(k);
   stop_retry(k);
   k->out.len = 0;
   mn_buf_free(&k->unacked);
   k->unacked_off = 0;
-  if (k->kind == MN_CONN_AGENT) mn__ctl_unrelay_agent(c, id);
+  /* Closing: every connection goes anyway, and a walk of them all per agent would cost agents x procs. */
+  if (k->kind == MN_CONN_AGENT && !c->closing) mn__ctl_unrelay_agent(c, id);
   mn__ctl_push_event(c, MN_EV_CLOSED, id, 0, 0);
+  if (k->kind == MN_CONN_AGENT && !c->closing) mn__ctl_relayed_lost(c, id); /* after the agent's event: the script hears of the host first */
 }
 
 static void free_conn(mn_conn_t *k) {
@@ -126,6 +145,9 @@ static void free_conn(mn_conn_t *k) {
   mn_buf_free(&k->unacked);
   mn_buf_free(&k->cast);
   free(k->ring);
+  free(k->host);
+  free(k->info_host);
+  free(k->reason);
   free(k);
 }
 
@@ -191,12 +213,14 @@ void mn__ctl_set_dirty(mn_ctl_t *c, mn_conn_t *k) {
 }
 
 int mn_ctl_send(mn_ctl_t *c, mn_conn_t *k, const char *frame, size_t n) {
+  if (k->relay_only) return 0; /* no link to write to: only casts reach it, through its agent */
   if (mn_buf_append(&k->out, frame, n) != 0) return MN_ENOMEM;
   mn__ctl_set_dirty(c, k);
   return 0;
 }
 
 int mn_ctl_cancel(mn_ctl_t *c, mn_conn_t *k, double call) {
+  if (k->relay_only) return 0; /* CANCEL travels on a proc's own link, which it has not got: nothing was asked */
   size_t n = 0;
   for (size_t i = 0; i < k->rcount; i++) n += k->ring[(k->rhead + i) & (k->rcap - 1)].call == call;
   if (n == 0) return 0;
@@ -218,7 +242,7 @@ int mn_ctl_cancel(mn_ctl_t *c, mn_conn_t *k, double call) {
 
 int mn__ctl_push_pending(mn_conn_t *k, double call, int32_t slot, int relay, mn_cast_rest_t *rest) {
   if (k->rcount == k->rcap) {
-    size_t cap = k->rcap ? k->rcap * 2 : 8; /* a power of two: positions wrap with a mask */
+    size_t cap = k->rcap ? k->rcap * 2 : 4; /* a power of two (positions wrap with a mask), small first */
     mn_pending_t *r = malloc(cap * sizeof(*r));
     if (r == NULL) return MN_ENOMEM;
     for (size_t i = 0; i < k->rcount; i++) r[i] = k->ring[(k->rhead + i) & (k->rcap - 1)];
@@ -250,7 +274,8 @@ int mn__ctl_call_direct(mn_ctl_t *c, mn_conn_t *k, char *frame, size_t n, double
 }
 
 int mn_ctl_call(mn_ctl_t *c, mn_conn_t *k, char *frame, size_t n, double call, int32_t slot) {
-  if (k->on_relay > 0) return mn_ctl_cast_add(c, k, frame, n, call, slot, 0); /* behind them, the same way */
+  /* Behind calls in flight through the agent, the same way; a relay-only proc has no other way. */
+  if (k->on_relay > 0 || k->relay_only) return mn_ctl_cast_add(c, k, frame, n, call, slot, 0);
   return mn__ctl_call_direct(c, k, frame, n, call, slot);
 }
 
@@ -373,6 +398,10 @@ static void flush_conn(mn_conn_t *k) {
 
 int mn_ctl_call_bulk(mn_ctl_t *c, mn_conn_t *k, char *head, size_t n, const char *payload, size_t plen, int ref,
                      double call, int32_t slot) {
+  if (k->relay_only) { /* the payload would have to go through its agent, which takes only casts */
+    release_ref(c, ref);
+    return MN_EINVAL;
+  }
   if (k->state != MN_CS_READY || k->link == NULL) {
     release_ref(c, ref);
     return MN_ECLOSED;
@@ -436,7 +465,7 @@ static void schedule_retry(mn_conn_t *k, const char *why) {
   uint64_t now = uv_now(&c->loop);
   if (c->closing || now - k->lost_at >= k->reconnect_ms) {
     char msg[700];
-    snprintf(msg, sizeof(msg), "%.256s; reconnecting failed for %.1f s (last: %.300s)", k->reason,
+    snprintf(msg, sizeof(msg), "%.256s; reconnecting failed for %.1f s (last: %.300s)", reason_of(k),
              (double)(now - k->lost_at) / 1e3, why);
     k->state = MN_CS_RECONNECTING; /* disconnect closes it */
     mn_ctl_disconnect(c, k->id, msg);
@@ -468,7 +497,7 @@ static void conn_lost(mn_conn_t *k, const char *why) {
     uv_update_time(&c->loop); /* lost may be called from the script, between waits */
     k->lost_at = uv_now(&c->loop);
     k->attempt = 0;
-    snprintf(k->reason, sizeof(k->reason), "connection lost: %s", why);
+    mn__ctl_set_text(&k->reason, "connection lost: %s", why);
     mn__ctl_push_event(c, MN_EV_RECONNECTING, k->id, 0, 0);
   }
   k->state = MN_CS_RECONNECTING;
@@ -481,11 +510,12 @@ static void on_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf) {
   mn_link_t *l = h->data;
   mn_conn_t *k = l->k;
   (void)hint;
-  if (k == NULL || mn_buf_reserve(&k->in, MN_READ_CHUNK) != 0) {
+  if (k == NULL || mn_buf_reserve(&k->in, l->chunk) != 0) {
     *buf = uv_buf_init(NULL, 0);
     return;
   }
-  *buf = uv_buf_init(k->in.data + k->in.len, (unsigned)(k->in.cap - k->in.len));
+  l->offered = k->in.cap - k->in.len;
+  *buf = uv_buf_init(k->in.data + k->in.len, (unsigned)l->offered);
 }
 
 /* Opens the session on a freshly authenticated link: SESSION, then every unanswered CALL. */
@@ -524,7 +554,7 @@ static int handshake_step(mn_ctl_t *c, mn_conn_t *k) {
     if (rc == 0 && k->state == MN_CS_HELLO) {
       mn_buf_t out;
       mn_buf_init(&out);
-      rc = mn_hs_answer(&out, &c->auth, &m, k->ns, k->nc, err, sizeof(err));
+      rc = mn_hs_answer(&out, &c->auth, &m, k->link->ns, k->link->nc, err, sizeof(err));
       if (rc == 0) {
         mn_ctl_send(c, k, out.data, out.len);
         k->state = MN_CS_WELCOME;
@@ -533,7 +563,7 @@ static int handshake_step(mn_ctl_t *c, mn_conn_t *k) {
       mn_buf_free(&out);
     } else if (rc == 0) {
       mn_msg_welcome_t w;
-      rc = mn_hs_check_welcome(&c->auth, &m, k->ns, k->nc, err, sizeof(err));
+      rc = mn_hs_check_welcome(&c->auth, &m, k->link->ns, k->link->nc, err, sizeof(err));
       if (rc == 0) rc = mn_msg_parse_welcome(&m, &w, err, sizeof(err)); /* checked already: cannot fail */
       if (rc == 0) {
         int64_t new_pid = w.pid;
@@ -546,7 +576,7 @@ static int handshake_step(mn_ctl_t *c, mn_conn_t *k) {
           mn_ctl_disconnect(c, k->id, err);
           return MN_EPEER;
         }
-        if (w.host != NULL) snprintf(k->info_host, sizeof(k->info_host), "%.*s", (int)w.host_len, w.host);
+        if (w.host != NULL) mn__ctl_set_text(&k->info_host, "%.*s", (int)w.host_len, w.host);
         k->info_pid = new_pid;
         int again = k->ever_ready;
         k->state = MN_CS_READY;
@@ -555,6 +585,7 @@ static int handshake_step(mn_ctl_t *c, mn_conn_t *k) {
         k->ever_ready = 1;
         k->attempt = 0;
         rc = open_session(c, k);
+        if (rc == 0 && again && k->kind == MN_CONN_AGENT) mn__ctl_relayed_back(c, k->id);
         mn__ctl_push_event(c, again ? MN_EV_RECONNECTED : MN_EV_CONNECTED, k->id, k->info_pid, 0);
       }
     }
@@ -594,6 +625,7 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
   }
   k->last_rx = uv_now(&c->loop);
   k->in.len += (size_t)n;
+  if ((size_t)n == l->offered && l->chunk < MN_READ_CHUNK) l->chunk *= 2; /* a stream: read it in bigger pieces */
   if (k->state != MN_CS_READY && handshake_step(c, k) != 0) return;
   if (k->state == MN_CS_READY && k->in.len > 0 && !k->readable) {
     k->readable = 1;
@@ -621,7 +653,7 @@ static void on_connect(uv_connect_t *req, int status) {
     drop_link(k);
     if (k->ever_ready && agent_gone(k, status)) {
       char why[340];
-      snprintf(why, sizeof(why), "%.256s, then refused: no host agent listens there any more", k->reason);
+      snprintf(why, sizeof(why), "%.256s, then refused: no host agent listens there any more", reason_of(k));
       mn_ctl_disconnect(k->ctl, k->id, why);
       return;
     }
@@ -650,6 +682,7 @@ static void start_link(mn_conn_t *k) {
   l->k = k;
   l->tcp.data = l;
   l->req.data = l;
+  l->chunk = MN_READ_FIRST;
   /* The loop's clock stands still while the script runs between waits: read
    * the time afresh, or a stale start ends the handshake at the next tick. */
   uv_update_time(&c->loop);
@@ -685,8 +718,15 @@ int mn_ctl_connect(mn_ctl_t *c, const char *host, int port, mn_conn_kind_t kind)
   c->conns[k->id] = k;
   k->port = port;
   k->reconnect_ms = c->reconnect_ms;
-  snprintf(k->host, sizeof(k->host), "%s", host);
-  snprintf(k->info_host, sizeof(k->info_host), "%s", host);
+  mn__ctl_set_text(&k->host, "%s", host);
+  mn__ctl_set_text(&k->info_host, "%s", host);
+  if (k->host == NULL || k->info_host == NULL) {
+    c->conns[k->id] = NULL;
+    c->nconns--;
+    free(k->host);
+    free(k);
+    return MN_ENOMEM;
+  }
   randombytes_buf(&k->session, sizeof(k->session));
   k->session |= 1; /* never 0: 0 means "no session" on the proc */
   start_link(k);
@@ -700,7 +740,8 @@ int mn_ctl_connect(mn_ctl_t *c, const char *host, int port, mn_conn_kind_t kind)
 static void send_ack(mn_ctl_t *c, mn_conn_t *k) {
   if (k->acked <= k->ack_sent) return;
   k->ack_sent = k->acked;
-  if (mn__ctl_relay_ack(c, k)) return; /* one ACKS frame per agent, not one write per proc */
+  /* One ACKS frame per agent, not one write per proc; a relay-only proc has no link of its own for it. */
+  if (mn__ctl_relay_ack(c, k) || k->relay_only) return;
   char f[16];
   mn_buf_t b = {f, 0, sizeof(f)}; /* an ACK is at most 14 bytes: the buffer never grows */
   if (mn_msg_pack_ack(&b, k->acked) == 0) mn_ctl_send(c, k, b.data, b.len);
@@ -732,7 +773,7 @@ static void on_heartbeat(uv_timer_t *t) {
       continue;
     }
     if (k->state != MN_CS_READY) continue;
-    if (k->kind == MN_CONN_PROC && !c->proc_heartbeats) {
+    if (k->kind == MN_CONN_PROC && (!c->proc_heartbeats || k->relay_only)) {
       send_ack(c, k); /* procs are watched by their agents (PROC_HUNG); they only hear how far we got */
       continue;
     }
@@ -758,7 +799,10 @@ static const char *const state_names[] = {"connecting", "handshake", "handshake"
 int mn_ctl_info(mn_ctl_t *c, int id, mn_conn_info_t *out) {
   mn_conn_t *k = mn_ctl_conn(c, id);
   if (k == NULL) return MN_EPROTO;
-  *out = (mn_conn_info_t){k->kind, k->state, state_names[k->state], k->info_host, k->info_pid, k->reason, k->rcount};
+  /* A relay-only proc goes by its agent's name. */
+  const mn_conn_t *named = k->relay_only && mn_ctl_conn(c, k->via) ? mn_ctl_conn(c, k->via) : k;
+  const char *host = named->info_host ? named->info_host : "";
+  *out = (mn_conn_info_t){k->kind, k->state, state_names[k->state], host, k->info_pid, reason_of(k), k->rcount};
   return 0;
 }
 

@@ -214,6 +214,22 @@ size_t mn_ctl_relayed(const mn_conn_t *conn);
 /* The proc conn that agent conn `agent` names `tag` in a RESULTS frame, or NULL if it relays no such proc. */
 mn_conn_t *mn_ctl_relayed_conn(mn_ctl_t *c, int agent, uint64_t tag);
 
+/* ---- relay-only procs (ctl_relayed.c) ---- */
+
+/*
+ * A proc its agent reported with port 0 (a simulated one: `monarch-worker
+ * --simulate`): a connection with no link and no file descriptor, ready at
+ * once (a CONNECTED event follows), whose every call, call_one included, is
+ * a cast through agent conn `agent`, which knows it as `pid`. It gets no
+ * heartbeat (its agent is watched), no ACK and no CANCEL, and cannot take a
+ * bulk put; it is closed when its agent is closed for good. Returns the new
+ * connection id (> 0), or MN_EINVAL (agent is not a ready agent conn),
+ * MN_ELIMIT or MN_ENOMEM.
+ */
+int mn_ctl_connect_relayed(mn_ctl_t *c, int agent, int64_t pid);
+/* 1 if conn is such a proc, else 0. */
+int mn_ctl_relay_only(const mn_conn_t *conn);
+
 /*
  * The next whole frame read from conn: returns its body's length and sets
  * *body (valid until the next call for conn), or MN_EAGAIN when no whole

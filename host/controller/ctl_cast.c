@@ -77,7 +77,10 @@ static int gather(mn_ctl_t *c, mn_conn_t *a, const uint64_t *t, size_t n) {
 
 int mn_ctl_cast_add(mn_ctl_t *c, mn_conn_t *k, char *frame, size_t n, double call, int32_t slot, int prefer) {
   /* Behind relayed calls, any call goes that way too (order); else a small one of a mesh-wide call, on an idle link. */
-  int relay = relay_usable(c, k) && (k->on_relay > 0 || (prefer && k->rcount == 0 && n - MN_MSG_CALL_HEAD <= MN_CAST_MAX_REST));
+  int relay = relay_usable(c, k) &&
+              (k->relay_only || k->on_relay > 0 || (prefer && k->rcount == 0 && n - MN_MSG_CALL_HEAD <= MN_CAST_MAX_REST));
+  /* A relay-only proc whose agent is away: kept in unacked, cast once the agent is back (mn__ctl_relayed_back). */
+  if (!relay && k->relay_only) return mn__ctl_track(c, k, frame, n, call, slot, 0, NULL);
   /* Not through the agent: it is away (unrelay resends what it had) or the call does not qualify. */
   if (!relay) return mn__ctl_call_direct(c, k, frame, n, call, slot);
   if (c->cur_rest == NULL) {
@@ -189,8 +192,8 @@ void mn__ctl_unrelay_agent(mn_ctl_t *c, int agent) {
     mn_conn_t *k = c->conns[i];
     if (k->via != agent || k->on_relay == 0) continue;
     mn__ctl_unrelay(k);
-    /* Ready: resend what is unanswered now. Reconnecting: its own reconnect resends it. */
-    if (k->state == MN_CS_READY && k->unacked.len > k->unacked_off)
+    /* Ready: resend what is unanswered now. Reconnecting: its own reconnect resends it. Relay-only: the agent's does. */
+    if (!k->relay_only && k->state == MN_CS_READY && k->unacked.len > k->unacked_off)
       mn_ctl_send(c, k, k->unacked.data + k->unacked_off, k->unacked.len - k->unacked_off);
   }
 }

@@ -13,6 +13,9 @@ typedef struct {
   int writing;       /* uv_writes in flight (each owns its bytes) */
   mn_conn_t *k;      /* NULL once this attempt is abandoned */
   uint64_t started;  /* uv_now when the attempt began, for the handshake deadline */
+  uint8_t ns[MN_NONCE_LEN], nc[MN_NONCE_LEN]; /* this attempt's handshake nonces */
+  size_t chunk;      /* bytes offered to the next read: small first, doubled by each read that fills it */
+  size_t offered;    /* bytes the last read was offered */
 } mn_link_t;
 
 struct mn_conn_s {
@@ -26,6 +29,7 @@ struct mn_conn_s {
   size_t on_relay;   /* calls in flight through the agent; while any is, every call goes that way (order) */
   int id;
   int via;           /* a proc: the agent conn that relays its casts (0: none) */
+  int relay_only;    /* no link of its own (SPAWNED port 0): every call goes through its agent (ctl_relayed.c) */
   mn_conn_kind_t kind;
   mn_conn_state_t state;
   mn_link_t *link;
@@ -56,13 +60,13 @@ struct mn_conn_s {
   int64_t tree_inflight; /* relayed calls in flight whose route passes through it */
   uint32_t tree_count;   /* this cast's triples in its subtree */
   int in_tree, tree_root; /* this cast touched it; it is cast to directly */
-  /* Cold: the names and texts, last. */
+  /* Cold: the names and texts, last. On the heap (NULL for a relay-only proc, which goes by its agent's
+   * names): a proc costs no more than it uses. */
   int port;
   int64_t info_pid;
-  uint8_t ns[MN_NONCE_LEN], nc[MN_NONCE_LEN];
-  char host[256];
-  char info_host[256];
-  char reason[256];  /* why it closed, or why it is reconnecting */
+  char *host;        /* the address dialled */
+  char *info_host;   /* WELCOME's hostname, else host */
+  char *reason;      /* why it closed, or why it is reconnecting; NULL: none yet */
 };
 
 /* A cast's CALL bytes after the seq, kept once for all its relayed calls instead of a copy per proc in
@@ -104,9 +108,21 @@ void mn__ctl_tree_answered(mn_ctl_t *c, mn_conn_t *k);
 int mn__ctl_tree_cast_end(mn_ctl_t *c, const char *rest, size_t rlen);
 /* An agent is lost while the tree is active: every relayed call goes direct (1); 0 when the tree is not active. */
 int mn__ctl_tree_unrelay_agent(mn_ctl_t *c);
+/* Queues every unanswered call of relay-only proc k to its agent a again, each a one-target CAST, in seq order
+ * (its unacked copies: mn__ctl_unrelay rebuilt them). */
+void mn__ctl_relayed_resend(mn_ctl_t *c, mn_conn_t *a, mn_conn_t *k);
 /* Agent conn `agent` is gone or reconnecting: its procs' relayed calls are resent on their own links. */
 void mn__ctl_unrelay_agent(mn_ctl_t *c, int agent);
 /* k's unanswered calls are (being) resent on its own link: none is relayed any more. */
 void mn__ctl_unrelay(mn_conn_t *k);
+
+/* ---- relay-only procs (ctl_relayed.c) ---- */
+
+/* Agent conn `agent` is back (same session): its relay-only procs' unanswered calls go to it again, as casts. */
+void mn__ctl_relayed_back(mn_ctl_t *c, int agent);
+/* Agent conn `agent` is closed for good: its relay-only procs are closed with it. */
+void mn__ctl_relayed_lost(mn_ctl_t *c, int agent);
+/* Sets *dst to a copy of the formatted text (at most 1 KiB); keeps the old text if out of memory. */
+void mn__ctl_set_text(char **dst, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 #endif

@@ -58,8 +58,12 @@ static void unrelay_all(mn_ctl_t *c) {
     mn_conn_t *k = c->conns[i];
     if (k->kind != MN_CONN_PROC || k->on_relay == 0) continue;
     mn__ctl_unrelay(k);
-    if (k->state == MN_CS_READY && k->unacked.len > k->unacked_off)
+    mn_conn_t *a = mn_ctl_conn(c, k->via);
+    if (k->relay_only && a != NULL && a->state == MN_CS_READY) {
+      mn__ctl_relayed_resend(c, a, k); /* no link of its own: straight to its agent, off the tree */
+    } else if (!k->relay_only && k->state == MN_CS_READY && k->unacked.len > k->unacked_off) {
       mn_ctl_send(c, k, k->unacked.data + k->unacked_off, k->unacked.len - k->unacked_off);
+    }
   }
 }
 

@@ -667,6 +667,64 @@ int mn_msg_parse_results(const msgpack_object *m, uint32_t *n, char *err, size_t
   return 0;
 }
 
+int mn_msg_results_open(mn_msg_results_reader_t *r, const char *body, size_t len) {
+  if (len < 6 || (uint8_t)body[0] != 0xdd || body[5] != MN_MSG_RESULTS) return MN_EPROTO;
+  uint32_t count = mn_be32(body + 1);
+  if (count % 2 != 1 || (count - 1) / 2 > (len - 6) / 2) return MN_EPROTO; /* an entry takes 2 bytes or more */
+  *r = (mn_msg_results_reader_t){body, len, 6, (count - 1) / 2};
+  return 0;
+}
+
+/* A msgpack uint at r->off (any width) into *v, advancing; 0, or MN_EPROTO when there is none. */
+static int read_uint(mn_msg_results_reader_t *r, uint64_t *v) {
+  if (r->off >= r->len) return MN_EPROTO;
+  uint8_t b = (uint8_t)r->body[r->off];
+  size_t w = b <= 0x7f ? 0 : b >= 0xcc && b <= 0xcf ? (size_t)1 << (b - 0xcc) : SIZE_MAX;
+  if (w == SIZE_MAX || r->len - r->off - 1 < w) return MN_EPROTO;
+  *v = w == 0 ? b : 0;
+  for (size_t i = 1; i <= w; i++) *v = *v << 8 | (uint8_t)r->body[r->off + i];
+  r->off += 1 + w;
+  return 0;
+}
+
+/* [RESULT, seq, ok, []] in the form procs write it, read in place: 1, or 0 (r->off unmoved) for any other form. */
+static int quick_result(mn_msg_results_reader_t *r, mn_msg_result_t *out) {
+  static const msgpack_object empty = {.type = MSGPACK_OBJECT_ARRAY, .via.array = {0, NULL}};
+  size_t at = r->off;
+  if (r->len - at < 5 || (uint8_t)r->body[at] != 0x94 || r->body[at + 1] != MN_MSG_RESULT) return 0;
+  r->off += 2;
+  uint8_t ok;
+  if (read_uint(r, &out->seq) != 0 || r->len - r->off < 2 || ((ok = (uint8_t)r->body[r->off]) != 0xc2 && ok != 0xc3) ||
+      (uint8_t)r->body[r->off + 1] != 0x90) {
+    r->off = at;
+    return 0;
+  }
+  out->ok = ok == 0xc3;
+  out->value = &empty;
+  r->off += 2;
+  return 1;
+}
+
+int mn_msg_results_next(mn_msg_results_reader_t *r, msgpack_zone *zone, uint64_t *tag, mn_msg_result_t *out,
+                        char *err, size_t errlen) {
+  if (r->left == 0) return 0;
+  r->left--;
+  if (read_uint(r, tag) != 0) {
+    snprintf(err, errlen, "malformed RESULTS: want [31, tag, result, ...]; a tag (at byte %zu) is not a uint", r->off);
+    return MN_EPROTO;
+  }
+  if (quick_result(r, out)) return 1;
+  msgpack_object m;
+  int rc = mn_decode_next(r->body, r->len, &r->off, 1, zone, &m, err, errlen);
+  if (rc == 0 && m.type != MSGPACK_OBJECT_ARRAY) {
+    snprintf(err, errlen, "malformed RESULTS: want [31, tag, result, ...]; a result is not an array");
+    rc = MN_EPROTO;
+  }
+  if (rc != 0) return rc;
+  /* Its value is at depth 2, checked above. A well-formed entry that is no RESULT spoils only itself. */
+  return mn_msg_parse_result(&m, out, err, errlen) == 0 ? 1 : MN_EINVAL;
+}
+
 int mn_msg_parse_call(const msgpack_object *m, mn_msg_call_t *out, char *err, size_t errlen) {
   int rc;
   const spec_t *s = check(m, MN_MSG_CALL, &rc, err, errlen);

@@ -293,6 +293,28 @@ int mn_msg_parse_linked(const msgpack_object *m, uint64_t *epoch, uint64_t *inde
 int mn_msg_parse_acks(const msgpack_object *m, const msgpack_object **pairs, char *err, size_t errlen);
 /* RESULTS: *n entries, entry i being tag (element 1 + 2i, a uint) and a RESULT (element 2 + 2i, an array). */
 int mn_msg_parse_results(const msgpack_object *m, uint32_t *n, char *err, size_t errlen);
+
+/*
+ * A RESULTS frame read entry by entry instead of decoded whole: the
+ * controller's hot path, where one frame carries a host's answers. Only a
+ * value that is not [] (a kernel that returned nothing) is decoded, into
+ * the caller's zone; every element is checked as mn_decode and the RESULT
+ * parser would.
+ */
+typedef struct {
+  const char *body;
+  size_t len, off;
+  uint32_t left; /* entries not read yet */
+} mn_msg_results_reader_t;
+
+/* Starts reading body (len bytes) if it is a RESULTS frame with an array32 head (as the agent writes
+ * them): 0, or MN_EPROTO when it is not one (decode it whole instead). */
+int mn_msg_results_open(mn_msg_results_reader_t *r, const char *body, size_t len);
+/* The next entry: its tag and its RESULT in *out (value valid while zone is). Returns 1, 0 when none is
+ * left, MN_EINVAL with err when this entry's result is not a RESULT (*tag is set; reading can go on),
+ * or another MN_E* code with err (the frame is malformed from there on). */
+int mn_msg_results_next(mn_msg_results_reader_t *r, msgpack_zone *zone, uint64_t *tag, mn_msg_result_t *out,
+                        char *err, size_t errlen);
 int mn_msg_parse_join(const msgpack_object *m, mn_msg_join_t *out, char *err, size_t errlen);
 /* JOINED: *mac and *mac_len (its length is checked by the MAC comparison). */
 int mn_msg_parse_joined(const msgpack_object *m, const uint8_t **mac, size_t *mac_len, char *err, size_t errlen);

@@ -16,7 +16,7 @@ void mn_buf_free(mn_buf_t *b) {
 
 int mn_buf_reserve(mn_buf_t *b, size_t extra) {
   if (b->cap - b->len >= extra) return 0;
-  size_t cap = b->cap ? b->cap : 4096;
+  size_t cap = b->cap ? b->cap : 64; /* small first: a controller holds several buffers per proc */
   while (cap - b->len < extra) {
     if (cap > SIZE_MAX / 2) return MN_ENOMEM;
     cap *= 2;
@@ -28,13 +28,6 @@ int mn_buf_reserve(mn_buf_t *b, size_t extra) {
   return 0;
 }
 
-int mn_buf_append(mn_buf_t *b, const void *p, size_t n) {
-  if (n == 0) return 0;
-  if (mn_buf_reserve(b, n) != 0) return MN_ENOMEM;
-  memcpy(b->data + b->len, p, n);
-  b->len += n;
-  return 0;
-}
 
 void mn_buf_consume(mn_buf_t *b, size_t n) {
   if (n >= b->len) {
@@ -202,6 +195,26 @@ int mn_decode(const char *body, size_t len, msgpack_zone *zone, msgpack_object *
     return MN_EPROTO;
   }
   return check_limits(obj, 0, err, errlen);
+}
+
+int mn_decode_next(const char *body, size_t len, size_t *off, int depth, msgpack_zone *zone, msgpack_object *obj,
+                   char *err, size_t errlen) {
+  if (*off >= len) {
+    snprintf(err, errlen, "frame of %zu bytes ends where an element should start", len);
+    return MN_EMSGPACK;
+  }
+  int rc = check_counts(body + *off, len - *off, err, errlen); /* it stops after this one object */
+  if (rc != 0) return rc;
+  msgpack_unpack_return r = msgpack_unpack(body, len, off, zone, obj);
+  if (r == MSGPACK_UNPACK_NOMEM_ERROR) {
+    snprintf(err, errlen, "element nests deeper than MN_MAX_DEPTH (%d) or is too large to decode", MN_MAX_DEPTH);
+    return MN_ELIMIT;
+  }
+  if (r != MSGPACK_UNPACK_SUCCESS && r != MSGPACK_UNPACK_EXTRA_BYTES) {
+    snprintf(err, errlen, "frame of %zu bytes is not valid msgpack (or nests deeper than %d)", len, MN_MAX_DEPTH);
+    return MN_EMSGPACK;
+  }
+  return check_limits(obj, depth, err, errlen);
 }
 
 int mn_get_u64(const msgpack_object *arr, uint32_t i, uint64_t *out) {

@@ -100,6 +100,9 @@ end
 -- p.bulk to true, false, or "probing" until the answer comes, and
 -- p.bulk_why to the reason for false.
 function M.probe(p)
+  -- No link of its own (port 0: reached through its host agent only, a simulated proc): nothing to
+  -- ask, and no field to spend on a proc of which a mesh holds thousands.
+  if p.port == 0 then return end
   local mode = os.getenv("MONARCH_BULK_LOCAL")
   p.bulk, p.bulk_why = false, nil
   if mode == "0" then

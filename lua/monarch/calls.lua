@@ -131,6 +131,31 @@ function M.slots_done(rec, n)
   end
 end
 
+--- Settles the run of ok results of rec that starts at entry i of ev (the
+-- pump's array of fours: call id, slot, ok, value), as slot_done would each,
+-- without a lookup or a call per result: a host's answers to a mesh-wide
+-- call arrive together. Returns the index of the first entry after the run.
+function M.ok_run(rec, ev, i, n)
+  local id, values = rec.id, rec.values
+  repeat
+    local slot, v = ev[i + 1], ev[i + 3]
+    ev[i + 3] = nil
+    if rec.done then
+      settle_late(rec, slot)
+    else
+      values[slot] = v
+      if rec.on_slot then rec.on_slot(slot, true, v) end
+      rec.remaining = rec.remaining - 1
+      if rec.remaining == 0 then
+        calls[id] = nil
+        finish(rec)
+      end
+    end
+    i = i + 4
+  until i > n or rec.remaining <= 0 or ev[i] ~= id or ev[i + 2] ~= true or ev[i + 1] < 0 -- settled, or a collected run
+  return i
+end
+
 --- Settles slot `slot` of rec with the failure a proc sent back (c: its
 -- {kind, message, kernel}, or nil).
 function M.slot_failed(rec, slot, c)

@@ -122,12 +122,15 @@ function HostMesh:spawn_procs(spec, at)
   for h, a in ipairs(self.agents) do
     local req = reqs[h]
     a.requests[req.id] = nil
+    -- What this host's new procs share (world, host, addr), held once for all of them: a mesh of
+    -- thousands of procs then costs a small table each. libs and tensors: once it has some.
+    local shared = { __index = { world = world, host = a.hostname, addr = a.addr } }
     for i = 1, per_host do
       local r = req.results[i]
       local rank = base + (h - 1) * per_host + i - 1
       if r and r.port then
-        local p = { rank = rank, world = world, host = a.hostname, addr = a.addr, pid = r.pid, port = r.port,
-          agent = a, state = "connecting", libs = {}, tensors = {}, device = gpus and (i - 1) or nil }
+        local p = setmetatable({ rank = rank, pid = r.pid, port = r.port, agent = a, state = "connecting",
+          device = gpus and (i - 1) or nil }, shared)
         a.procs[r.pid] = p
         procs_mod.connect(p)
         procs[rank - base + 1] = p
@@ -383,6 +386,25 @@ function ProcMesh:_submit(kernel, args, nargs, o)
   }).future
 end
 
+-- A proc's list of loaded libraries (for a restart to load again) is shared by every proc with the
+-- same history, and never changed in place: a mesh of thousands holds a few lists, not one each.
+local NO_LIBS, after = {}, setmetatable({}, { __mode = "k" }) -- after[list][lib]: list with lib appended
+local function with_lib(libs, lib)
+  libs = libs or NO_LIBS
+  for _, l in ipairs(libs) do if l == lib then return libs end end
+  local nexts = after[libs]
+  if not nexts then
+    nexts = {}
+    after[libs] = nexts
+  end
+  if not nexts[lib] then
+    local l = { unpack(libs) }
+    l[#l + 1] = lib
+    nexts[lib] = l
+  end
+  return nexts[lib]
+end
+
 --- Loads a kernel library on every proc (blocking); raises a clear error if any proc cannot.
 function ProcMesh:load(lib)
   check_kernel(lib, 2)
@@ -396,11 +418,7 @@ function ProcMesh:load(lib)
     error(err, 2)
   end
   self._libs[#self._libs + 1] = lib
-  for _, p in ipairs(self._procs) do
-    local have = false
-    for _, l in ipairs(p.libs) do if l == lib then have = true end end
-    if not have then p.libs[#p.libs + 1] = lib end
-  end
+  for _, p in ipairs(self._procs) do p.libs = with_lib(p.libs, lib) end
   return self
 end
 

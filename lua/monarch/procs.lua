@@ -221,69 +221,82 @@ end)
 
 -- ---- proc connections ------------------------------------------------------------
 
--- Events of a connection the proc has since replaced (a restart) are stale.
-local function proc_handler(p, conn)
-  local function current() return p.conn == conn end
-  return {
-    on_connected = function()
-      if not current() then return end
-      if p.state == "connecting" then
-        p.state = "ready"
-        if trace.on then trace.proc_up(p) end -- first, so that it records every call
-        bulk.probe(p) -- its first call: can it copy our memory itself?
-      elseif p.state == "restarting" then
-        p.state = "initializing"
-        if trace.on then trace.proc_up(p) end
-        bulk.probe(p)
-        p.on_back()
-      end
-    end,
-    on_closed = function(reason)
-      if not current() then return end
-      if p.state == "connecting" then
-        p.state = "dead"
-        p.cause = "could not connect: " .. tostring(reason)
-      elseif p.state == "restarting" or p.state == "initializing" then
-        p.state = "dead"
-        p.cause = "restart failed: could not connect: " .. tostring(reason)
-        runtime.flush_queue(p)
-      else
-        mark_dying(p, p.refused or ("connection lost: " .. tostring(reason)))
-      end
-    end,
-    on_reconnecting = function(reason)
-      if not current() or p.state ~= "ready" then return end
-      p.state = "reconnecting"
-      if trace.on then trace.instant("link lost", p, { reason = tostring(reason) }) end
-      -- Silence while the agent on that host still answers: the network is
-      -- fine, so the proc is hung (stopped, or stuck with its I/O thread).
-      if p.agent.state == "ready" and tostring(reason):find("no heartbeat", 1, true) then
-        declare_hung(p, "unresponsive (" .. tostring(reason):gsub("^connection lost: ", "") .. ")")
-      end
-    end,
-    on_reconnected = function()
-      if current() and p.state == "reconnecting" then
-        p.state = "ready"
-        if trace.on then trace.instant("link back", p, {}) end
-      end
-    end,
-  }
+-- A proc connection's events, one table for every proc (no closures per proc: a mesh of
+-- thousands costs less); each finds its proc by conn. Events of a connection the proc has since
+-- replaced (a restart) are stale: current_proc says nil.
+local PROC_EVENTS = {
+  on_connected = function(_, conn)
+    local p = current_proc(conn)
+    if not p then return end
+    if p.state == "connecting" then
+      p.state = "ready"
+      if trace.on then trace.proc_up(p) end -- first, so that it records every call
+      bulk.probe(p) -- its first call: can it copy our memory itself?
+    elseif p.state == "restarting" then
+      p.state = "initializing"
+      if trace.on then trace.proc_up(p) end
+      bulk.probe(p)
+      p.on_back()
+    end
+  end,
+  on_closed = function(reason, conn)
+    local p = current_proc(conn)
+    if not p then return end
+    if p.state == "connecting" then
+      p.state = "dead"
+      p.cause = "could not connect: " .. tostring(reason)
+    elseif p.state == "restarting" or p.state == "initializing" then
+      p.state = "dead"
+      p.cause = "restart failed: could not connect: " .. tostring(reason)
+      runtime.flush_queue(p)
+    else
+      mark_dying(p, p.refused or ("connection lost: " .. tostring(reason)))
+    end
+  end,
+  on_reconnecting = function(reason, conn)
+    local p = current_proc(conn)
+    if not p or p.state ~= "ready" then return end
+    p.state = "reconnecting"
+    if trace.on then trace.instant("link lost", p, { reason = tostring(reason) }) end
+    -- Silence while the agent on that host still answers: the network is
+    -- fine, so the proc is hung (stopped, or stuck with its I/O thread).
+    if p.agent.state == "ready" and tostring(reason):find("no heartbeat", 1, true) then
+      declare_hung(p, "unresponsive (" .. tostring(reason):gsub("^connection lost: ", "") .. ")")
+    end
+  end,
+  on_reconnected = function(_, conn)
+    local p = current_proc(conn)
+    if p and p.state == "reconnecting" then
+      p.state = "ready"
+      if trace.on then trace.instant("link back", p, {}) end
+    end
+  end,
+}
+
+--- Iterates over every proc record with a connection now, each once (on its current one).
+function M.each()
+  local conn, p
+  return function()
+    repeat conn, p = next(proc_at, conn) until conn == nil or p.conn == conn
+    return p
+  end
 end
 
-local known = setmetatable({}, { __mode = "k" }) -- every proc record connected, while the script holds it
-
---- Iterates over every proc record this controller has connected to (any state).
-function M.each() return next, known, nil end
-
 --- Connects to a spawned proc; p.state goes connecting -> ready (or dead).
+-- Port 0 in SPAWNED (a simulated agent's virtual proc): no link of its own, every call a cast through
+-- its agent; the connection is ready at once and costs no socket.
 function M.connect(p)
-  known[p] = true
-  local conn = core.connect(p.addr, p.port, "proc")
+  local conn
+  if p.port == 0 then
+    conn = core.connect_relayed(p.agent.conn, p.pid)
+  else
+    conn = core.connect(p.addr, p.port, "proc")
+    -- Mesh-wide calls reach it through the agent that spawned it (one frame per host).
+    if p.agent and p.agent.conn and p.pid then core.relay(conn, p.agent.conn, p.pid) end
+  end
   p.conn = conn
   proc_at[conn] = p
-  -- Mesh-wide calls reach it through the agent that spawned it (one frame per host).
-  if p.agent and p.agent.conn and p.pid then core.relay(conn, p.agent.conn, p.pid) end
-  runtime.handle(conn, proc_handler(p, conn))
+  runtime.handle(conn, PROC_EVENTS)
 end
 
 -- ---- host agents -----------------------------------------------------------------

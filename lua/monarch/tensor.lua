@@ -159,7 +159,10 @@ function M.new(mesh, dtype, shape)
   runtime.submit(procs, "__tensor_new", { id, dtype, shape }, 3, { mode = "broadcast" })
   -- Procs remember their tensors so a restart can re-create them.
   local spec = { dtype = dtype, shape = shape }
-  for _, p in ipairs(procs) do if p.tensors then p.tensors[id] = spec end end
+  for _, p in ipairs(procs) do
+    p.tensors = p.tensors or {}
+    p.tensors[id] = spec
+  end
   local proxy = newproxy(true)
   getmetatable(proxy).__gc = function() to_free[#to_free + 1] = { procs, id } end
   rawset(t, "_gc", proxy)
@@ -449,7 +452,10 @@ function Tensor:copy_from_peer(m, opts)
   end
   local id, spec = self.__mn_tensor, { dtype = self.dtype, shape = self.shape }
   runtime.submit(new, "__tensor_new", { id, self.dtype, self.shape }, 3, { mode = "broadcast" })
-  for _, p in ipairs(new) do if p.tensors then p.tensors[id] = spec end end
+  for _, p in ipairs(new) do
+    p.tensors = p.tensors or {}
+    p.tensors[id] = spec
+  end
   local gc = getmetatable(rawget(self, "_gc"))
   if gc.__gc then -- the GC frees it on the procs of m now (an adopted tensor is never freed by it)
     gc.__gc = nil

@@ -678,6 +678,83 @@ static void test_tree_messages(void **state) {
   done(&m);
 }
 
+/* Appends RESULT [21, seq, ok, value] (value packed by fn) to the RESULTS batch r under tag. */
+static void add_result(mn_buf_t *r, uint64_t tag, uint64_t seq, int ok, void (*value)(msgpack_packer *pk)) {
+  mn_buf_t b;
+  msgpack_packer pk;
+  mn_buf_init(&b);
+  size_t s = mn_msg_result_head(&b, &pk, seq, ok);
+  value(&pk);
+  mn_frame_end(&b, s);
+  assert_int_equal(mn_msg_results_add(r, tag, b.data + MN_FRAME_HEADER, b.len - MN_FRAME_HEADER), 0);
+  mn_buf_free(&b);
+}
+
+static void pack_nothing(msgpack_packer *pk) { msgpack_pack_array(pk, 0); }
+static void pack_answer(msgpack_packer *pk) {
+  msgpack_pack_array(pk, 2);
+  msgpack_pack_uint64(pk, 300);
+  mn_pack_cstr(pk, "x");
+}
+static void pack_deep(msgpack_packer *pk) {
+  for (int i = 0; i < MN_MAX_DEPTH; i++) msgpack_pack_array(pk, 1);
+  msgpack_pack_nil(pk);
+}
+
+/* The RESULTS reader: entries read in place, [] without decoding, other values decoded and checked. */
+static void test_results_reader(void **state) {
+  (void)state;
+  mn_buf_t r;
+  mn_buf_init(&r);
+  assert_int_equal(mn_msg_results_begin(&r), 0);
+  add_result(&r, 3, 42, 1, pack_nothing);
+  add_result(&r, 70000, 1ull << 40, 0, pack_answer);
+  add_result(&r, 5, 7, 1, pack_deep);
+  mn_msg_results_end(&r, 3);
+  msgpack_zone zone;
+  assert_true(msgpack_zone_init(&zone, 1024));
+  mn_msg_results_reader_t rd;
+  char err[300];
+  uint64_t tag;
+  mn_msg_result_t res;
+  assert_int_equal(mn_msg_results_open(&rd, r.data + MN_FRAME_HEADER, r.len - MN_FRAME_HEADER), 0);
+  assert_int_equal(mn_msg_results_next(&rd, &zone, &tag, &res, err, sizeof(err)), 1);
+  assert_int_equal(tag, 3);
+  assert_int_equal(res.seq, 42);
+  assert_true(res.ok);
+  assert_int_equal(res.value->type, MSGPACK_OBJECT_ARRAY);
+  assert_int_equal(res.value->via.array.size, 0);
+  assert_int_equal(mn_msg_results_next(&rd, &zone, &tag, &res, err, sizeof(err)), 1);
+  assert_int_equal(tag, 70000);
+  assert_int_equal(res.seq, 1ull << 40);
+  assert_false(res.ok);
+  assert_int_equal(res.value->via.array.size, 2);
+  assert_int_equal(res.value->via.array.ptr[0].via.u64, 300);
+  /* A value nested past MN_MAX_DEPTH (it sits at depth 2) ends the frame, as mn_decode would. */
+  assert_int_equal(mn_msg_results_next(&rd, &zone, &tag, &res, err, sizeof(err)), MN_ELIMIT);
+  assert_non_null(strstr(err, "MN_MAX_DEPTH"));
+  msgpack_zone_destroy(&zone);
+  mn_buf_free(&r);
+
+  /* An entry that is an array but no RESULT spoils only itself; a count past the bytes is refused at open. */
+  mn_buf_init(&r);
+  assert_int_equal(mn_msg_results_begin(&r), 0);
+  assert_int_equal(mn_msg_results_add(&r, 9, "\x92\x15\x01", 3), 0);
+  add_result(&r, 10, 1, 1, pack_nothing);
+  mn_msg_results_end(&r, 2);
+  assert_true(msgpack_zone_init(&zone, 1024));
+  assert_int_equal(mn_msg_results_open(&rd, r.data + MN_FRAME_HEADER, r.len - MN_FRAME_HEADER), 0);
+  assert_int_equal(mn_msg_results_next(&rd, &zone, &tag, &res, err, sizeof(err)), MN_EINVAL);
+  assert_int_equal(tag, 9);
+  assert_int_equal(mn_msg_results_next(&rd, &zone, &tag, &res, err, sizeof(err)), 1);
+  assert_int_equal(tag, 10);
+  assert_int_equal(mn_msg_results_next(&rd, &zone, &tag, &res, err, sizeof(err)), 0);
+  mn_put_be32(r.data + MN_FRAME_HEADER + 1, 2001);
+  assert_int_equal(mn_msg_results_open(&rd, r.data + MN_FRAME_HEADER, r.len - MN_FRAME_HEADER), MN_EPROTO);
+  msgpack_zone_destroy(&zone);
+  mn_buf_free(&r);
+}
+
 static void test_pong_from_ping(void **state) {
   (void)state;
   char out[MN_MSG_PONG_MAX];
@@ -889,6 +966,7 @@ int main(void) {
       cmocka_unit_test(test_cast_results),
       cmocka_unit_test(test_acks),
       cmocka_unit_test(test_tree_messages),
+      cmocka_unit_test(test_results_reader),
       cmocka_unit_test(test_pong_from_ping),
       cmocka_unit_test(test_agent_events),
       cmocka_unit_test(test_spawn_kill),
