@@ -2,7 +2,9 @@
 -- after a warm-up run so that first-touch page faults are not counted), next
 -- to memcpy of the same size between two warm buffers in this process, in
 -- the same run (the baseline of the ratios). The path taken (same-host copy
--- or TCP: MONARCH_BULK_LOCAL, docs/lua-api.md) is printed with the figures.
+-- or TCP: MONARCH_BULK_LOCAL, docs/lua-api.md) is printed with the figures,
+-- and so are the first put (the proc maps the source then) and the first
+-- fetch (into a fresh HostTensor, whose pages are new), outside the medians.
 --   monarch-run bench/bulk.lua [MiB] [runs]
 local ffi = require "ffi"
 local monarch = require "monarch"
@@ -18,9 +20,11 @@ local n = mib * 1024 * 1024
 local t = procs:tensor("u8", { n })
 local src = monarch.tensor.host("u8", { n })
 for i = 1, n, 4096 do src[i] = i % 251 end
+local t0 = monarch.now()
 local into = t:fetch():get()
+local fresh = monarch.now() - t0
 local copy = monarch.tensor.host("u8", { n })
-local puts, fetches, copies = {}, {}, {}
+local puts, fetches, copies, first_put = {}, {}, {}, nil
 for r = 0, runs do
   local t0 = monarch.now()
   ffi.copy(copy.data, src.data, n)
@@ -33,6 +37,8 @@ for r = 0, runs do
   local tf = monarch.now() - t0
   if r > 0 then
     puts[r], fetches[r], copies[r] = n / tp / 1e9, n / tf / 1e9, n / tc / 1e9
+  else
+    first_put = tp
   end
 end
 assert(into[1][4097] == src[4097] and into[1][n - 4095] == src[n - 4095], "fetched bytes differ from what was put")
@@ -45,3 +51,5 @@ print(string.format("fetch_gbs %.3f", fetch))
 print(string.format("put_ratio %.2f", put / mc))
 print(string.format("fetch_ratio %.2f", fetch / mc))
 print(string.format("local_chunks %d", bulk.stats.local_puts + bulk.stats.local_fetches))
+print(string.format("first_put_ratio %.2f", n / first_put / 1e9 / mc))
+print(string.format("fresh_fetch_ratio %.2f", n / fresh / 1e9 / mc))

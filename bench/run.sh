@@ -45,6 +45,8 @@ tcp=$(MONARCH_BULK_LOCAL=0 $B/bin/monarch-run bench/bulk.lua "$mib" 5)
 printf '%-52s %11.2f GB/s %10s\n' "memcpy, ${mib} MiB, in the bulk run (baseline)" "$(get memcpy_gbs "$bulk")" "1.00x"
 printf '%-52s %11.2f GB/s %9.2fx\n' "tensor put, same host ($(get path "$bulk")), ${mib} MiB" "$(get put_gbs "$bulk")" "$(get put_ratio "$bulk")"
 printf '%-52s %11.2f GB/s %9.2fx\n' "tensor fetch, same host ($(get path "$bulk")), ${mib} MiB" "$(get fetch_gbs "$bulk")" "$(get fetch_ratio "$bulk")"
+printf '%-52s %16s %9.2fx\n' "  first put (the proc maps the source then)" "" "$(get first_put_ratio "$bulk")"
+printf '%-52s %16s %9.2fx\n' "  first fetch, into a fresh HostTensor (new pages)" "" "$(get fresh_fetch_ratio "$bulk")"
 printf '%-52s %11.2f GB/s %10s\n' "raw C TCP stream, ${mib} MiB (baseline)" "$stream" "1.00x"
 printf '%-52s %11.2f GB/s %9.2fx\n' "tensor put over TCP (MONARCH_BULK_LOCAL=0), ${mib} MiB" "$(get put_gbs "$tcp")" "$(ratio "$(get put_gbs "$tcp")" "$stream")"
 printf '%-52s %11.2f GB/s %9.2fx\n' "tensor fetch over TCP (MONARCH_BULK_LOCAL=0), ${mib} MiB" "$(get fetch_gbs "$tcp")" "$(ratio "$(get fetch_gbs "$tcp")" "$stream")"

@@ -60,6 +60,8 @@ end
 
 local t0 = monarch.now()
 local hosts = monarch.hosts()
+-- SCALE_FANOUT=0: casts go to every agent directly (no tree); unset: the default fan-out.
+if os.getenv("SCALE_FANOUT") then monarch.configure{ fanout = tonumber(os.getenv("SCALE_FANOUT")) } end
 print(string.format("connect_s %.3f", monarch.now() - t0))
 collect()
 local rss0, heap0 = status_kib("VmRSS"), heap_bytes()

@@ -60,13 +60,17 @@ if [ "${REAL:-1}" != 0 ]; then
   # agent as one CAST frame, answered by one batched RESULTS frame.
   before=$(MONARCH_PROC_HEARTBEAT=1 MONARCH_RELAY=0 run "the per-proc run" \
     $B/bin/monarch-run --hostfile "$dir/hosts" bench/scale.lua "$per" "$calls")
-  now=$(run "the through-agents run" $B/bin/monarch-run --hostfile "$dir/hosts" bench/scale.lua "$per" "$calls")
+  # Casts to every agent directly (fanout 0), then through the cast tree (past the default fanout of 16
+  # agents the controller casts to the top 16 and they hand the call on to their children).
+  flat=$(SCALE_FANOUT=0 run "the flat-cast run" $B/bin/monarch-run --hostfile "$dir/hosts" bench/scale.lua "$per" "$calls")
+  now=$(run "the cast-tree run" $B/bin/monarch-run --hostfile "$dir/hosts" bench/scale.lua "$per" "$calls")
   stop_agents
-  printf '%-40s %16s %16s %8s\n' "measure" "per proc" "through agents" "ratio"
+  ratio() { if [ "$(echo "$2 > 0" | bc -l)" = 1 ]; then printf '%7.2fx' "$(echo "$1 / $2" | bc -l)"; else printf '%8s' "-"; fi; }
+  printf '%-24s %12s %12s %12s %8s %8s\n' "measure" "per proc" "flat casts" "cast tree" "flat/" "tree/"
   for k in spawn_connect_s call_gather_ms ctl_cpu_per_call_ms ctl_bytes_per_proc ctl_rss_per_proc ctl_idle_cpu_pct \
     ctl_peak_rss_mib ctl_open_fds; do
-    b=$(get $k "$before") n=$(get $k "$now")
-    printf '%-40s %16s %16s %7.2fx\n' "$k" "$b" "$n" "$(echo "$n / $b" | bc -l)"
+    b=$(get $k "$before") f=$(get $k "$flat") n=$(get $k "$now")
+    printf '%-24s %12s %12s %12s %s %s\n' "$k" "$b" "$f" "$n" "$(ratio "$f" "$b")" "$(ratio "$n" "$b")"
   done
 fi
 

@@ -123,6 +123,9 @@ static void session_end(asession_t *s) {
   while (*pp && *pp != s) pp = &(*pp)->next;
   if (*pp) *pp = s->next;
   if (s->conn) s->conn->session = NULL;
+  for (aconn_t *c = a->conns; c; c = c->next)
+    if (c->relay_of == s) c->relay_of = NULL;
+  mn__agent_tree_close(s);
   mn_buf_free(&s->backlog);
   mn__agent_relay_session_gone(s);
   free(s);
@@ -171,11 +174,15 @@ static void on_tick(uv_timer_t *t) {
       conn_close(c);
     }
   }
+  mn__agent_tree_tick(a);
 }
 
 static void conn_close(aconn_t *c) {
   if (c->closing) return;
   c->closing = 1;
+  if (c->relay_of != NULL && c->relay_of->up == c) c->relay_of->up = NULL;
+  if (c->session != NULL && c->session->up == c) c->session->up = NULL;
+  c->relay_of = NULL;
   if (c->session != NULL) {
     /* Keep the procs for the grace period: the controller may reconnect. */
     c->session->conn = NULL;
@@ -275,6 +282,31 @@ static void handle_kill(aconn_t *c, const msgpack_object *m) {
   if (c->a->sim != NULL) mn__agent_sim_kill(c->session, kl.pid, kl.sig);
 }
 
+/* SESSION [22, id, 0, true]: a parent agent's relay link for session id, which must be ours already. */
+static void relay_attach(aconn_t *c, uint64_t id) {
+  asession_t *s = c->a->sessions;
+  while (s && s->id != id) s = s->next;
+  if (s == NULL || s->ended) {
+    mn__agent_refuse(c, MN_EPROTO, "relay link for a session this agent does not have");
+    return;
+  }
+  c->relay_of = s;
+}
+
+/* A relay link carries casts and its parent's pings, nothing else. */
+static void relay_link_handle(aconn_t *c, const msgpack_object *m, mn_buf_t *out) {
+  char err[256];
+  const msgpack_object *id;
+  if (mn_msg_type(m) == MN_MSG_CAST) {
+    mn__agent_handle_cast(c, m);
+  } else if (mn_msg_type(m) == MN_MSG_PING && mn_msg_parse_ping(m, &id, err, sizeof(err)) == 0) {
+    if (mn_msg_pack_pong(out, id) == 0) mn__agent_send_buf(c, out);
+  } else {
+    snprintf(err, sizeof(err), "a relay link does not carry message type %d", mn_msg_type(m));
+    mn__agent_refuse(c, MN_EPROTO, err);
+  }
+}
+
 static void handle(aconn_t *c, const msgpack_object *m) {
   char err[256];
   mn_buf_t out;
@@ -294,10 +326,17 @@ static void handle(aconn_t *c, const msgpack_object *m) {
     mn_buf_free(&out);
     return;
   }
-  if (mn_msg_type(m) == MN_MSG_SESSION) {
+  if (mn_msg_type(m) == MN_MSG_SESSION && c->relay_of == NULL) {
     mn_msg_session_t sess;
     if (mn_msg_parse_session(m, &sess, err, sizeof(err)) != 0) mn__agent_refuse(c, MN_EPROTO, err);
+    else if (sess.relay && c->session != NULL) mn__agent_refuse(c, MN_EPROTO, "a controller's connection cannot become a relay link");
+    else if (sess.relay) relay_attach(c, sess.session);
     else if (session_attach(c, sess.session) == NULL) mn__agent_refuse(c, MN_ENOMEM, "out of memory");
+    mn_buf_free(&out);
+    return;
+  }
+  if (c->relay_of != NULL) {
+    relay_link_handle(c, m, &out);
     mn_buf_free(&out);
     return;
   }
@@ -320,6 +359,8 @@ static void handle(aconn_t *c, const msgpack_object *m) {
   case MN_MSG_LIST: mn__agent_handle_list(c, m); break;
   case MN_MSG_STATUS: mn__agent_handle_status(c, m); break;
   case MN_MSG_CAST: mn__agent_handle_cast(c, m); break;
+  case MN_MSG_ACKS: mn__agent_handle_acks(c, m); break;
+  case MN_MSG_TREE: mn__agent_tree_set(c, m); break;
   case MN_MSG_PING: {
     const msgpack_object *id;
     /* A PING of another shape is ignored: nobody waits for its answer. */

@@ -44,6 +44,7 @@ typedef struct aconn_s aconn_t;
 typedef struct ajoin_s ajoin_t;
 typedef struct asession_s asession_t;
 typedef struct apersist_s apersist_t;
+typedef struct alink_s alink_t;
 typedef struct asim_s asim_t;
 
 /* A persistent mesh's record: its procs point at it. */
@@ -98,7 +99,11 @@ struct asession_s {
   uint64_t hang_ms;   /* a proc silent this long is reported (PROC_HUNG); 0: not watched */
   mn_buf_t batch;     /* RESULTS being gathered from its procs' relays */
   uint32_t nbatch;    /* entries in it */
-  int64_t relayed;    /* cast CALLs handed to its procs and not answered yet */
+  int64_t relayed;    /* cast CALLs handed to its procs, or to child agents, and not answered yet */
+  aconn_t *up;        /* where its RESULTS go: the connection its last CAST came on (controller or parent agent) */
+  alink_t **links;    /* its children in the cast tree (TREE), by index; NULL entries are gone */
+  uint32_t nlinks;
+  uint64_t tree_epoch; /* the TREE they came from, named in LINKED */
   asession_t *next;
 };
 
@@ -106,6 +111,7 @@ struct aconn_s {
   uv_tcp_t tcp;
   agent_t *a;
   asession_t *session;
+  asession_t *relay_of; /* a parent agent's relay link: it carries casts for this session and owns nothing */
   uint64_t last_rx;
   int ready;
   int closing;
@@ -191,8 +197,26 @@ int mn__agent_relay_open(aproc_t *p, int fd);
 void mn__agent_relay_proc_gone(aproc_t *p);
 /* CAST: hands each named proc of the session its CALL. */
 void mn__agent_handle_cast(aconn_t *c, const msgpack_object *m);
+/* ACKS: each named proc of c's session gets its ACK over its relay. */
+void mn__agent_handle_acks(aconn_t *c, const msgpack_object *m);
 void mn__agent_relay_session_gone(asession_t *s);
 void mn__agent_relay_close(agent_t *a);
+/* A child agent's RESULTS entries (n of them, raw bytes after the frame's head) join s's batch. */
+void mn__agent_relay_take_batch(asession_t *s, const char *entries, size_t len, uint32_t n);
+/* Sends s's batch now, if it has one. */
+void mn__agent_relay_flush(asession_t *s);
+
+/* ---- agent_tree.c ------------------------------------------------------------------------- */
+
+/* TREE from c's controller: (re)opens relay links to the children it names. */
+void mn__agent_tree_set(aconn_t *c, const msgpack_object *m);
+/* Hands sub-casts (CAST's subs) to the children's links; returns the triples handed on. */
+int64_t mn__agent_tree_forward(asession_t *s, const msgpack_object *subs, const char *rest, size_t rlen);
+/* Every second: pings up links, drops silent or stalled ones. */
+void mn__agent_tree_tick(agent_t *a);
+/* Closes s's links (the session ends). */
+void mn__agent_tree_close(asession_t *s);
+
 /* Adds one RESULT body, named tag, to s's batch (sent at once if that makes it MN_RELAY_BATCH). */
 void mn__agent_relay_answer(asession_t *s, uint64_t tag, const char *body, size_t len);
 /* The end of a burst of answers: sends s's batch now, unless its procs still owe answers (then within MN_RELAY_FLUSH_MS). */

@@ -23,11 +23,16 @@ typedef struct {
   char head[MN_MSG_CALL_HEAD];
 } cast_write_t;
 
+/* A walk over a session's procs that calls fn for each one a flat list of uints names (its pid first, `width` per proc). */
 typedef struct {
   asession_t *s;
-  const msgpack_object *t; /* the (pid, seq, tag) triples */
-  rest_t *rest;
-} cast_t;
+  const msgpack_object *t;
+  uint32_t width;
+  void (*fn)(aproc_t *p, const msgpack_object *entry, void *arg);
+  void *arg;
+} walk_t;
+
+static void flush_session(asession_t *s);
 
 static void rest_unref(rest_t *r) {
   if (--r->refs == 0) free(r);
@@ -40,13 +45,15 @@ static void on_cast_written(uv_write_t *w, int status) {
   free(cw);
 }
 
-static void relay_write(aproc_t *p, uint64_t seq, rest_t *rest) {
+static void relay_write(aproc_t *p, const msgpack_object *e, void *arg) {
+  rest_t *rest = arg;
   cast_write_t *cw = malloc(sizeof(*cw));
   if (cw == NULL) return; /* the call is lost here; the controller's timeout or a reconnect resends it */
+  p->tag = e[2].via.u64;
   cw->req.data = cw;
   cw->rest = rest;
   rest->refs++;
-  mn_msg_call_from_cast(cw->head, seq, rest->len);
+  mn_msg_call_from_cast(cw->head, e[1].via.u64, rest->len);
   uv_buf_t b[2] = {uv_buf_init(cw->head, MN_MSG_CALL_HEAD), uv_buf_init(rest->data, (unsigned)rest->len)};
   if (uv_write(&cw->req, (uv_stream_t *)&p->relay, b, 2, on_cast_written) != 0) {
     rest_unref(rest);
@@ -57,18 +64,15 @@ static void relay_write(aproc_t *p, uint64_t seq, rest_t *rest) {
   p->owner->relayed++;
 }
 
-static void walk_cast(uv_handle_t *h, void *arg) {
-  cast_t *ct = arg;
+static void walk_targets(uv_handle_t *h, void *arg) {
+  walk_t *w = arg;
   if (h->type != UV_PROCESS || uv_is_closing(h)) return;
   aproc_t *p = h->data;
-  if (p->owner != ct->s || !p->relay_open) return;
+  if (p->owner != w->s || !p->relay_open) return;
   uint64_t pid = (uint64_t)((uv_process_t *)h)->pid;
-  const msgpack_object *v = ct->t->via.array.ptr;
-  for (uint32_t i = 0; i + 2 < ct->t->via.array.size; i += 3)
-    if (v[i].via.u64 == pid) {
-      p->tag = v[i + 2].via.u64;
-      relay_write(p, v[i + 1].via.u64, ct->rest);
-    }
+  const msgpack_object *v = w->t->via.array.ptr;
+  for (uint32_t i = 0; i + w->width <= w->t->via.array.size; i += w->width)
+    if (v[i].via.u64 == pid) w->fn(p, &v[i], w->arg);
 }
 
 void mn__agent_handle_cast(aconn_t *c, const msgpack_object *m) {
@@ -80,16 +84,50 @@ void mn__agent_handle_cast(aconn_t *c, const msgpack_object *m) {
     mn__agent_refuse(c, MN_EPROTO, err);
     return;
   }
+  const msgpack_object *subs;
+  if (mn_msg_parse_cast_subs(m, &subs, err, sizeof(err)) != 0) {
+    mn__agent_refuse(c, MN_EPROTO, err);
+    return;
+  }
+  asession_t *s = c->relay_of != NULL ? c->relay_of : c->session;
+  if (s->up != c && s->nbatch > 0) flush_session(s); /* what was gathered goes back the way its casts came */
+  s->up = c;
+  s->relayed += mn__agent_tree_forward(s, subs, rest, rlen);
   rest_t *r = malloc(sizeof(*r) + rlen);
   if (r == NULL) return; /* as for a lost write: resent after a reconnect, or the call times out */
   r->refs = 1;
   r->len = rlen;
   memcpy(r->data, rest, rlen);
   /* A pid that is not one of this session's procs is skipped: it died, and the controller hears so. */
-  cast_t ct = {c->session, t, r};
-  uv_walk(c->a->loop, walk_cast, &ct);
-  if (c->a->sim != NULL) mn__agent_sim_cast(c->session, t, r->data, r->len); /* virtual procs answer here */
+  walk_t w = {s, t, 3, relay_write, r};
+  uv_walk(c->a->loop, walk_targets, &w);
+  if (c->a->sim != NULL) mn__agent_sim_cast(s, t, r->data, r->len); /* virtual procs answer here */
   rest_unref(r);
+}
+
+static void ack_write(aproc_t *p, const msgpack_object *e, void *arg) {
+  (void)arg;
+  uv_write_t *w = malloc(sizeof(*w) + 16);
+  if (w == NULL) return; /* the proc keeps its replay cache until the next ACK */
+  mn_buf_t b = {(char *)(w + 1), 0, 16}; /* an ACK is at most 14 bytes: the buffer never grows */
+  if (mn_msg_pack_ack(&b, e[1].via.u64) != 0) {
+    free(w);
+    return;
+  }
+  w->data = NULL; /* mn__agent_on_write frees w->data and w: the bytes live inside w */
+  uv_buf_t ub = uv_buf_init(b.data, (unsigned)b.len);
+  if (uv_write(w, (uv_stream_t *)&p->relay, &ub, 1, mn__agent_on_write) != 0) free(w);
+}
+
+void mn__agent_handle_acks(aconn_t *c, const msgpack_object *m) {
+  char err[300];
+  const msgpack_object *t;
+  if (mn_msg_parse_acks(m, &t, err, sizeof(err)) != 0) {
+    mn__agent_refuse(c, MN_EPROTO, err);
+    return;
+  }
+  walk_t w = {c->session, t, 2, ack_write, NULL};
+  uv_walk(c->a->loop, walk_targets, &w);
 }
 
 /* ---- results ------------------------------------------------------------------- */
@@ -99,7 +137,8 @@ static void flush_session(asession_t *s) {
   if (s->nbatch == 0) return;
   mn_msg_results_end(&s->batch, s->nbatch);
   s->nbatch = 0;
-  uv_write_t *w = s->conn != NULL && !s->conn->closing ? malloc(sizeof(*w)) : NULL;
+  aconn_t *to = s->up != NULL && !s->up->closing ? s->up : s->conn;
+  uv_write_t *w = to != NULL && !to->closing ? malloc(sizeof(*w)) : NULL;
   if (w == NULL) {
     s->batch.len = 0;
     return;
@@ -107,12 +146,36 @@ static void flush_session(asession_t *s) {
   w->data = s->batch.data;
   uv_buf_t b = uv_buf_init(s->batch.data, (unsigned)s->batch.len);
   mn_buf_init(&s->batch);
-  if (uv_write(w, (uv_stream_t *)&s->conn->tcp, &b, 1, mn__agent_on_write) != 0) mn__agent_on_write(w, -1);
+  if (uv_write(w, (uv_stream_t *)&to->tcp, &b, 1, mn__agent_on_write) != 0) mn__agent_on_write(w, -1);
 }
+
+void mn__agent_relay_flush(asession_t *s) { flush_session(s); }
 
 static void on_relay_timer(uv_timer_t *t) {
   agent_t *a = t->data;
   for (asession_t *s = a->sessions; s; s = s->next) flush_session(s);
+}
+
+/* Sends s's batch when nothing more is awaited or it is large; else within MN_RELAY_FLUSH_MS. */
+static void batch_grew(asession_t *s, agent_t *a) {
+  if (a->relay_timer.data == NULL) { /* made on first use: an agent that never relays has none */
+    uv_timer_init(a->loop, &a->relay_timer);
+    a->relay_timer.data = a;
+    uv_unref((uv_handle_t *)&a->relay_timer);
+  }
+  if (s->relayed == 0 || s->batch.len >= MN_RELAY_BATCH) {
+    flush_session(s);
+  } else if (!uv_is_active((uv_handle_t *)&a->relay_timer)) {
+    uv_timer_start(&a->relay_timer, on_relay_timer, MN_RELAY_FLUSH_MS, 0);
+  }
+}
+
+void mn__agent_relay_take_batch(asession_t *s, const char *entries, size_t len, uint32_t n) {
+  s->relayed -= (int64_t)n < s->relayed ? (int64_t)n : s->relayed;
+  if (s->nbatch == 0 && mn_msg_results_begin(&s->batch) != 0) return;
+  if (mn_buf_append(&s->batch, entries, len) != 0) return;
+  s->nbatch += n;
+  batch_grew(s, s->a);
 }
 
 void mn__agent_relay_answer(asession_t *s, uint64_t tag, const char *body, size_t len) {
@@ -121,11 +184,7 @@ void mn__agent_relay_answer(asession_t *s, uint64_t tag, const char *body, size_
   if (s->batch.len >= MN_RELAY_BATCH) flush_session(s);
 }
 
-void mn__agent_relay_push(asession_t *s) {
-  if (s->relayed == 0) flush_session(s);
-  else if (!uv_is_active((uv_handle_t *)&s->a->relay_timer)) /* relayed > 0: a relay was opened, the timer made */
-    uv_timer_start(&s->a->relay_timer, on_relay_timer, MN_RELAY_FLUSH_MS, 0);
-}
+void mn__agent_relay_push(asession_t *s) { batch_grew(s, s->a); }
 
 static void take_result(aproc_t *p, const char *body, size_t len) {
   asession_t *s = p->owner;
@@ -184,11 +243,6 @@ static void relay_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf) {
 
 int mn__agent_relay_open(aproc_t *p, int fd) {
   agent_t *a = p->a;
-  if (a->relay_timer.data == NULL) {
-    uv_timer_init(a->loop, &a->relay_timer);
-    a->relay_timer.data = a;
-    uv_unref((uv_handle_t *)&a->relay_timer);
-  }
   uv_pipe_init(a->loop, &p->relay, 0);
   p->relay.data = p;
   int rc = uv_pipe_open(&p->relay, fd);

@@ -47,6 +47,8 @@ typedef struct {
   int ref;
 } mn_hold_t;
 
+#define MN_COLLECT_SLOTS 1024 /* calls collected at once; a call that finds its slot taken is answered per slot */
+
 typedef struct {
   mn_ctl_t ctl;
   int open;
@@ -57,6 +59,14 @@ typedef struct {
   mn_hold_t *holds;
   size_t nholds, hcap;
   mn_join_t join; /* the join port, when the script listens (core.listen) */
+  /* Calls whose successful answers C stores straight into their values table (core.collect), by
+   * call id modulo MN_COLLECT_SLOTS; and the run of such answers not yet told to Lua. */
+  struct {
+    double call;
+    int ref; /* LUA_NOREF: free */
+  } collect[MN_COLLECT_SLOTS];
+  double run_call;
+  int run_n;
 } lctl_t;
 
 static lctl_t *get_ctl(lua_State *L) {
@@ -114,6 +124,7 @@ static int l_init(lua_State *L) {
   lua_setmetatable(L, -2);
   if (mn_ctl_init(&c->ctl, tok, tl) != 0) return luaL_error(L, "cannot initialize the controller");
   msgpack_zone_init(&c->zone, 64 * 1024);
+  for (int i = 0; i < MN_COLLECT_SLOTS; i++) c->collect[i].ref = LUA_NOREF;
   c->open = 1;
   lua_pushlightuserdata(L, &ctl_key);
   lua_pushvalue(L, -2);
@@ -271,6 +282,16 @@ static int l_call(lua_State *L) {
     int id;
     if (single) id = (int)lua_tointeger(L, 2);
     else {
+      if (i + 8 <= n) {
+        lua_rawgeti(L, 2, i + 8);
+        mn_ctl_prefetch(&c->ctl, (uint64_t)lua_tointeger(L, -1), 0);
+        lua_pop(L, 1);
+      }
+      if (i + 4 <= n) {
+        lua_rawgeti(L, 2, i + 4);
+        mn_ctl_prefetch(&c->ctl, (uint64_t)lua_tointeger(L, -1), 2);
+        lua_pop(L, 1);
+      }
       lua_rawgeti(L, 2, i);
       id = (int)lua_tointeger(L, -1);
       lua_pop(L, 1);
@@ -365,8 +386,36 @@ static void sweep_holds(lua_State *L, lctl_t *c) {
   }
 }
 
-/* Adds a proc's RESULT r to ev as call_id, slot, ok, value; returns the new
- * count (>= 0), or MN_EPROTO when it answers no call in flight (conn is
+static int collect_slot(double call) { return (int)((uint64_t)call & (MN_COLLECT_SLOTS - 1)); }
+
+/* Tells Lua of the run of answers stored into one call's values: call_id, -count, true, nil. */
+static int flush_run(lua_State *L, lctl_t *c, int ev, int n) {
+  if (c->run_n == 0) return n;
+  lua_pushnumber(L, c->run_call);
+  lua_rawseti(L, ev, ++n);
+  lua_pushinteger(L, -c->run_n);
+  lua_rawseti(L, ev, ++n);
+  lua_pushboolean(L, 1);
+  lua_rawseti(L, ev, ++n);
+  lua_pushnil(L);
+  lua_rawseti(L, ev, ++n);
+  c->run_n = 0;
+  return n;
+}
+
+/* A successful answer of a collected call goes into its values table at its slot; 1 if it did. */
+static int collected(lua_State *L, lctl_t *c, mn_pending_t p, const mn_msg_result_t *r) {
+  int i = collect_slot(p.call);
+  if (!r->ok || c->collect[i].ref == LUA_NOREF || c->collect[i].call != p.call || c->ndests > 0) return 0;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, c->collect[i].ref);
+  push_result_value(L, c, p, r);
+  lua_rawseti(L, -2, p.slot);
+  lua_pop(L, 1);
+  return 1;
+}
+
+/* Adds a proc's RESULT r to ev as call_id, slot, ok, value (or, for a collected call, to the run of
+ * its answers); returns the new count (>= 0), or MN_EPROTO when it answers no call in flight (conn is
  * then closed). */
 static int take_parsed(lua_State *L, lctl_t *c, mn_conn_t *k, const mn_msg_result_t *r, int ev, int n) {
   mn_pending_t p;
@@ -377,6 +426,13 @@ static int take_parsed(lua_State *L, lctl_t *c, mn_conn_t *k, const mn_msg_resul
     return MN_EPROTO;
   }
   if (c->nholds > 0) release_hold(L, c, p);
+  if (c->run_n > 0 && c->run_call != p.call) n = flush_run(L, c, ev, n);
+  if (collected(L, c, p, r)) {
+    c->run_call = p.call;
+    c->run_n++;
+    return n;
+  }
+  n = flush_run(L, c, ev, n);
   lua_pushnumber(L, p.call);
   lua_rawseti(L, ev, ++n);
   lua_pushinteger(L, p.slot);
@@ -441,8 +497,11 @@ static int take_results_decoded(lua_State *L, lctl_t *c, mn_conn_t *a, int agent
     mn_ctl_refuse(&c->ctl, a, err);
     return MN_EPROTO;
   }
+  const msgpack_object *tags = &m->via.array.ptr[1];
   for (uint32_t i = 0; i < nr; i++) {
     const msgpack_object *e = &m->via.array.ptr[1 + 2 * i];
+    if (i + 8 < nr) mn_ctl_prefetch(&c->ctl, tags[2 * (i + 8)].via.u64, 0);
+    if (i + 4 < nr) mn_ctl_prefetch(&c->ctl, tags[2 * (i + 4)].via.u64, 1);
     mn_conn_t *k = mn_ctl_relayed_conn(&c->ctl, agent, e[0].via.u64);
     if (k == NULL) continue; /* a proc closed since (its calls failed with it) */
     int r = take_result(L, c, k, &e[1], ev, n);
@@ -479,6 +538,11 @@ static int drain_conn(lua_State *L, lctl_t *c, int id, int ev, int n) {
       int r = take_results_decoded(L, c, k, id, &m, ev, n); /* not in the agent's own form */
       if (r < 0) break;
       n = r;
+    } else if (mn_msg_type(&m) == MN_MSG_LINKED && mn_ctl_conn_kind(k) == MN_CONN_AGENT) {
+      if (mn_ctl_take_linked(&c->ctl, k, &m, err, sizeof(err)) != 0) {
+        mn_ctl_refuse(&c->ctl, k, err);
+        break;
+      }
     } else if (!is_heartbeat(&m)) {
       n = push_event(L, ev, n, id, "message");
       push_obj(L, &m);
@@ -544,6 +608,7 @@ static int l_poll(lua_State *L) {
       n = push_event_value(L, c, &evs[i], 1, n);
     }
   while ((id = mn_ctl_take_readable(ctl)) > 0) n = drain_conn(L, c, id, 1, n);
+  n = flush_run(L, c, 1, n);
   evs = mn_ctl_events(ctl, &ne); /* draining may have closed connections */
   for (size_t i = 0; i < ne; i++)
     if (evs[i].kind != MN_EV_CONNECTED) {
@@ -553,6 +618,36 @@ static int l_poll(lua_State *L) {
   mn_ctl_events_done(ctl);
   lua_pushinteger(L, n);
   return 1;
+}
+
+/* core.collect(call_id, values) -> true if C will store the call's successful answers straight into
+ * values[slot] (and report them in runs: call_id, -count), false if its slot is taken (per-slot events). */
+static int l_collect(lua_State *L) {
+  lctl_t *c = get_ctl(L);
+  double call = luaL_checknumber(L, 1);
+  luaL_checktype(L, 2, LUA_TTABLE);
+  int i = collect_slot(call);
+  if (c->collect[i].ref != LUA_NOREF) {
+    lua_pushboolean(L, 0);
+    return 1;
+  }
+  lua_pushvalue(L, 2);
+  c->collect[i].ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  c->collect[i].call = call;
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* core.uncollect(call_id): its answers come per slot again (the call finished). */
+static int l_uncollect(lua_State *L) {
+  lctl_t *c = get_ctl(L);
+  double call = luaL_checknumber(L, 1);
+  int i = collect_slot(call);
+  if (c->collect[i].ref != LUA_NOREF && c->collect[i].call == call) {
+    luaL_unref(L, LUA_REGISTRYINDEX, c->collect[i].ref);
+    c->collect[i].ref = LUA_NOREF;
+  }
+  return 0;
 }
 
 /* core.relay(proc_conn, agent_conn, pid): that agent relays casts to that proc (it spawned it as pid). */
@@ -582,11 +677,21 @@ static int l_relayed(lua_State *L) {
 /* core.cast_stats() -> {casts = CAST frames sent, calls = the proc calls they carried} */
 static int l_cast_stats(lua_State *L) {
   lctl_t *c = get_ctl(L);
-  lua_createtable(L, 0, 2);
+  lua_createtable(L, 0, 6);
   lua_pushnumber(L, (lua_Number)c->ctl.casts);
   lua_setfield(L, -2, "casts");
   lua_pushnumber(L, (lua_Number)c->ctl.cast_calls);
   lua_setfield(L, -2, "calls");
+  int active, up, routed;
+  mn_ctl_tree_stats(&c->ctl, &active, &up, &routed);
+  lua_pushboolean(L, active);
+  lua_setfield(L, -2, "tree");
+  lua_pushinteger(L, up);
+  lua_setfield(L, -2, "links_up");
+  lua_pushinteger(L, routed);
+  lua_setfield(L, -2, "routed");
+  lua_pushinteger(L, c->ctl.ntree);
+  lua_setfield(L, -2, "tree_agents");
   return 1;
 }
 
@@ -657,6 +762,15 @@ static int l_configure(lua_State *L) {
     lua_Number n = luaL_checknumber(L, -1);
     if (n < 1 || n > 1e9 || n != (lua_Number)(int)n) return luaL_error(L, "core.configure: cast_min must be a positive integer");
     c->ctl.cast_min = (int)n;
+  }
+  lua_pop(L, 1);
+  lua_getfield(L, 1, "fanout");
+  if (!lua_isnil(L, -1)) {
+    lua_Number n = luaL_checknumber(L, -1);
+    if (!(n == 0 || (n >= 2 && n <= MN_TREE_MAX_FANOUT)) || n != (lua_Number)(int)n)
+      return luaL_error(L, "core.configure: fanout must be 0 (no tree) or an integer in 2..%d", MN_TREE_MAX_FANOUT);
+    c->ctl.fanout = (int)n;
+    c->ctl.tree_dirty = 1; /* the next cast rebuilds the tree for it */
   }
   lua_pop(L, 1);
   return 0;
@@ -897,7 +1011,8 @@ int luaopen_monarch_core(lua_State *L) {
       {"connect", l_connect},     {"connect_relayed", l_connect_relayed}, {"disconnect", l_disconnect}, {"info", l_info},
       {"send", l_send},           {"call", l_call},           {"call_as", l_call_as}, {"put_chunk", l_put_chunk}, {"fetch_into", l_fetch_into},           {"poll", l_poll},
       {"take_pending", l_take_pending}, {"inflight", l_inflight}, {"cancel", l_cancel}, {"oldest", l_oldest},
-      {"relay", l_relay}, {"relayed", l_relayed}, {"cast_stats", l_cast_stats},
+      {"relay", l_relay}, {"relayed", l_relayed}, {"cast_stats", l_cast_stats}, {"collect", l_collect},
+      {"uncollect", l_uncollect},
       {"configure", l_configure},         {"now", l_now},             {"generate_token", l_generate_token},
       {"prefix", l_prefix},       {"sleep", l_sleep},         {"catch_interrupts", l_catch_interrupts},
       {"interrupted", l_interrupted}, {"bulk_self", l_bulk_self}, {"hold", l_hold}, {"holds", l_holds},

@@ -66,6 +66,7 @@ int mn_ctl_init(mn_ctl_t *c, const char *token, size_t toklen) {
   c->hb_timeout_ms = MN_HEARTBEAT_TIMEOUT_MS;
   c->reconnect_ms = MN_RECONNECT_MS;
   c->cast_min = MN_CAST_MIN_TARGETS;
+  c->fanout = MN_TREE_FANOUT;
   /* MONARCH_PROC_HEARTBEAT=1: PING every proc too, as before agents watched them (to measure the difference). */
   const char *phb = getenv("MONARCH_PROC_HEARTBEAT");
   c->proc_heartbeats = phb && strcmp(phb, "1") == 0;
@@ -135,6 +136,10 @@ void mn_ctl_disconnect(mn_ctl_t *c, int id, const char *reason) {
 }
 
 static void free_conn(mn_conn_t *k) {
+  for (size_t i = 0; i < k->rcount; i++) {
+    mn_pending_t *p = &k->ring[(k->rhead + i) & (k->rcap - 1)];
+    if (p->rest != NULL) mn__ctl_rest_unref(p->rest);
+  }
   mn_buf_free(&k->in);
   mn_buf_free(&k->out);
   mn_buf_free(&k->unacked);
@@ -194,6 +199,8 @@ void mn_ctl_close(mn_ctl_t *c) {
   free(c->events);
   free(c->released);
   free(c->casting);
+  free(c->tree);
+  free(c->touched);
 }
 
 /* ---- writing ------------------------------------------------------------------ */
@@ -215,7 +222,7 @@ int mn_ctl_send(mn_ctl_t *c, mn_conn_t *k, const char *frame, size_t n) {
 int mn_ctl_cancel(mn_ctl_t *c, mn_conn_t *k, double call) {
   if (k->relay_only) return 0; /* CANCEL travels on a proc's own link, which it has not got: nothing was asked */
   size_t n = 0;
-  for (size_t i = 0; i < k->rcount; i++) n += k->ring[(k->rhead + i) % k->rcap].call == call;
+  for (size_t i = 0; i < k->rcount; i++) n += k->ring[(k->rhead + i) & (k->rcap - 1)].call == call;
   if (n == 0) return 0;
   uint64_t *seqs = malloc(n * sizeof(*seqs));
   if (seqs == NULL) return MN_ENOMEM;
@@ -223,7 +230,7 @@ int mn_ctl_cancel(mn_ctl_t *c, mn_conn_t *k, double call) {
   uint64_t first = k->seq - k->rcount + 1;
   n = 0;
   for (size_t i = 0; i < k->rcount; i++)
-    if (k->ring[(k->rhead + i) % k->rcap].call == call) seqs[n++] = first + i;
+    if (k->ring[(k->rhead + i) & (k->rcap - 1)].call == call) seqs[n++] = first + i;
   mn_buf_t b;
   mn_buf_init(&b);
   int rc = mn_msg_pack_cancel(&b, seqs, n);
@@ -233,32 +240,34 @@ int mn_ctl_cancel(mn_ctl_t *c, mn_conn_t *k, double call) {
   return rc == 0 ? (int)n : rc;
 }
 
-int mn__ctl_push_pending(mn_conn_t *k, double call, int32_t slot, int relay) {
+int mn__ctl_push_pending(mn_conn_t *k, double call, int32_t slot, int relay, mn_cast_rest_t *rest) {
   if (k->rcount == k->rcap) {
-    size_t cap = k->rcap ? k->rcap * 2 : 4; /* small first: a mesh of many procs has few calls in flight on each */
+    size_t cap = k->rcap ? k->rcap * 2 : 4; /* a power of two (positions wrap with a mask), small first */
     mn_pending_t *r = malloc(cap * sizeof(*r));
     if (r == NULL) return MN_ENOMEM;
-    for (size_t i = 0; i < k->rcount; i++) r[i] = k->ring[(k->rhead + i) % k->rcap];
+    for (size_t i = 0; i < k->rcount; i++) r[i] = k->ring[(k->rhead + i) & (k->rcap - 1)];
     free(k->ring);
     k->ring = r;
     k->rcap = cap;
     k->rhead = 0;
   }
-  k->ring[(k->rhead + k->rcount) % k->rcap] = (mn_pending_t){call, slot, relay};
+  if (rest != NULL) rest->refs++;
+  k->ring[(k->rhead + k->rcount) & (k->rcap - 1)] = (mn_pending_t){call, slot, relay, rest};
   k->rcount++;
   return 0;
 }
 
-int mn__ctl_track(mn_ctl_t *c, mn_conn_t *k, char *frame, size_t n, double call, int32_t slot, int relay) {
-  mn_msg_set_seq(frame, k->seq + 1);
-  if (mn__ctl_push_pending(k, call, slot, relay) != 0) return MN_ENOMEM;
-  if (!c->no_acks && mn_buf_append(&k->unacked, frame, n) != 0) return MN_ENOMEM;
+int mn__ctl_track(mn_ctl_t *c, mn_conn_t *k, char *frame, size_t n, double call, int32_t slot, int relay,
+                  mn_cast_rest_t *rest) {
+  if (rest == NULL) mn_msg_set_seq(frame, k->seq + 1);
+  if (mn__ctl_push_pending(k, call, slot, relay, rest) != 0) return MN_ENOMEM;
+  if (rest == NULL && !c->no_acks && mn_buf_append(&k->unacked, frame, n) != 0) return MN_ENOMEM;
   k->seq++;
   return 0;
 }
 
 int mn__ctl_call_direct(mn_ctl_t *c, mn_conn_t *k, char *frame, size_t n, double call, int32_t slot) {
-  if (mn__ctl_track(c, k, frame, n, call, slot, 0) != 0) return MN_ENOMEM;
+  if (mn__ctl_track(c, k, frame, n, call, slot, 0, NULL) != 0) return MN_ENOMEM;
   /* While reconnecting, the copy in `unacked` goes out once the link is back. */
   if (k->state == MN_CS_READY && mn_ctl_send(c, k, frame, n) != 0) return MN_ENOMEM;
   return 0;
@@ -270,10 +279,10 @@ int mn_ctl_call(mn_ctl_t *c, mn_conn_t *k, char *frame, size_t n, double call, i
   return mn__ctl_call_direct(c, k, frame, n, call, slot);
 }
 
-/* Records that the RESULT for `seq` arrived: drops its frame copy. */
-static void acked(mn_conn_t *k, uint64_t seq) {
+/* Records that the RESULT for `seq` arrived: drops its frame copy (a relayed call has none). */
+static void acked(mn_conn_t *k, uint64_t seq, int copied) {
   k->acked = seq;
-  if (k->unacked.len - k->unacked_off >= MN_FRAME_HEADER) {
+  if (copied && k->unacked.len - k->unacked_off >= MN_FRAME_HEADER) {
     /* Frames are in seq order and answered in order: the front one is seq.
      * Advance an offset; compact only when the dead prefix dominates, so a
      * deep pipeline costs O(1) per answer instead of a memmove. */
@@ -402,7 +411,7 @@ int mn_ctl_call_bulk(mn_ctl_t *c, mn_conn_t *k, char *head, size_t n, const char
     return MN_EAGAIN;
   }
   mn_msg_set_seq(head, k->seq + 1);
-  if (mn__ctl_push_pending(k, call, slot, 0) != 0) {
+  if (mn__ctl_push_pending(k, call, slot, 0, NULL) != 0) {
     release_ref(c, ref);
     return MN_ENOMEM;
   }
@@ -571,6 +580,7 @@ static int handshake_step(mn_ctl_t *c, mn_conn_t *k) {
         k->info_pid = new_pid;
         int again = k->ever_ready;
         k->state = MN_CS_READY;
+        if (k->kind == MN_CONN_AGENT) mn__ctl_tree_changed(c);
         k->peer_closed = 0;
         k->ever_ready = 1;
         k->attempt = 0;
@@ -703,6 +713,7 @@ int mn__ctl_new_conn(mn_ctl_t *c, mn_conn_kind_t kind, mn_conn_t **out) {
   if (k == NULL) return MN_ENOMEM;
   k->ctl = c;
   k->kind = kind;
+  k->tree_pos = -1;
   k->id = ++c->nconns;
   c->conns[k->id] = k;
   *out = k;
@@ -733,11 +744,13 @@ int mn_ctl_connect(mn_ctl_t *c, const char *host, int port, mn_conn_kind_t kind)
 /* Every interval: declare silent connections lost, end stalled handshakes, send PING (and ACK to procs). */
 /* Tells a proc the highest seq whose RESULT arrived, if that moved: it drops those from its replay cache. */
 static void send_ack(mn_ctl_t *c, mn_conn_t *k) {
-  if (k->acked <= k->ack_sent || k->relay_only) return; /* a relay-only proc has no link for it */
+  if (k->acked <= k->ack_sent) return;
+  k->ack_sent = k->acked;
+  /* One ACKS frame per agent, not one write per proc; a relay-only proc has no link of its own for it. */
+  if (mn__ctl_relay_ack(c, k) || k->relay_only) return;
   char f[16];
   mn_buf_t b = {f, 0, sizeof(f)}; /* an ACK is at most 14 bytes: the buffer never grows */
   if (mn_msg_pack_ack(&b, k->acked) == 0) mn_ctl_send(c, k, b.data, b.len);
-  k->ack_sent = k->acked;
 }
 
 static void on_heartbeat(uv_timer_t *t) {
@@ -781,6 +794,7 @@ static void on_heartbeat(uv_timer_t *t) {
     if (mn_msg_pack_ping(&b, MN_HB_PING_BASE + c->hb_count) == 0) mn_ctl_send(c, k, b.data, b.len);
     if (k->kind == MN_CONN_PROC) send_ack(c, k);
   }
+  mn__ctl_relay_acks_end(c);
   mn_ctl_flush(c);
 }
 
@@ -804,11 +818,14 @@ mn_conn_kind_t mn_ctl_conn_kind(const mn_conn_t *k) { return k->kind; }
 
 size_t mn_ctl_inflight(const mn_conn_t *k) { return k->rcount; }
 
+/* Takes the oldest pending entry; its shared bytes, if any, are let go (the copy returned has none). */
 static mn_pending_t pop_pending(mn_conn_t *k) {
   mn_pending_t p = k->ring[k->rhead];
-  k->rhead = (k->rhead + 1) % k->rcap;
+  k->rhead = (k->rhead + 1) & (k->rcap - 1);
   k->rcount--;
   if (p.relay && k->on_relay > 0) k->on_relay--;
+  if (p.relay) mn__ctl_tree_answered(k->ctl, k);
+  if (p.rest != NULL) mn__ctl_rest_unref(p.rest);
   return p;
 }
 
@@ -817,19 +834,22 @@ int mn_ctl_take_result(mn_conn_t *k, uint64_t seq, mn_pending_t *out) {
   /* The oldest call in flight has seq k->seq - k->rcount + 1. */
   if (k->rcount == 0 || seq != k->seq - k->rcount + 1) return MN_EPROTO;
   *out = pop_pending(k);
-  acked(k, seq);
+  acked(k, seq, out->rest == NULL);
+  out->rest = NULL;
   return 0;
 }
 
 int mn_ctl_take_pending(mn_conn_t *k, mn_pending_t *out) {
   if (k->rcount == 0) return 0;
   *out = pop_pending(k);
+  out->rest = NULL;
   return 1;
 }
 
 int mn_ctl_oldest(const mn_conn_t *k, mn_pending_t *out) {
   if (k->rcount == 0) return MN_ENOTFOUND;
   *out = k->ring[k->rhead];
+  out->rest = NULL;
   return 0;
 }
 

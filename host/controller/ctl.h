@@ -44,10 +44,13 @@ typedef enum {
 #define MN_REFUSED_MS 300           /* an agent's address that refuses for this long has no agent: the host is lost */
 #define MN_HB_PING_BASE (1ull << 40) /* PING ids at or above this are heartbeats, not Lua pings */
 
+typedef struct mn_cast_rest_s mn_cast_rest_t;
+
 typedef struct {
   double call;  /* Lua call id */
   int32_t slot; /* index of this proc in the call's targets */
   int32_t relay; /* sent through the proc's agent (a cast) */
+  mn_cast_rest_t *rest; /* a relayed call's bytes after its seq, shared by the cast's procs (ctl_cast.c) */
 } mn_pending_t;
 
 typedef struct mn_ctl_s mn_ctl_t;
@@ -100,6 +103,12 @@ struct mn_ctl_s {
   int *casting, ncasting; /* agents with a cast gathered (ctl_cast.c) */
   uint64_t casts, cast_calls; /* CAST frames sent, and the calls they carried (core.cast_stats) */
   int cast_min;           /* a call to this many procs or more is cast (MN_CAST_MIN_TARGETS) */
+  int fanout;             /* past this many agents, casts go through a tree of them (ctl_tree.c); 0: never */
+  int *tree, ntree;       /* agent conn ids by tree position */
+  uint64_t tree_epoch;    /* bumped per rebuild; named in TREE and LINKED */
+  int tree_dirty;         /* the agents changed since the last rebuild */
+  int *touched, ntouched; /* agents the cast being sent touched */
+  mn_cast_rest_t *cur_rest; /* the cast being gathered: its bytes after the seq, shared by its relayed calls */
 };
 
 /* 0, or MN_EAUTH (a bad token) or MN_ENOMEM. */
@@ -172,6 +181,16 @@ int mn_ctl_take_pending(mn_conn_t *conn, mn_pending_t *out);
  * agent's extra hop costs more latency than it saves (bench/core.lua on 2 cores: 8 local procs gathered in
  * 141 us directly, 178 us through their agent; 16 in about the same; 32 in 622 and 543). */
 #define MN_CAST_MIN_TARGETS 16
+#define MN_TREE_FANOUT 16      /* default fanout (monarch.configure{fanout = k}) */
+#define MN_TREE_MAX_FANOUT 64
+/* LINKED from agent conn a: its link to a child came up or went. 0 or MN_EPROTO (err says why). */
+int mn_ctl_take_linked(mn_ctl_t *c, mn_conn_t *a, const msgpack_object *m, char *err, size_t errlen);
+/* Starts loading conn id's hot fields (deep 0), or, once they are loaded, its oldest pending entry
+ * (deep 1, a RESULT's) or the next free one (deep 2, a CALL's): a batch of results or targets touches a
+ * thousand conns, each a cache miss otherwise. */
+void mn_ctl_prefetch(mn_ctl_t *c, uint64_t id, int deep);
+/* The tree now: whether casts use it, agents whose parent link is up, agents cast to through their parent. */
+void mn_ctl_tree_stats(mn_ctl_t *c, int *active, int *up, int *routed);
 
 /*
  * Lets agent conn `agent` relay casts to proc conn `proc`, which it knows

@@ -41,7 +41,21 @@ size_t mn_ctl_relayed(const mn_conn_t *k) { return k->on_relay; }
 
 mn_conn_t *mn_ctl_relayed_conn(mn_ctl_t *c, int agent, uint64_t tag) {
   mn_conn_t *k = tag <= (uint64_t)c->nconns ? mn_ctl_conn(c, (int)tag) : NULL;
-  return k != NULL && k->kind == MN_CONN_PROC && k->via == agent && k->state != MN_CS_CLOSED ? k : NULL;
+  (void)agent; /* through the tree, a proc's answers come from the top agent of its route, not its own */
+  return k != NULL && k->kind == MN_CONN_PROC && k->via > 0 && k->state != MN_CS_CLOSED ? k : NULL;
+}
+
+void mn_ctl_prefetch(mn_ctl_t *c, uint64_t id, int deep) {
+  mn_conn_t *k = id > 0 && id <= (uint64_t)c->nconns ? c->conns[id] : NULL;
+  if (k == NULL) return;
+  if (!deep) {
+    __builtin_prefetch(k);
+    __builtin_prefetch((const char *)k + 64);
+  } else if (k->ring != NULL && deep == 1) {
+    __builtin_prefetch(&k->ring[k->rhead]);
+  } else if (k->ring != NULL && k->rcount < k->rcap) {
+    __builtin_prefetch(&k->ring[(k->rhead + k->rcount) & (k->rcap - 1)], 1);
+  }
 }
 
 static int relay_usable(mn_ctl_t *c, mn_conn_t *k) {
@@ -49,9 +63,8 @@ static int relay_usable(mn_ctl_t *c, mn_conn_t *k) {
   return a != NULL && a->state == MN_CS_READY && k->state == MN_CS_READY;
 }
 
-/* Adds (pid, seq, tag) to agent a's cast, putting a on the list of agents to send to. */
-static int gather(mn_ctl_t *c, mn_conn_t *a, mn_conn_t *k, uint64_t seq) {
-  uint64_t t[3] = {k->via_pid, seq, (uint64_t)k->id};
+/* Adds n uints (one cast target, or one ACK) to agent a's batch, putting a on the list of agents to send to. */
+static int gather(mn_ctl_t *c, mn_conn_t *a, const uint64_t *t, size_t n) {
   if (!a->in_cast) {
     if (c->casting == NULL) c->casting = calloc((size_t)MN_MAX_CONNS, sizeof(int));
     if (c->casting == NULL) return MN_ENOMEM;
@@ -59,7 +72,7 @@ static int gather(mn_ctl_t *c, mn_conn_t *a, mn_conn_t *k, uint64_t seq) {
     a->cast.len = 0;
     c->casting[c->ncasting++] = a->id;
   }
-  return mn_buf_append(&a->cast, (const char *)t, sizeof(t));
+  return mn_buf_append(&a->cast, (const char *)t, n * sizeof(uint64_t));
 }
 
 int mn_ctl_cast_add(mn_ctl_t *c, mn_conn_t *k, char *frame, size_t n, double call, int32_t slot, int prefer) {
@@ -67,18 +80,42 @@ int mn_ctl_cast_add(mn_ctl_t *c, mn_conn_t *k, char *frame, size_t n, double cal
   int relay = relay_usable(c, k) &&
               (k->relay_only || k->on_relay > 0 || (prefer && k->rcount == 0 && n - MN_MSG_CALL_HEAD <= MN_CAST_MAX_REST));
   /* A relay-only proc whose agent is away: kept in unacked, cast once the agent is back (mn__ctl_relayed_back). */
-  if (!relay && k->relay_only) return mn__ctl_track(c, k, frame, n, call, slot, 0);
+  if (!relay && k->relay_only) return mn__ctl_track(c, k, frame, n, call, slot, 0, NULL);
   /* Not through the agent: it is away (unrelay resends what it had) or the call does not qualify. */
   if (!relay) return mn__ctl_call_direct(c, k, frame, n, call, slot);
-  if (mn__ctl_track(c, k, frame, n, call, slot, 1) != 0) return MN_ENOMEM;
-  if (gather(c, mn_ctl_conn(c, k->via), k, k->seq) != 0) return MN_ENOMEM;
+  if (c->cur_rest == NULL) {
+    size_t rlen = n - MN_MSG_CALL_HEAD;
+    c->cur_rest = malloc(sizeof(*c->cur_rest) + rlen);
+    if (c->cur_rest == NULL) return MN_ENOMEM;
+    c->cur_rest->refs = 1; /* the cast's own, let go at mn_ctl_cast_end */
+    c->cur_rest->len = (uint32_t)rlen;
+    memcpy(c->cur_rest->data, frame + MN_MSG_CALL_HEAD, rlen);
+  }
+  if (mn__ctl_track(c, k, frame, n, call, slot, 1, c->cur_rest) != 0) return MN_ENOMEM;
+  uint64_t t[3] = {k->via_pid, k->seq, (uint64_t)k->id};
+  if (gather(c, mn_ctl_conn(c, k->via), t, 3) != 0) return MN_ENOMEM;
   k->on_relay++;
   c->cast_calls++;
   return 0;
 }
 
+void mn__ctl_rest_unref(mn_cast_rest_t *r) {
+  if (--r->refs == 0) free(r);
+}
+
+static int cast_send(mn_ctl_t *c, const char *frame, size_t n);
+
 int mn_ctl_cast_end(mn_ctl_t *c, const char *frame, size_t n) {
+  int rc = cast_send(c, frame, n);
+  if (c->cur_rest != NULL) mn__ctl_rest_unref(c->cur_rest);
+  c->cur_rest = NULL;
+  return rc;
+}
+
+static int cast_send(mn_ctl_t *c, const char *frame, size_t n) {
   int rc = 0;
+  if (c->tree_dirty) mn__ctl_tree_refresh(c);
+  if (mn__ctl_tree_active(c)) return mn__ctl_tree_cast_end(c, frame + MN_MSG_CALL_HEAD, n - MN_MSG_CALL_HEAD);
   for (int i = 0; i < c->ncasting; i++) {
     mn_conn_t *a = mn_ctl_conn(c, c->casting[i]);
     a->in_cast = 0;
@@ -92,12 +129,65 @@ int mn_ctl_cast_end(mn_ctl_t *c, const char *frame, size_t n) {
   return rc;
 }
 
+int mn__ctl_relay_ack(mn_ctl_t *c, mn_conn_t *k) {
+  if (!relay_usable(c, k)) return 0;
+  uint64_t t[2] = {k->via_pid, k->acked};
+  return gather(c, mn_ctl_conn(c, k->via), t, 2) == 0;
+}
+
+void mn__ctl_relay_acks_end(mn_ctl_t *c) {
+  for (int i = 0; i < c->ncasting; i++) {
+    mn_conn_t *a = mn_ctl_conn(c, c->casting[i]);
+    a->in_cast = 0;
+    /* Out of memory: those procs keep their replay caches a tick longer; the next ACK covers them. */
+    (void)mn_msg_pack_acks(&a->out, (const uint64_t *)a->cast.data, a->cast.len / (2 * sizeof(uint64_t)));
+    mn__ctl_set_dirty(c, a);
+  }
+  c->ncasting = 0;
+}
+
+/* The frames of k's calls in flight, in seq order: a relayed call's rebuilt from its cast's shared
+ * bytes, a direct one's taken from `unacked`. They then all go on k's own link. */
+static void rebuild_unacked(mn_conn_t *k) {
+  mn_buf_t nb;
+  mn_buf_init(&nb);
+  size_t off = k->unacked_off;
+  uint64_t seq = k->seq - k->rcount + 1;
+  for (size_t i = 0; i < k->rcount; i++, seq++) {
+    mn_pending_t *p = &k->ring[(k->rhead + i) & (k->rcap - 1)];
+    if (p->rest != NULL) {
+      char head[MN_MSG_CALL_HEAD];
+      mn_msg_call_from_cast(head, seq, p->rest->len);
+      /* Out of memory: this call is not resent; its timeout, or the proc's loss, fails it. */
+      if (mn_buf_append(&nb, head, sizeof(head)) == 0) mn_buf_append(&nb, p->rest->data, p->rest->len);
+      mn__ctl_rest_unref(p->rest);
+      p->rest = NULL;
+    } else if (off + MN_FRAME_HEADER <= k->unacked.len) {
+      size_t len = MN_FRAME_HEADER + mn_be32(k->unacked.data + off);
+      mn_buf_append(&nb, k->unacked.data + off, len);
+      off += len;
+    }
+  }
+  mn_buf_free(&k->unacked);
+  k->unacked = nb;
+  k->unacked_off = 0;
+}
+
 void mn__ctl_unrelay(mn_conn_t *k) {
+  int any = 0;
   k->on_relay = 0;
-  for (size_t i = 0; i < k->rcount; i++) k->ring[(k->rhead + i) % k->rcap].relay = 0;
+  for (size_t i = 0; i < k->rcount; i++) {
+    mn_pending_t *p = &k->ring[(k->rhead + i) & (k->rcap - 1)];
+    if (p->relay) mn__ctl_tree_answered(k->ctl, k);
+    any |= p->rest != NULL;
+    p->relay = 0;
+  }
+  if (any && !k->ctl->no_acks) rebuild_unacked(k);
 }
 
 void mn__ctl_unrelay_agent(mn_ctl_t *c, int agent) {
+  mn__ctl_tree_changed(c);
+  if (mn__ctl_tree_unrelay_agent(c)) return;
   for (int i = 1; i <= c->nconns; i++) {
     mn_conn_t *k = c->conns[i];
     if (k->via != agent || k->on_relay == 0) continue;

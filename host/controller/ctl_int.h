@@ -19,11 +19,20 @@ typedef struct {
 } mn_link_t;
 
 struct mn_conn_s {
-  mn_link_t *link;
+  /* Hot: what a call sent and a RESULT taken touch, together in the first cache lines. */
   mn_ctl_t *ctl;
+  mn_pending_t *ring;
+  size_t rhead, rcount, rcap;
+  uint64_t seq;      /* last CALL sequence number sent */
+  uint64_t acked;    /* highest seq whose RESULT arrived */
+  uint64_t via_pid;  /* its pid, by which its agent knows it (casts, ctl_cast.c) */
+  size_t on_relay;   /* calls in flight through the agent; while any is, every call goes that way (order) */
   int id;
+  int via;           /* a proc: the agent conn that relays its casts (0: none) */
+  int relay_only;    /* no link of its own (SPAWNED port 0): every call goes through its agent (ctl_relayed.c) */
   mn_conn_kind_t kind;
   mn_conn_state_t state;
+  mn_link_t *link;
   mn_buf_t in;       /* bytes read, not yet drained */
   size_t in_off;     /* bytes at the front of `in` already drained (compacted lazily) */
   mn_buf_t out;      /* frames queued, not yet written */
@@ -33,8 +42,6 @@ struct mn_conn_s {
   int readable;      /* on ctl's readable list */
   int ever_ready;
   uint64_t session;  /* random id; the same across reconnects */
-  uint64_t seq;      /* last CALL sequence number sent */
-  uint64_t acked;    /* highest seq whose RESULT arrived */
   uint64_t ack_sent; /* highest seq announced in an ACK */
   uint64_t last_rx;  /* uv_now of the last bytes received */
   uint64_t lost_at;  /* uv_now when reconnecting began */
@@ -42,19 +49,19 @@ struct mn_conn_s {
   int attempt;
   int peer_closed;   /* the last loss was an EOF or reset from the peer, not silence */
   uv_timer_t *retry; /* pending reconnect attempt */
-  mn_pending_t *ring;
-  size_t rhead, rcount, rcap;
   void *data;
-  /* Casts (ctl_cast.c). A proc: */
-  int via;           /* the agent conn that relays its casts (0: none) */
-  int relay_only;    /* no link of its own (SPAWNED port 0): every call goes through its agent (ctl_relayed.c) */
-  uint64_t via_pid;  /* its pid, by which that agent knows it */
-  size_t on_relay;   /* calls in flight through the agent; while any is, every call goes that way (order) */
   /* An agent: */
-  mn_buf_t cast;     /* (pid, seq, tag) triples, as uint64s, of the cast being gathered */
-  int in_cast;       /* on ctl's list of agents with a cast gathered */
-  /* Cold: the names and texts, last, so that the fields a RESULT touches share cache lines. On the heap
-   * (NULL for a relay-only proc, which goes by its agent's names): a proc costs no more than it uses. */
+  mn_buf_t cast;     /* uint64s of the batch being gathered: a cast's (pid, seq, tag) triples, or ACKS' pairs */
+  int in_cast;       /* on ctl's list of agents with a batch gathered */
+  /* An agent in the cast tree (ctl_tree.c): */
+  int tree_pos;      /* its position (host order), -1 when not in the tree */
+  int tree_up;       /* its parent reported their link up (LINKED) in the current tree */
+  int route;         /* the agent its casts go through now (its parent), 0: directly */
+  int64_t tree_inflight; /* relayed calls in flight whose route passes through it */
+  uint32_t tree_count;   /* this cast's triples in its subtree */
+  int in_tree, tree_root; /* this cast touched it; it is cast to directly */
+  /* Cold: the names and texts, last. On the heap (NULL for a relay-only proc, which goes by its agent's
+   * names): a proc costs no more than it uses. */
   int port;
   int64_t info_pid;
   char *host;        /* the address dialled */
@@ -64,6 +71,17 @@ struct mn_conn_s {
 
 /* A new connection of `kind`, zeroed but for its id, in c's table as *out; 0, MN_ELIMIT or MN_ENOMEM. */
 int mn__ctl_new_conn(mn_ctl_t *c, mn_conn_kind_t kind, mn_conn_t **out);
+
+/* A cast's CALL bytes after the seq, kept once for all its relayed calls instead of a copy per proc in
+ * `unacked`: a proc's frame is rebuilt from it only if its call must be resent on its own link. */
+struct mn_cast_rest_s {
+  int refs;
+  uint32_t len;
+  char data[];
+};
+
+void mn__ctl_rest_unref(mn_cast_rest_t *r);
+
 /* Queues an event for the Lua face; 0 or MN_ENOMEM. */
 int mn__ctl_push_event(mn_ctl_t *c, mn_ev_kind_t k, int conn, int64_t a, int64_t b);
 /* A timer callback that does nothing: its firing only ends a uv_run(UV_RUN_ONCE). */
@@ -71,12 +89,31 @@ void mn__ctl_on_timer(uv_timer_t *t);
 
 /* Marks k for the next flush. */
 void mn__ctl_set_dirty(mn_ctl_t *c, mn_conn_t *k);
-/* Appends a pending entry (call, slot, relayed) to k's ring; 0 or MN_ENOMEM. */
-int mn__ctl_push_pending(mn_conn_t *k, double call, int32_t slot, int relay);
-/* Gives a CALL frame k's next seq and records it in flight (pending entry, unacked copy); 0 or MN_ENOMEM. */
-int mn__ctl_track(mn_ctl_t *c, mn_conn_t *k, char *frame, size_t n, double call, int32_t slot, int relay);
+/* Appends a pending entry (call, slot, relayed with its shared bytes) to k's ring; 0 or MN_ENOMEM. */
+int mn__ctl_push_pending(mn_conn_t *k, double call, int32_t slot, int relay, mn_cast_rest_t *rest);
+/* Gives a CALL frame k's next seq and records it in flight: a pending entry, and an unacked copy
+ * unless `rest` (a relayed call's shared bytes) stands for it; 0 or MN_ENOMEM. */
+int mn__ctl_track(mn_ctl_t *c, mn_conn_t *k, char *frame, size_t n, double call, int32_t slot, int relay,
+                  mn_cast_rest_t *rest);
 /* A CALL on k's own link, whatever is in flight through its agent (mn_ctl_call without that check). */
 int mn__ctl_call_direct(mn_ctl_t *c, mn_conn_t *k, char *frame, size_t n, double call, int32_t slot);
+/* Queues k's ACK in its agent's ACKS batch (sent by mn__ctl_relay_acks_end); 0 if it must go on k's own link. */
+int mn__ctl_relay_ack(mn_ctl_t *c, mn_conn_t *k);
+/* Sends each agent its gathered ACKS. */
+void mn__ctl_relay_acks_end(mn_ctl_t *c);
+/* The tree (ctl_tree.c): whether casts go through it; the agents changed; a relayed answer for proc k arrived. */
+int mn__ctl_tree_active(const mn_ctl_t *c);
+void mn__ctl_tree_changed(mn_ctl_t *c);
+/* Rebuilds the tree if the agents changed (TREE to each agent when it is, or was, active). */
+void mn__ctl_tree_refresh(mn_ctl_t *c);
+void mn__ctl_tree_answered(mn_ctl_t *c, mn_conn_t *k);
+/* Sends the gathered cast (each agent's triples in a->cast) down the tree; 0 or MN_ENOMEM. */
+int mn__ctl_tree_cast_end(mn_ctl_t *c, const char *rest, size_t rlen);
+/* An agent is lost while the tree is active: every relayed call goes direct (1); 0 when the tree is not active. */
+int mn__ctl_tree_unrelay_agent(mn_ctl_t *c);
+/* Queues every unanswered call of relay-only proc k to its agent a again, each a one-target CAST, in seq order
+ * (its unacked copies: mn__ctl_unrelay rebuilt them). */
+void mn__ctl_relayed_resend(mn_ctl_t *c, mn_conn_t *a, mn_conn_t *k);
 /* Agent conn `agent` is gone or reconnecting: its procs' relayed calls are resent on their own links. */
 void mn__ctl_unrelay_agent(mn_ctl_t *c, int agent);
 /* k's unanswered calls are (being) resent on its own link: none is relayed any more. */

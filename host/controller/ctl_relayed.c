@@ -37,8 +37,7 @@ static uint64_t frame_seq(const char *f) {
   return seq;
 }
 
-/* Queues every unanswered call of k to agent a again, each as a one-target CAST, in seq order. */
-static void resend(mn_ctl_t *c, mn_conn_t *a, mn_conn_t *k) {
+void mn__ctl_relayed_resend(mn_ctl_t *c, mn_conn_t *a, mn_conn_t *k) {
   size_t off = k->unacked_off;
   while (off + MN_MSG_CALL_HEAD <= k->unacked.len) {
     const char *f = k->unacked.data + off;
@@ -48,7 +47,7 @@ static void resend(mn_ctl_t *c, mn_conn_t *a, mn_conn_t *k) {
     if (mn_msg_pack_cast(&a->out, t, 1, f + MN_MSG_CALL_HEAD, n - MN_MSG_CALL_HEAD) != 0) break;
     off += n;
   }
-  for (size_t i = 0; i < k->rcount; i++) k->ring[(k->rhead + i) % k->rcap].relay = 1;
+  for (size_t i = 0; i < k->rcount; i++) k->ring[(k->rhead + i) & (k->rcap - 1)].relay = 1;
   k->on_relay = k->rcount;
   mn__ctl_set_dirty(c, a);
 }
@@ -57,7 +56,7 @@ void mn__ctl_relayed_back(mn_ctl_t *c, int agent) {
   mn_conn_t *a = mn_ctl_conn(c, agent);
   for (int i = 1; i <= c->nconns; i++) {
     mn_conn_t *k = c->conns[i];
-    if (k->relay_only && k->via == agent && k->state == MN_CS_READY && k->rcount > 0) resend(c, a, k);
+    if (k->relay_only && k->via == agent && k->state == MN_CS_READY && k->rcount > 0) mn__ctl_relayed_resend(c, a, k);
   }
 }
 

@@ -48,10 +48,13 @@ static const spec_t specs[] = {
     [MN_MSG_STATUS] = {"STATUS", 2, 0, BY_CTL | BY_SCRIPT, "[27, req]"},
     [MN_MSG_CANCEL] = {"CANCEL", 2, 1, BY_CTL, "[28, [seq, ...]]"},
     [MN_MSG_PROC_HUNG] = {"PROC_HUNG", 4, 0, BY_SERVER, "[29, pid, rank, silent_ms]"},
-    [MN_MSG_CAST] = {"CAST", 3, 1, BY_CTL, "[30, [pid, seq, tag, ...], rest: bin]"},
+    [MN_MSG_CAST] = {"CAST", 3, 0, BY_CTL, "[30, [pid, seq, tag, ...], rest: bin, subs: [index, count, targets, subs, ...]]"},
     [MN_MSG_RESULTS] = {"RESULTS", 1, 0, BY_SERVER, "[31, tag, result, tag, result, ...]"},
     [MN_MSG_JOIN] = {"JOIN", 5, 0, BY_SERVER, "[32, version, nonce_a, addr, mac]"},
     [MN_MSG_JOINED] = {"JOINED", 2, 0, BY_CTL, "[33, mac]"},
+    [MN_MSG_ACKS] = {"ACKS", 2, 1, BY_CTL, "[34, [pid, acked, ...]]"},
+    [MN_MSG_TREE] = {"TREE", 3, 1, BY_CTL, "[35, epoch, [addr, session, ...]]"},
+    [MN_MSG_LINKED] = {"LINKED", 4, 1, BY_SERVER, "[36, epoch, index, up]"},
 };
 
 #define NSPECS (sizeof(specs) / sizeof(specs[0]))
@@ -375,6 +378,55 @@ int mn_msg_pack_cast(mn_buf_t *b, const uint64_t *targets, size_t n, const char 
   return finish(b, s, f);
 }
 
+int mn_msg_cast_head(mn_buf_t *b, msgpack_packer *pk, size_t *start, const uint64_t *targets, size_t n,
+                     const char *rest, size_t rlen, uint32_t nsubs) {
+  int f = head(b, pk, start, 4, MN_MSG_CAST) | msgpack_pack_array(pk, (uint32_t)(3 * n));
+  for (size_t i = 0; i < 3 * n; i++) f |= msgpack_pack_uint64(pk, targets[i]);
+  f |= msgpack_pack_bin(pk, rlen) | msgpack_pack_bin_body(pk, rest, rlen) | msgpack_pack_array(pk, 4 * nsubs);
+  return f ? MN_ENOMEM : 0;
+}
+
+int mn_msg_pack_cast_obj(mn_buf_t *b, const msgpack_object *targets, const char *rest, size_t rlen,
+                         const msgpack_object *subs) {
+  msgpack_packer pk;
+  size_t s;
+  int f = head(b, &pk, &s, 4, MN_MSG_CAST) | msgpack_pack_object(&pk, *targets);
+  f |= msgpack_pack_bin(&pk, rlen) | msgpack_pack_bin_body(&pk, rest, rlen) | msgpack_pack_object(&pk, *subs);
+  return finish(b, s, f);
+}
+
+int mn_msg_pack_tree(mn_buf_t *b, uint64_t epoch, const char *const *addrs, const uint64_t *sessions, size_t n) {
+  msgpack_packer pk;
+  size_t s;
+  int f = head(b, &pk, &s, 3, MN_MSG_TREE) | msgpack_pack_uint64(&pk, epoch) | msgpack_pack_array(&pk, (uint32_t)(2 * n));
+  for (size_t i = 0; i < n; i++) f |= pack_cstr(&pk, addrs[i]) | msgpack_pack_uint64(&pk, sessions[i]);
+  return finish(b, s, f);
+}
+
+int mn_msg_pack_linked(mn_buf_t *b, uint64_t epoch, uint64_t index, int up) {
+  msgpack_packer pk;
+  size_t s;
+  int f = head(b, &pk, &s, 4, MN_MSG_LINKED) | msgpack_pack_uint64(&pk, epoch) | msgpack_pack_uint64(&pk, index);
+  f |= up ? msgpack_pack_true(&pk) : msgpack_pack_false(&pk);
+  return finish(b, s, f);
+}
+
+int mn_msg_pack_relay_session(mn_buf_t *b, uint64_t session) {
+  msgpack_packer pk;
+  size_t s;
+  int f = head(b, &pk, &s, 4, MN_MSG_SESSION) | msgpack_pack_uint64(&pk, session) | msgpack_pack_uint64(&pk, 0);
+  f |= msgpack_pack_true(&pk);
+  return finish(b, s, f);
+}
+
+int mn_msg_pack_acks(mn_buf_t *b, const uint64_t *pairs, size_t n) {
+  msgpack_packer pk;
+  size_t s;
+  int f = head(b, &pk, &s, 2, MN_MSG_ACKS) | msgpack_pack_array(&pk, (uint32_t)(2 * n));
+  for (size_t i = 0; i < 2 * n; i++) f |= msgpack_pack_uint64(&pk, pairs[i]);
+  return finish(b, s, f);
+}
+
 void mn_msg_call_from_cast(char out[MN_MSG_CALL_HEAD], uint64_t seq, size_t rlen) {
   mn_put_be32(out, (uint32_t)(MN_MSG_CALL_HEAD - MN_FRAME_HEADER + rlen));
   out[4] = (char)0x94;
@@ -526,6 +578,7 @@ int mn_msg_parse_session(const msgpack_object *m, mn_msg_session_t *out, char *e
   if (rc == 0) rc = want_u64(s, m, 1, "id", &out->session, err, errlen);
   if (rc == 0 && out->session == 0) rc = bad(s, err, errlen, "id (element 1) is 0");
   if (rc == 0) rc = want_u64(s, m, 2, "acked", &out->acked, err, errlen);
+  out->relay = rc == 0 && m->via.array.size > 3 && at(m, 3)->type == MSGPACK_OBJECT_BOOLEAN && at(m, 3)->via.boolean;
   return rc;
 }
 
@@ -564,6 +617,65 @@ int mn_msg_parse_cast(const msgpack_object *m, const msgpack_object **targets, c
   *targets = t;
   *rest = at(m, 2)->via.bin.ptr;
   *rlen = at(m, 2)->via.bin.size;
+  return 0;
+}
+
+int mn_msg_parse_cast_subs(const msgpack_object *m, const msgpack_object **subs, char *err, size_t errlen) {
+  int rc;
+  const spec_t *s = check(m, MN_MSG_CAST, &rc, err, errlen);
+  *subs = NULL;
+  if (rc != 0 || m->via.array.size < 4) return rc;
+  const msgpack_object *t = at(m, 3);
+  if (t->type != MSGPACK_OBJECT_ARRAY || t->via.array.size % 4 != 0)
+    return bad(s, err, errlen, "subs (element 3) is not an array of (index, count, targets, subs) quads");
+  for (uint32_t i = 0; i < t->via.array.size; i += 4) {
+    const msgpack_object *q = &t->via.array.ptr[i];
+    if (q[0].type != MSGPACK_OBJECT_POSITIVE_INTEGER || q[1].type != MSGPACK_OBJECT_POSITIVE_INTEGER ||
+        q[2].type != MSGPACK_OBJECT_ARRAY || q[3].type != MSGPACK_OBJECT_ARRAY)
+      return bad(s, err, errlen, "subs (element 3) holds a quad that is not (uint, uint, array, array)");
+  }
+  *subs = t;
+  return 0;
+}
+
+int mn_msg_parse_tree(const msgpack_object *m, uint64_t *epoch, const msgpack_object **children, char *err,
+                      size_t errlen) {
+  int rc;
+  const spec_t *s = check(m, MN_MSG_TREE, &rc, err, errlen);
+  if (rc == 0) rc = want_u64(s, m, 1, "epoch", epoch, err, errlen);
+  if (rc != 0) return rc;
+  const msgpack_object *t = at(m, 2);
+  if (t->type != MSGPACK_OBJECT_ARRAY || t->via.array.size % 2 != 0)
+    return bad(s, err, errlen, "children (element 2) is not an array of (addr, session) pairs");
+  for (uint32_t i = 0; i < t->via.array.size; i += 2)
+    if (t->via.array.ptr[i].type != MSGPACK_OBJECT_STR || t->via.array.ptr[i].via.str.size >= 300 ||
+        t->via.array.ptr[i + 1].type != MSGPACK_OBJECT_POSITIVE_INTEGER)
+      return bad(s, err, errlen, "children (element 2) holds a pair that is not (addr, session)");
+  *children = t;
+  return 0;
+}
+
+int mn_msg_parse_linked(const msgpack_object *m, uint64_t *epoch, uint64_t *index, int *up, char *err, size_t errlen) {
+  int rc;
+  const spec_t *s = check(m, MN_MSG_LINKED, &rc, err, errlen);
+  if (rc == 0) rc = want_u64(s, m, 1, "epoch", epoch, err, errlen);
+  if (rc == 0) rc = want_u64(s, m, 2, "index", index, err, errlen);
+  if (rc == 0 && at(m, 3)->type != MSGPACK_OBJECT_BOOLEAN) rc = bad(s, err, errlen, "up (element 3) is not a bool");
+  if (rc == 0) *up = at(m, 3)->via.boolean;
+  return rc;
+}
+
+int mn_msg_parse_acks(const msgpack_object *m, const msgpack_object **pairs, char *err, size_t errlen) {
+  int rc;
+  const spec_t *s = check(m, MN_MSG_ACKS, &rc, err, errlen);
+  if (rc != 0) return rc;
+  const msgpack_object *t = at(m, 1);
+  if (t->type != MSGPACK_OBJECT_ARRAY || t->via.array.size % 2 != 0)
+    return bad(s, err, errlen, "element 1 is not an array of (pid, acked) pairs");
+  for (uint32_t i = 0; i < t->via.array.size; i++)
+    if (t->via.array.ptr[i].type != MSGPACK_OBJECT_POSITIVE_INTEGER)
+      return bad(s, err, errlen, "element 1 holds something other than uints");
+  *pairs = t;
   return 0;
 }
 

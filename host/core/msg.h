@@ -51,6 +51,9 @@ typedef enum {
   MN_MSG_RESULTS = 31,    /* agent -> controller: tag, RESULT, tag, RESULT...: its procs' answers to casts, batched */
   MN_MSG_JOIN = 32,       /* agent -> controller's join port: version, nonce, address to dial, mac */
   MN_MSG_JOINED = 33,     /* controller's join port -> agent: mac; the controller dials the address next */
+  MN_MSG_ACKS = 34,       /* controller -> agent: [pid, acked, ...]: ACKs for its procs, handed on over their relays */
+  MN_MSG_TREE = 35,       /* controller -> agent: epoch, [addr, session, ...]: the agents it relays casts to */
+  MN_MSG_LINKED = 36,     /* agent -> controller: epoch, index, up: its link to child `index` of that TREE came up or went */
 } mn_msg_t;
 
 #define MN_MSG_CALL_SEQ_OFFSET 7 /* a CALL frame's seq bytes: len(4) + fixarray(1) + type(1) + 0xcf(1) */
@@ -104,6 +107,23 @@ int mn_msg_pack_log(mn_buf_t *b, int rank, int stream, const char *text, size_t 
  * [CALL, seq, ...rest] and answers with RESULTS, naming each result by tag.
  */
 int mn_msg_pack_cast(mn_buf_t *b, const uint64_t *targets, size_t n, const char *rest, size_t rlen);
+/*
+ * A CAST through the tree, [30, targets, rest, subs]: subs is flat
+ * (index, count, targets, subs) quads, one per child of the agent (index in
+ * its TREE) with targets below it; count is every triple in that subtree.
+ * The caller packs subs after this head; 0 or MN_ENOMEM.
+ */
+int mn_msg_cast_head(mn_buf_t *b, msgpack_packer *pk, size_t *start, const uint64_t *targets, size_t n,
+                     const char *rest, size_t rlen, uint32_t nsubs);
+/* The same from decoded parts (an agent handing a sub-cast on): targets and subs as they came. */
+int mn_msg_pack_cast_obj(mn_buf_t *b, const msgpack_object *targets, const char *rest, size_t rlen,
+                         const msgpack_object *subs);
+/* TREE [35, epoch, [addr, session, ...]]: n children, addrs "host:port". */
+int mn_msg_pack_tree(mn_buf_t *b, uint64_t epoch, const char *const *addrs, const uint64_t *sessions, size_t n);
+/* LINKED [36, epoch, index, up]. */
+int mn_msg_pack_linked(mn_buf_t *b, uint64_t epoch, uint64_t index, int up);
+/* SESSION with element 3 set: the relay link a parent agent opens to a child for session `session`. */
+int mn_msg_pack_relay_session(mn_buf_t *b, uint64_t session);
 /* The head of [CALL, seq, ...rest] for a rest of rlen bytes (the agent's copy of a cast); MN_MSG_CALL_HEAD bytes. */
 void mn_msg_call_from_cast(char out[MN_MSG_CALL_HEAD], uint64_t seq, size_t rlen);
 /*
@@ -114,6 +134,9 @@ void mn_msg_call_from_cast(char out[MN_MSG_CALL_HEAD], uint64_t seq, size_t rlen
 int mn_msg_results_begin(mn_buf_t *b);
 int mn_msg_results_add(mn_buf_t *b, uint64_t tag, const char *result, size_t len);
 void mn_msg_results_end(mn_buf_t *b, uint32_t n);
+
+/* ACKS [34, [pid, acked, ...]]: n (pid, acked) pairs, flat; the agent gives each proc [ACK, acked] on its relay. */
+int mn_msg_pack_acks(mn_buf_t *b, const uint64_t *pairs, size_t n);
 
 /* JOIN [32, version, nonce_a, addr, mac]: a host agent asks a controller to dial it at addr ("HOST:PORT"). */
 int mn_msg_pack_join(mn_buf_t *b, const uint8_t nonce_a[32], const char *addr, const uint8_t mac[32]);
@@ -198,6 +221,7 @@ typedef struct {
 typedef struct {
   uint64_t session;     /* never 0 */
   uint64_t acked;
+  int relay;            /* element 3, optional: 1 when a parent agent opens a relay link for casts, not a controller */
 } mn_msg_session_t;
 
 typedef struct {
@@ -261,6 +285,14 @@ int mn_msg_parse_request(const msgpack_object *m, mn_msg_request_t *out, char *e
 /* CAST: *targets (an array of 3n uints), *rest and *rlen (its bin). */
 int mn_msg_parse_cast(const msgpack_object *m, const msgpack_object **targets, const char **rest, size_t *rlen,
                       char *err, size_t errlen);
+/* CAST's subs: *subs, the flat quads (NULL when absent); each quad's shape checked, not what lies deeper. */
+int mn_msg_parse_cast_subs(const msgpack_object *m, const msgpack_object **subs, char *err, size_t errlen);
+/* TREE: *epoch and *children, an array of 2n (addr str, session uint). */
+int mn_msg_parse_tree(const msgpack_object *m, uint64_t *epoch, const msgpack_object **children, char *err,
+                      size_t errlen);
+int mn_msg_parse_linked(const msgpack_object *m, uint64_t *epoch, uint64_t *index, int *up, char *err, size_t errlen);
+/* ACKS: *pairs (an array of 2n uints). */
+int mn_msg_parse_acks(const msgpack_object *m, const msgpack_object **pairs, char *err, size_t errlen);
 /* RESULTS: *n entries, entry i being tag (element 1 + 2i, a uint) and a RESULT (element 2 + 2i, an array). */
 int mn_msg_parse_results(const msgpack_object *m, uint32_t *n, char *err, size_t errlen);
 

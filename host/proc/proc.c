@@ -80,6 +80,7 @@ typedef struct {
   const mn_auth_t *auth;
   mn_exec_t exec;
   long spin_ns;
+  int64_t swept_ns;         /* when the executor last dropped bulk maps the controller no longer holds (bulk.h) */
   atomic_ullong executed;   /* calls run, for the agent's status report */
   atomic_ullong received;   /* calls queued by the I/O thread; received - executed are in flight */
   int status_fd;            /* the port pipe, kept for status lines to the agent (-1: none) */
@@ -117,7 +118,27 @@ static item_t *take_all(proc_t *p) {
   while (atomic_load_explicit(&p->nitems, memory_order_acquire) == 0 && mn_now_ns() < until)
     sched_yield();
   pthread_mutex_lock(&p->lock);
-  while (p->head == NULL && !p->stop) pthread_cond_wait(&p->cond, &p->lock);
+  while (p->head == NULL && !p->stop) {
+    if (mn_bulk_maps_held() == 0) {
+      pthread_cond_wait(&p->cond, &p->lock);
+      continue;
+    }
+    /* Maps of the controller's memory (bulk.h): while idle, drop those it no longer holds, every so often. */
+    int64_t due = p->swept_ns + (int64_t)MN_BULK_SWEEP_MS * 1000000, now = mn_now_ns();
+    if (now >= due) {
+      pthread_mutex_unlock(&p->lock);
+      mn_bulk_sweep();
+      p->swept_ns = mn_now_ns();
+      pthread_mutex_lock(&p->lock);
+      continue;
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    int64_t at = (int64_t)ts.tv_nsec + (due - now);
+    ts.tv_sec += (time_t)(at / 1000000000);
+    ts.tv_nsec = (long)(at % 1000000000);
+    pthread_cond_timedwait(&p->cond, &p->lock, &ts); /* woken by work, or due for a sweep: the loop decides */
+  }
   item_t *all = p->head;
   p->head = p->tail = NULL;
   atomic_store(&p->nitems, 0);
@@ -463,6 +484,23 @@ static int control_frame(proc_t *p, conn_t *c, const char *body, size_t len, int
   return rc;
 }
 
+/* An ACK the agent handed on (ACKS): trims the replay cache as one on our own link does. 1 if it was one. */
+static int relay_ack(proc_t *p, const char *body, size_t len) {
+  if (len < 2 || (unsigned char)body[1] != MN_MSG_ACK) return 0;
+  msgpack_zone zone;
+  msgpack_object m;
+  char err[128];
+  uint64_t acked;
+  if (!msgpack_zone_init(&zone, 256)) return 1;
+  if (mn_decode(body, len, &zone, &m, err, sizeof(err)) == 0 && mn_msg_parse_ack(&m, &acked, err, sizeof(err)) == 0) {
+    pthread_mutex_lock(&p->wlock);
+    mn_replay_trim(&p->replay, acked);
+    pthread_mutex_unlock(&p->wlock);
+  }
+  msgpack_zone_destroy(&zone);
+  return 1; /* a malformed one from our own agent is dropped: the next ACK covers it */
+}
+
 /* Frames split off one read, queued for the executor in one batch. */
 typedef struct {
   item_t *first, *last;
@@ -560,6 +598,7 @@ static int parse_frames(proc_t *p, conn_t *c, int *has_session) {
     int handled = 0;
     if (c->relay) {
       if (session == 0) continue; /* no controller yet: nobody to answer; it resends directly */
+      if (relay_ack(p, body, (size_t)len)) continue;
     } else {
       if ((rc = control_frame(p, c, body, (size_t)len, has_session, &handled)) != 0) break;
       if (handled) {

@@ -1,14 +1,20 @@
 --- Same-host bulk: put, scatter and fetch between the controller and a proc
 -- on this host copy memory directly instead of streaming it over the proc's
--- socket. The proc does the one copy itself (process_vm_readv/writev, in the
--- built-ins __bulk_put and __bulk_fetch) when it reaches the call, so the
--- order of calls is exactly as over TCP. Each proc is asked once, when it
--- connects, whether it can reach our memory (__bulk_probe, which reads a
--- random cookie from us); where it cannot (another host, Yama's
+-- socket. The proc does the one copy itself (in the built-ins __bulk_put
+-- and __bulk_fetch) when it reaches the call, so the order of calls is
+-- exactly as over TCP. A HostTensor of M.SHARED_MIN bytes or more lives in
+-- a memfd (M.shared): the proc maps it once, keeps the map for later
+-- transfers, and copies with plain stores at memcpy's speed. Other memory
+-- (strings, small HostTensors) it copies with process_vm_readv/writev, a
+-- kernel copy that runs at about half that speed. Each proc is asked once,
+-- when it connects, whether it can reach our memory (__bulk_probe, which
+-- reads a random cookie from us); where it cannot (another host, Yama's
 -- ptrace_scope, another PID namespace or user) its transfers stay on TCP.
 --   MONARCH_BULK_LOCAL=0   never (every transfer on TCP)
 --   MONARCH_BULK_LOCAL=1   probe every proc, whatever its address
 --   unset                  probe procs whose agent is at a loopback address
+--   MONARCH_BULK_SHARED=0  no HostTensor in a memfd (every copy by process_vm)
+local ffi = require "ffi"
 local core = require "monarch.core"
 local runtime = require "monarch.runtime"
 
@@ -19,14 +25,72 @@ local M = {}
 M.stats = { local_puts = 0, local_fetches = 0, tcp_puts = 0, tcp_fetches = 0, local_bytes = 0, tcp_bytes = 0 }
 
 --- Bytes per __bulk_ call. A call is the unit of ordering, progress and
--- cancellation, as M.CHUNK is over TCP; the proc copies it in 4 MiB pieces
--- (MN_BULK_PIECE) and sees a cancel between them.
+-- cancellation, as M.CHUNK is over TCP; the proc's threads copy it in 4 MiB
+-- pieces (MN_BULK_PIECE) and see a cancel between them.
 M.CHUNK = 32 * 1024 * 1024
 
 --- Seconds a transfer waits for a proc's probe still in flight before it
 -- takes TCP this once. The probe is the proc's first call, so it is only
 -- ever behind the connection itself.
 M.PROBE_WAIT = 2
+
+--- HostTensors of at least this many bytes live in shared memory (a
+-- memfd); below, the kernel's copy costs little next to the call itself.
+M.SHARED_MIN = 16 * 1024 * 1024
+
+--- Most shared HostTensors alive at once: each holds a file descriptor.
+-- Beyond, after a garbage collection has not made room, they are plain memory.
+M.SHARED_MAX = 256
+
+--- Bytes of shared HostTensors allowed before a garbage collection runs,
+-- at least: the collector does not see memory it did not allocate, so a
+-- loop that drops big HostTensors would otherwise grow without bound. The
+-- allowance is twice what was still alive after the last collection.
+M.SHARED_SLACK = 1024 * 1024 * 1024
+
+for _, d in ipairs {
+  "int memfd_create(const char *, unsigned int);", "int ftruncate(int, int64_t);",
+  "void *mmap(void *, size_t, int, int, int, int64_t);", "int munmap(void *, size_t);", "int close(int);",
+  "int fallocate(int, int, int64_t, int64_t);",
+} do pcall(ffi.cdef, d) end -- another module may have declared some
+
+local C = ffi.C
+local MFD_CLOEXEC, PROT_RW, MAP_SHARED = 1, 3, 1
+local FALLOC_PUNCH_HOLE = 3 -- FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE
+local MAP_FAILED = ffi.cast("void *", -1)
+local shared = { live = 0, bytes = 0, kept = 0 } -- kept: bytes alive after the last collection
+
+--- Memory for a HostTensor of nbytes (>= M.SHARED_MIN): a `ctype *` over a
+-- fresh memfd, zero-filled, and its fd; nil when there is none to be had
+-- (then the caller takes plain memory). The memory goes with the pointer:
+-- when it is collected, the pages are punched out of the file first, so
+-- they go back at once even while a proc still maps it.
+function M.shared(ctype, nbytes)
+  if os.getenv("MONARCH_BULK_SHARED") == "0" then return nil end
+  if shared.bytes + nbytes > math.max(M.SHARED_SLACK, 2 * shared.kept) or shared.live >= M.SHARED_MAX then
+    collectgarbage()
+    shared.kept = shared.bytes
+    if shared.live >= M.SHARED_MAX then return nil end
+  end
+  local fd = C.memfd_create("monarch-host-tensor", MFD_CLOEXEC)
+  if fd < 0 then return nil end
+  local p = C.ftruncate(fd, nbytes) == 0 and C.mmap(nil, nbytes, PROT_RW, MAP_SHARED, fd, 0) or MAP_FAILED
+  if p == MAP_FAILED then
+    C.close(fd)
+    return nil
+  end
+  shared.live, shared.bytes = shared.live + 1, shared.bytes + nbytes
+  local data = ffi.gc(ffi.cast(ctype .. "*", p), function(q)
+    -- Failures here leave only what close frees anyway: nothing to report from a finalizer.
+    C.fallocate(fd, FALLOC_PUNCH_HOLE, 0, nbytes)
+    C.munmap(q, nbytes)
+    C.close(fd)
+    shared.live, shared.bytes = shared.live - 1, shared.bytes - nbytes
+  end)
+  return data, fd
+end
+
+local function address(cdata) return tonumber(ffi.cast("uintptr_t", cdata)) end
 
 local function on_this_host(addr)
   return addr == "localhost" or addr == "::1" or (type(addr) == "string" and addr:match("^127%.") ~= nil)
@@ -95,14 +159,23 @@ end
 
 --- Queues one __bulk_put or __bulk_fetch per proc of procs (slot i =
 -- procs[i]) for call `id`: len bytes at tensor offset off, from or to
--- addrs[i] here; holds[i] is kept alive until that proc answers.
+-- addrs[i] here; holds[i] is kept alive until that proc answers. Where
+-- holds[i] is a shared HostTensor the call names its memfd too, and the
+-- proc copies through its map of it.
 -- Returns the deepest queue.
 function M.queue(id, kernel, procs, tensor, off, len, addrs, holds)
   local pid, caddr, cookie = core.bulk_self()
   local deepest = 0
   for i, p in ipairs(procs) do
-    local d = core.call_as(id, p.conn, i, kernel, tensor, off, len, addrs[i], pid, caddr, cookie)
-    core.hold(id, i, p.conn, holds[i])
+    local h = holds[i]
+    local fd = type(h) == "table" and rawget(h, "_fd")
+    local d
+    if fd then
+      d = core.call_as(id, p.conn, i, kernel, tensor, off, len, addrs[i], pid, caddr, cookie, fd, addrs[i] - address(h.data))
+    else
+      d = core.call_as(id, p.conn, i, kernel, tensor, off, len, addrs[i], pid, caddr, cookie)
+    end
+    core.hold(id, i, p.conn, h)
     if d > deepest then deepest = d end
   end
   return deepest

@@ -38,6 +38,7 @@ M.records = calls
 local function finish(rec)
   if rec.done then return end
   rec.done = true
+  if rec.collected then core.uncollect(rec.id) end
   if rec.mode == "broadcast" then
     -- Procs the script stopped itself are not a failure worth stopping it for.
     for _, f in ipairs(rec.failures or {}) do
@@ -120,6 +121,16 @@ local function slot_done(rec, slot, ok, v)
 end
 M.slot_done = slot_done
 
+--- Settles n slots whose values C already stored into rec.values (core.collect): the common case of
+-- a mesh-wide call, without a Lua step per proc.
+function M.slots_done(rec, n)
+  rec.remaining = rec.remaining - n
+  if rec.remaining == 0 then
+    calls[rec.id] = nil
+    finish(rec)
+  end
+end
+
 --- Settles the run of ok results of rec that starts at entry i of ev (the
 -- pump's array of fours: call id, slot, ok, value), as slot_done would each,
 -- without a lookup or a call per result: a host's answers to a mesh-wide
@@ -141,7 +152,7 @@ function M.ok_run(rec, ev, i, n)
       end
     end
     i = i + 4
-  until i > n or rec.remaining <= 0 or ev[i] ~= id or ev[i + 2] ~= true -- settled: the call's record is gone
+  until i > n or rec.remaining <= 0 or ev[i] ~= id or ev[i + 2] ~= true or ev[i + 1] < 0 -- settled, or a collected run
   return i
 end
 
@@ -166,6 +177,8 @@ end
 
 -- States in which a proc takes calls now, will take them once back, or never.
 local SENDABLE = { ready = true, reconnecting = true }
+local COLLECT_MIN = 4 -- below this many procs, a call's answers come per slot (collecting costs a registry ref)
+local conns_of = setmetatable({}, { __mode = "k" }) -- procs list -> its conns, for core.call
 local COMING_BACK = { restarting = true, initializing = true }
 
 --- Sends slot `slot` of rec to its proc (or queues it until the proc is back).
@@ -298,18 +311,23 @@ function M.submit(procs, kernel, args, nargs, opts)
     rec.future.call = rec -- so that fut:cancel() reaches the call
   end
   calls[id] = rec
-  -- One pass over the procs (a mesh of thousands: each proc's table is read once): their connections,
-  -- unless one cannot take the call now.
-  local targets = {}
+  -- The common case: every proc takes calls now; one encoding, copied to every connection.
+  -- The conns list is kept per procs list and refreshed in place: no garbage per call.
+  local targets, all_sendable = #procs >= 16 and conns_of[procs], true
+  if not targets or #targets ~= #procs then
+    targets = {}
+    if #procs >= 16 then conns_of[procs] = targets end -- a small list is often made per call
+  end
   for i, p in ipairs(procs) do
     if not SENDABLE[p.state] and not ((rec.bypass or p.in_hooks) and p.state == "initializing") then
-      targets = nil
+      all_sendable = false
       break
     end
     targets[i] = p.conn
   end
-  if targets and #procs > 0 then
-    -- The common case: one encoding, copied to every connection.
+  if all_sendable and #procs > 0 then
+    -- Successes land in rec.values from C; only failures come per slot (no on_slot to tell).
+    if #procs >= COLLECT_MIN and not rec.on_slot then rec.collected = core.collect(id, rec.values) end
     local depth = core.call(id, targets, kernel, unpack(args, 1, nargs))
     if depth > loop.window then M.wait_window(procs) end
   else

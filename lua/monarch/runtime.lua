@@ -62,7 +62,7 @@ function R.unhandled(err, p)
   if p then unheard[err] = p end
 end
 
-local records, ok_run = calls.records, calls.ok_run
+local records, ok_run, slots_done = calls.records, calls.ok_run, calls.slots_done
 
 -- One entry that is not an ok result: a failed result, a message or a connection's event.
 local function dispatch_one(id, a, b, c, rec)
@@ -92,7 +92,10 @@ local function dispatch(n)
   while i <= n do
     local id, a, b, c = ev[i], ev[i + 1], ev[i + 2], ev[i + 3]
     local rec = id ~= 0 and records[id]
-    if rec and b then
+    if rec and b and a < 0 then
+      slots_done(rec, -a) -- -a answers C stored into rec.values itself (core.collect)
+      i = i + 4
+    elseif rec and b then
       i = ok_run(rec, ev, i, n) -- this result and the ones of the same call right after it
     else
       ev[i + 3] = nil

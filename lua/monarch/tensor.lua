@@ -73,17 +73,20 @@ ffi.cdef [[ void *malloc(size_t); void free(void *); ]]
 
 --- Makes a host tensor; bytes (a string) fills it if given. `uninit` skips
 -- zeroing (for a tensor about to be overwritten whole, like a fetch's).
+-- A big one (monarch.bulk.SHARED_MIN) lives in shared memory that a proc
+-- on this host copies at memcpy's speed; it comes zeroed all the same.
 function M.host(dtype, shape, bytes, uninit)
   local d = M.dtypes[dtype] or error("unknown dtype '" .. tostring(dtype) .. "'", 2)
   if type(shape) == "number" then shape = { shape } end
   local n = numel_of(shape)
-  local data
-  if uninit and n * d.size >= 65536 then
+  local data, fd
+  if n * d.size >= bulk.SHARED_MIN then data, fd = bulk.shared(d.ctype, n * d.size) end -- zero-filled
+  if data == nil and uninit and n * d.size >= 65536 then
     -- Big and about to be overwritten: malloc, not ffi.new's zero-filling pass.
     local p = ffi.C.malloc(n * d.size)
     if p == nil then error(string.format("out of memory for a %d-byte host tensor", n * d.size), 2) end
     data = ffi.gc(ffi.cast(d.ctype .. "*", p), ffi.C.free)
-  else
+  elseif data == nil then
     data = ffi.new(d.ctype .. "[?]", math.max(n, 1))
   end
   if bytes then
@@ -92,7 +95,7 @@ function M.host(dtype, shape, bytes, uninit)
     end
     ffi.copy(data, bytes, #bytes)
   end
-  return setmetatable({ dtype = dtype, shape = shape, numel = n, data = data }, HostTensor)
+  return setmetatable({ dtype = dtype, shape = shape, numel = n, data = data, _fd = fd }, HostTensor)
 end
 
 --- The values as a Lua array.

@@ -106,14 +106,15 @@ static void test_names(void **state) {
   (void)state;
   int n = 0;
   mn_msg_each(count_type, &n);
-  assert_int_equal(n, 29);
+  assert_int_equal(n, 32);
   assert_string_equal(mn_msg_name(MN_MSG_CALL), "CALL");
   assert_null(mn_msg_name(0));
   assert_null(mn_msg_name(23));
   assert_string_equal(mn_msg_name(MN_MSG_CANCEL), "CANCEL");
   assert_string_equal(mn_msg_name(MN_MSG_JOIN), "JOIN");
   assert_string_equal(mn_msg_name(MN_MSG_JOINED), "JOINED");
-  assert_null(mn_msg_name(34));
+  assert_string_equal(mn_msg_name(MN_MSG_ACKS), "ACKS");
+  assert_null(mn_msg_name(37));
   assert_null(mn_msg_name(1000));
   assert_null(mn_msg_name(-1));
 }
@@ -590,6 +591,93 @@ static void test_cast_results(void **state) {
   done(&m);
 }
 
+/* ACKS: (pid, acked) pairs round-trip; an odd count or a non-uint is refused by name. */
+static void test_acks(void **state) {
+  (void)state;
+  mn_buf_t b;
+  mn_buf_init(&b);
+  uint64_t p[4] = {1001, 42, 1002, 7};
+  assert_int_equal(mn_msg_pack_acks(&b, p, 2), 0);
+  msg_t m;
+  take(&b, &m);
+  const msgpack_object *pairs;
+  assert_int_equal(mn_msg_parse_acks(&m.obj, &pairs, m.err, sizeof(m.err)), 0);
+  assert_int_equal(pairs->via.array.size, 4);
+  assert_int_equal(pairs->via.array.ptr[3].via.u64, 7);
+  done(&m);
+  hand(&b, "uu", (uint64_t)MN_MSG_ACKS, (uint64_t)3);
+  take(&b, &m);
+  expect_named(mn_msg_parse_acks(&m.obj, &pairs, m.err, sizeof(m.err)), m.err, "ACKS", "pairs");
+  done(&m);
+}
+
+/* The tree's messages: TREE, LINKED, a relay SESSION and a CAST with subs round-trip; bad shapes are named. */
+static void test_tree_messages(void **state) {
+  (void)state;
+  mn_buf_t b;
+  msg_t m;
+  const char *addrs[2] = {"10.0.0.2:7000", "[::1]:7001"};
+  uint64_t sessions[2] = {11, 12}, epoch, index;
+  const msgpack_object *ch, *subs;
+  mn_buf_init(&b);
+  assert_int_equal(mn_msg_pack_tree(&b, 3, addrs, sessions, 2), 0);
+  take(&b, &m);
+  assert_int_equal(mn_msg_parse_tree(&m.obj, &epoch, &ch, m.err, sizeof(m.err)), 0);
+  assert_int_equal(epoch, 3);
+  assert_int_equal(ch->via.array.size, 4);
+  assert_int_equal(ch->via.array.ptr[3].via.u64, 12);
+  done(&m);
+  int up;
+  mn_buf_init(&b);
+  assert_int_equal(mn_msg_pack_linked(&b, 3, 1, 1), 0);
+  take(&b, &m);
+  assert_int_equal(mn_msg_parse_linked(&m.obj, &epoch, &index, &up, m.err, sizeof(m.err)), 0);
+  assert_true(epoch == 3 && index == 1 && up == 1);
+  done(&m);
+  mn_msg_session_t sess;
+  mn_buf_init(&b);
+  assert_int_equal(mn_msg_pack_relay_session(&b, 99), 0);
+  take(&b, &m);
+  assert_int_equal(mn_msg_parse_session(&m.obj, &sess, m.err, sizeof(m.err)), 0);
+  assert_true(sess.session == 99 && sess.relay == 1);
+  done(&m);
+  /* CAST with one sub (child 1, 1 triple, no deeper subs), then handed on from its decoded parts. */
+  msgpack_packer pk;
+  size_t start;
+  uint64_t t[3] = {1001, 5, 7};
+  mn_buf_init(&b);
+  assert_int_equal(mn_msg_cast_head(&b, &pk, &start, t, 1, "r", 1, 1), 0);
+  msgpack_pack_uint64(&pk, 1);
+  msgpack_pack_uint64(&pk, 1);
+  msgpack_pack_array(&pk, 3);
+  for (int i = 0; i < 3; i++) msgpack_pack_uint64(&pk, t[i] + 1);
+  msgpack_pack_array(&pk, 0);
+  mn_frame_end(&b, start);
+  take(&b, &m);
+  assert_int_equal(mn_msg_parse_cast_subs(&m.obj, &subs, m.err, sizeof(m.err)), 0);
+  assert_int_equal(subs->via.array.size, 4);
+  mn_buf_t fwd;
+  mn_buf_init(&fwd);
+  assert_int_equal(mn_msg_pack_cast_obj(&fwd, &subs->via.array.ptr[2], "r", 1, &subs->via.array.ptr[3]), 0);
+  done(&m);
+  take(&fwd, &m);
+  const msgpack_object *targets;
+  const char *rest;
+  size_t rlen;
+  assert_int_equal(mn_msg_parse_cast(&m.obj, &targets, &rest, &rlen, m.err, sizeof(m.err)), 0);
+  assert_int_equal(targets->via.array.ptr[0].via.u64, 1002);
+  done(&m);
+  /* Malformed: TREE pairs of the wrong types; subs not in quads; LINKED's up not a bool. */
+  hand(&b, "uuu", (uint64_t)MN_MSG_TREE, (uint64_t)1, (uint64_t)2);
+  take(&b, &m);
+  expect_named(mn_msg_parse_tree(&m.obj, &epoch, &ch, m.err, sizeof(m.err)), m.err, "TREE", "children");
+  done(&m);
+  hand(&b, "uuuu", (uint64_t)MN_MSG_LINKED, (uint64_t)1, (uint64_t)2, (uint64_t)3);
+  take(&b, &m);
+  expect_named(mn_msg_parse_linked(&m.obj, &epoch, &index, &up, m.err, sizeof(m.err)), m.err, "LINKED", "up");
+  done(&m);
+}
+
 /* Appends RESULT [21, seq, ok, value] (value packed by fn) to the RESULTS batch r under tag. */
 static void add_result(mn_buf_t *r, uint64_t tag, uint64_t seq, int ok, void (*value)(msgpack_packer *pk)) {
   mn_buf_t b;
@@ -876,6 +964,8 @@ int main(void) {
       cmocka_unit_test(test_put_and_lost),
       cmocka_unit_test(test_result),
       cmocka_unit_test(test_cast_results),
+      cmocka_unit_test(test_acks),
+      cmocka_unit_test(test_tree_messages),
       cmocka_unit_test(test_results_reader),
       cmocka_unit_test(test_pong_from_ping),
       cmocka_unit_test(test_agent_events),

@@ -7,11 +7,15 @@
  * it, and split into frames with mn_frame_peek; every body goes through
  * mn_decode and the accessors the servers use on decoded messages.
  *
+ * Decoded messages also go through the parsers of CAST, RESULTS, ACKS, TREE
+ * and LINKED, which agents run on what controllers and parent agents send.
+ *
  * Oracles beyond the sanitizers: mn_decode returns only documented codes
  * and always fills err on failure; a decoded message packs back into a
  * frame that decodes again to an equal object (NaN compared bitwise).
  */
 #include "fuzz_util.h"
+#include "msg.h"
 #include "wire.h"
 
 #define FUZZ_HANDSHAKE_MAX 4096 /* the pre-authentication frame limit of agent and proc */
@@ -63,6 +67,30 @@ static void use_message(const msgpack_object *m) {
   }
   /* Out-of-range indexes must be refused, not read. */
   FZ_CHECK(mn_get_u64(m, m->via.array.size, &u) == MN_EPROTO, "getter past the end succeeded");
+}
+
+/* The parsers of the cast and tree messages, which agents run on what controllers and parent agents
+ * send: each accepts or refuses with MN_EPROTO and a text, and what it hands back is in bounds. */
+static void parse_casts(const msgpack_object *m) {
+  char err[300];
+  const msgpack_object *t, *subs;
+  const char *rest;
+  size_t rlen;
+  uint64_t e, i;
+  uint32_t n;
+  int up, rc;
+  err[0] = '\0';
+  if ((rc = mn_msg_parse_cast(m, &t, &rest, &rlen, err, sizeof(err))) == 0) {
+    FZ_CHECK(t->via.array.size % 3 == 0, "CAST targets not in triples");
+    if (mn_msg_parse_cast_subs(m, &subs, err, sizeof(err)) == 0 && subs != NULL)
+      for (uint32_t q = 0; q < subs->via.array.size; q += 4) sink += subs->via.array.ptr[q + 2].via.array.size;
+  }
+  FZ_CHECK(rc == 0 || (rc == MN_EPROTO && err[0] != '\0'), "CAST refused without a text");
+  if (mn_msg_parse_tree(m, &e, &t, err, sizeof(err)) == 0)
+    for (uint32_t k = 0; k < t->via.array.size; k += 2) sink += t->via.array.ptr[k].via.str.size;
+  if (mn_msg_parse_linked(m, &e, &i, &up, err, sizeof(err)) == 0) sink += (size_t)(e + i) + (size_t)up;
+  if (mn_msg_parse_acks(m, &t, err, sizeof(err)) == 0) FZ_CHECK(t->via.array.size % 2 == 0, "ACKS not in pairs");
+  if (mn_msg_parse_results(m, &n, err, sizeof(err)) == 0) FZ_CHECK(2 * n + 1 == m->via.array.size, "RESULTS count");
 }
 
 /* Packs a decoded message back into a frame and checks it decodes to the same thing. */
@@ -121,6 +149,7 @@ static size_t drain(mn_buf_t *in, size_t max, msgpack_zone *zone, int *closed) {
     }
     FZ_CHECK(m.type == MSGPACK_OBJECT_ARRAY && m.via.array.size > 0, "decoded a non-message");
     use_message(&m);
+    parse_casts(&m);
     roundtrip(&m);
   }
   return off;

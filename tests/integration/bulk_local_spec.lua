@@ -82,8 +82,9 @@ local function same_specs(name, make, expect, cleanup)
     end)
 
     it("moves tensors of several chunks, landing at their offsets, into reused memory", function()
-      local old_local, old_tcp = bulk.CHUNK, tensor.CHUNK
+      local old_local, old_tcp, old_min = bulk.CHUNK, tensor.CHUNK, bulk.SHARED_MIN
       bulk.CHUNK, tensor.CHUNK = 65536 + 12, 65536 + 12 -- odd sizes: every chunk at an odd offset
+      bulk.SHARED_MIN = 65536 -- and the HostTensors shared, so chunks land at odd offsets of the proc's maps
       local ok, err = pcall(function()
         local n = 3 * 65536 + 777
         local t = procs:tensor("u8", { n })
@@ -91,16 +92,17 @@ local function same_specs(name, make, expect, cleanup)
         t:put(want):get()
         local into = t:fetch():get()
         for _, h in ipairs(into:values()) do assert.are.equal(want, h:bytes()) end
-        local again = bytes(n, 100)
+        local again = tensor.host("u8", { n }, bytes(n, 100))
+        assert.is_not_nil(rawget(again, "_fd"))
         t:put(again):get()
         local same = t:fetch(into):get()
         for i, h in ipairs(same:values()) do
           assert.are.equal(into[i], h)
-          assert.are.equal(again, h:bytes())
+          assert.are.equal(again:bytes(), h:bytes())
         end
         t:free()
       end)
-      bulk.CHUNK, tensor.CHUNK = old_local, old_tcp
+      bulk.CHUNK, tensor.CHUNK, bulk.SHARED_MIN = old_local, old_tcp, old_min
       assert(ok, err)
     end)
 
@@ -138,6 +140,97 @@ same_specs("same-host bulk refused by the procs (simulated EPERM): TCP", functio
   refusing = agent.start{ token = runtime.token, env = "MONARCH_BULK_LOCAL_SIMULATE=eperm" }
   return mesh_mod.host_mesh(mesh_mod.connect_agents{ refusing.addr }):spawn_procs{ procs = 2 }
 end, false, function() refusing:stop() end)
+
+-- The proc's own counters (__bulk_stats): maps held, bytes through maps, bytes by process_vm, maps made.
+local function proc_stats(procs)
+  local v = procs:call("__bulk_stats"):get():values()[1]
+  return { held = v[1], mapped = v[2], vm = v[3], made = v[4], why = v[5] }
+end
+
+-- A field of /proc/<pid>/status, in kB.
+local function status_kb(pid, field)
+  local f = assert(io.open("/proc/" .. pid .. "/status"))
+  local s = f:read("*a")
+  f:close()
+  return tonumber(s:match(field .. ":%s*(%d+)"))
+end
+
+describe("same-host bulk through shared HostTensors", function()
+  local procs, local_ok
+  setup(function()
+    procs = monarch.hosts():spawn_procs{ procs = 1 }
+    procs:load "basic"
+    local p = procs._procs[1]
+    bulk.local_set(procs._procs)
+    local_ok = p.bulk == true
+    if not local_ok then print("skipped: no same-host copy here: " .. tostring(p.bulk_why)) end
+  end)
+  teardown(function() procs:stop() end)
+
+  it("copies a big HostTensor through one map that the proc keeps, both ways", function()
+    if not local_ok then return end
+    local n = 40 * 1024 * 1024 + 777 -- two chunks, not a whole number of pages
+    local t = procs:tensor("u8", { n })
+    local h = tensor.host("u8", { n })
+    assert.is_not_nil(rawget(h, "_fd"), "a HostTensor of SHARED_MIN bytes or more is shared")
+    for i = 1, n, 4093 do h[i] = i % 253 end
+    h[n] = 42
+    local s0 = proc_stats(procs)
+    t:put(h):get()
+    t:put(h):get()
+    local s1 = proc_stats(procs)
+    assert.are.equal(s0.made + 1, s1.made, "the source is mapped once, for both puts")
+    assert.are.equal(s0.mapped + 2 * n, s1.mapped)
+    assert.are.equal(s0.vm, s1.vm)
+    local into = t:fetch():get()
+    assert.is_true(into[1]:bytes() == h:bytes(), "fetched bytes differ from what was put")
+    local s2 = proc_stats(procs)
+    assert.are.equal(s1.made + 1, s2.made)
+    assert.are.equal(s1.mapped + n, s2.mapped)
+    t:put(h:bytes()):get() -- a string is no HostTensor: the kernel copies it
+    assert.are.equal(proc_stats(procs).vm, s2.vm + n)
+    t:free()
+  end)
+
+  it("gives a collected HostTensor's memory back at once, and the proc drops its map when idle", function()
+    if not local_ok then return end
+    local n = 64 * 1024 * 1024
+    local t = procs:tensor("u8", { n })
+    local h = tensor.host("u8", { n })
+    for i = 1, n, 4096 do h[i] = 1 end
+    t:put(h):get()
+    local pid = procs._procs[1].pid
+    assert.is_true(status_kb(pid, "RssShmem") >= n / 1024, "the proc maps the source")
+    assert.is_true(proc_stats(procs).held >= 1)
+    h = nil
+    collectgarbage()
+    collectgarbage()
+    -- The pages are punched out of the file: gone from the proc too, though it still maps it.
+    assert.is_true(status_kb(pid, "RssShmem") < n / 1024 / 2, "the proc still holds the collected HostTensor's pages")
+    local t0, held = monarch.now(), nil
+    repeat
+      runtime.pump(0.3)
+      held = proc_stats(procs).held
+    until held == 0 or monarch.now() - t0 > 5
+    assert.are.equal(0, held, "the proc kept a map of a HostTensor we collected")
+    t:free()
+  end)
+
+  it("keeps HostTensors in plain memory under MONARCH_BULK_SHARED=0, and copies them all the same", function()
+    ffi.C.setenv("MONARCH_BULK_SHARED", "0", 1)
+    local ok, err = pcall(function()
+      local n = bulk.SHARED_MIN
+      local h = tensor.host("u8", { n }, bytes(n, 5))
+      assert.is_nil(rawget(h, "_fd"))
+      local t = procs:tensor("u8", { n })
+      t:put(h):get()
+      assert.is_true(t:fetch():get()[1]:bytes() == h:bytes())
+      t:free()
+    end)
+    ffi.C.unsetenv("MONARCH_BULK_SHARED")
+    assert(ok, err)
+  end)
+end)
 
 describe("same-host bulk and a proc's failures", function()
   setup(function() monarch.configure{ heartbeat = 0.1, heartbeat_timeout = 1.0, reconnect = 2.0 } end)
@@ -182,6 +275,8 @@ describe("same-host bulk and a proc's failures", function()
     while core.holds() > 0 and monarch.now() - t0 < 5 do runtime.pump(0.05) end
     assert.are.equal(0, core.holds(), "memory is still held for the dead proc")
     procs:stop()
+    src, futs = nil, nil -- a shared HostTensor holds an fd of its own until it is collected
+    collectgarbage()
     local other = monarch.hosts():spawn_procs{ procs = 1 }
     other:load "basic"
     assert.are.same({ 0, 1 }, other:call("rank"):get():values()[1])

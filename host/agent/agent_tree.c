@@ -1,0 +1,286 @@
+/*
+ * agent_tree.c - the cast tree: past a fan-out, the controller casts to a
+ * few agents and each hands the rest on to its children (TREE names them),
+ * over relay links it opens itself: a TCP connection with the usual
+ * handshake, then SESSION [22, id, 0, true], which binds the link to the
+ * child's session with the controller without taking it over. The child
+ * answers up the link it was cast on, and this agent folds those answers
+ * into its own RESULTS, so the controller reads one frame per subtree.
+ *
+ * A link that breaks, stalls in its handshake or goes silent is reported
+ * with LINKED(epoch, index, false); the controller then resends what was in
+ * flight below it on the procs' own links (their replay caches keep that
+ * exactly-once) and casts to that child directly.
+ */
+#include "agent_int.h"
+
+#define LINK_SILENCE_MS 3000 /* an up link with nothing back for this long (it is pinged every second) is gone */
+
+enum { L_CONNECTING, L_HELLO, L_WELCOME, L_UP, L_CLOSED };
+
+struct alink_s {
+  uv_tcp_t tcp;
+  uv_connect_t req;
+  asession_t *s;        /* ours: the session whose casts it carries; NULL once that session is gone */
+  uint32_t index;
+  uint64_t session;     /* the child's session with the controller */
+  int state;
+  uint8_t ns[MN_NONCE_LEN], nc[MN_NONCE_LEN];
+  mn_buf_t in;
+  msgpack_zone zone;
+  int64_t outstanding;  /* triples handed to it and not answered */
+  uint64_t started, last_rx;
+};
+
+static void tell_controller(asession_t *s, uint32_t index, int up) {
+  mn_buf_t b;
+  mn_buf_init(&b);
+  if (mn_msg_pack_linked(&b, s->tree_epoch, index, up) == 0) mn__agent_session_send(s, &b);
+  mn_buf_free(&b);
+}
+
+static void link_freed(uv_handle_t *h) {
+  alink_t *l = h->data;
+  mn_buf_free(&l->in);
+  msgpack_zone_destroy(&l->zone);
+  free(l);
+}
+
+/* Closes l; its unanswered triples are no longer waited for (the controller resends them directly). */
+static void link_close(alink_t *l) {
+  if (l->state == L_CLOSED) return;
+  int was_up = l->state == L_UP;
+  l->state = L_CLOSED;
+  asession_t *s = l->s;
+  if (s != NULL) {
+    s->links[l->index] = NULL;
+    s->relayed -= l->outstanding < s->relayed ? l->outstanding : s->relayed;
+    if (was_up) tell_controller(s, l->index, 0);
+    if (s->relayed == 0) mn__agent_relay_flush(s);
+  }
+  uv_close((uv_handle_t *)&l->tcp, link_freed);
+}
+
+static void link_send(alink_t *l, mn_buf_t *b) {
+  uv_write_t *w = malloc(sizeof(*w));
+  if (w == NULL) {
+    link_close(l);
+    return;
+  }
+  w->data = b->data;
+  uv_buf_t ub = uv_buf_init(b->data, (unsigned)b->len);
+  mn_buf_init(b); /* the write owns the bytes now */
+  if (uv_write(w, (uv_stream_t *)&l->tcp, &ub, 1, mn__agent_on_write) != 0) {
+    mn__agent_on_write(w, -1);
+    link_close(l);
+  }
+}
+
+/* The handshake, client side: HELLO -> AUTH, WELCOME -> SESSION (relay). 0, or -1 when l was closed. */
+static int link_handshake(alink_t *l, const msgpack_object *m) {
+  agent_t *a = l->s->a;
+  char err[256];
+  mn_buf_t b;
+  mn_buf_init(&b);
+  int rc;
+  if (l->state == L_HELLO) {
+    rc = mn_hs_answer(&b, &a->auth, m, l->ns, l->nc, err, sizeof(err));
+    if (rc == 0) l->state = L_WELCOME;
+  } else {
+    rc = mn_hs_check_welcome(&a->auth, m, l->ns, l->nc, err, sizeof(err));
+    if (rc == 0) rc = mn_msg_pack_relay_session(&b, l->session);
+    if (rc == 0) l->state = L_UP;
+  }
+  if (rc != 0) {
+    mn_buf_free(&b);
+    link_close(l);
+    return -1;
+  }
+  link_send(l, &b);
+  if (l->state == L_UP) tell_controller(l->s, l->index, 1);
+  return 0;
+}
+
+/* A child's RESULTS: checked whole, then its entries join our batch as they are. */
+static int link_results(alink_t *l, const char *body, size_t len, const msgpack_object *m) {
+  uint32_t n;
+  char err[256];
+  if (mn_msg_parse_results(m, &n, err, sizeof(err)) != 0 || len < MN_MSG_RESULTS_HEAD - MN_FRAME_HEADER) return -1;
+  l->outstanding -= n;
+  mn__agent_relay_take_batch(l->s, body + (MN_MSG_RESULTS_HEAD - MN_FRAME_HEADER),
+                             len - (MN_MSG_RESULTS_HEAD - MN_FRAME_HEADER), n);
+  return 0;
+}
+
+static int link_frame(alink_t *l, const char *body, size_t len) {
+  msgpack_object m;
+  char err[256];
+  msgpack_zone_clear(&l->zone);
+  if (mn_decode(body, len, &l->zone, &m, err, sizeof(err)) != 0) return -1;
+  if (l->state != L_UP) return link_handshake(l, &m);
+  if (mn_msg_type(&m) == MN_MSG_RESULTS) return link_results(l, body, len, &m);
+  return mn_msg_type(&m) == MN_MSG_PONG ? 0 : -1; /* an ERROR, or anything else: the link is no good */
+}
+
+static void link_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf) {
+  alink_t *l = h->data;
+  (void)hint;
+  if (mn_buf_reserve(&l->in, 64 * 1024) != 0) *buf = uv_buf_init(NULL, 0);
+  else *buf = uv_buf_init(l->in.data + l->in.len, (unsigned)(l->in.cap - l->in.len));
+}
+
+static void link_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf) {
+  alink_t *l = st->data;
+  (void)buf;
+  if (n < 0 || l->s == NULL) {
+    link_close(l);
+    return;
+  }
+  l->in.len += (size_t)n;
+  l->last_rx = uv_now(l->s->a->loop);
+  size_t off = 0;
+  while (l->state != L_CLOSED) {
+    const char *body;
+    int64_t len = mn_frame_peek(l->in.data + off, l->in.len - off, l->state == L_UP ? MN_MAX_FRAME : 4096, &body);
+    if (len == MN_EAGAIN) break;
+    off += MN_FRAME_HEADER + (size_t)(len < 0 ? 0 : len);
+    if (len < 0 || link_frame(l, body, (size_t)len) != 0) {
+      link_close(l);
+      return;
+    }
+  }
+  if (l->state != L_CLOSED) mn_buf_consume(&l->in, off);
+}
+
+static void on_link_connect(uv_connect_t *req, int status) {
+  alink_t *l = req->data;
+  if (l->state == L_CLOSED) return;
+  if (status != 0 || l->s == NULL) {
+    link_close(l);
+    return;
+  }
+  uv_tcp_nodelay(&l->tcp, 1);
+  l->state = L_HELLO;
+  if (uv_read_start((uv_stream_t *)&l->tcp, link_alloc, link_read) != 0) link_close(l);
+}
+
+/* Parses "host:port" (numeric, v4 or v6) into ss; 0 or -1. */
+static int parse_addr(const char *p, size_t n, struct sockaddr_storage *ss) {
+  char host[300];
+  if (n >= sizeof(host)) return -1;
+  memcpy(host, p, n);
+  host[n] = '\0';
+  char *colon = strrchr(host, ':');
+  if (colon == NULL) return -1;
+  *colon = '\0';
+  int port = atoi(colon + 1);
+  char *h = host;
+  if (h[0] == '[' && colon > h && colon[-1] == ']') {
+    h++;
+    colon[-1] = '\0';
+  }
+  if (port <= 0 || port > 65535) return -1;
+  if (uv_ip4_addr(h, port, (struct sockaddr_in *)ss) == 0) return 0;
+  return uv_ip6_addr(h, port, (struct sockaddr_in6 *)ss) == 0 ? 0 : -1;
+}
+
+static alink_t *link_open(asession_t *s, uint32_t index, const msgpack_object *addr, uint64_t session) {
+  struct sockaddr_storage ss;
+  if (parse_addr(addr->via.str.ptr, addr->via.str.size, &ss) != 0) return NULL;
+  alink_t *l = calloc(1, sizeof(*l));
+  if (l == NULL) return NULL;
+  if (!msgpack_zone_init(&l->zone, 4096)) {
+    free(l);
+    return NULL;
+  }
+  l->s = s;
+  l->index = index;
+  l->session = session;
+  l->started = l->last_rx = uv_now(s->a->loop);
+  uv_tcp_init(s->a->loop, &l->tcp);
+  l->tcp.data = l;
+  l->req.data = l;
+  if (uv_tcp_connect(&l->req, &l->tcp, (struct sockaddr *)&ss, on_link_connect) != 0) {
+    l->state = L_CLOSED;
+    uv_close((uv_handle_t *)&l->tcp, link_freed);
+    return NULL;
+  }
+  return l;
+}
+
+static void links_drop(asession_t *s) {
+  for (uint32_t i = 0; i < s->nlinks; i++) {
+    alink_t *l = s->links[i];
+    if (l == NULL) continue;
+    s->relayed -= l->outstanding < s->relayed ? l->outstanding : s->relayed;
+    l->s = NULL; /* no LINKED for links the controller itself replaced */
+    link_close(l);
+  }
+  free(s->links);
+  s->links = NULL;
+  s->nlinks = 0;
+}
+
+void mn__agent_tree_set(aconn_t *c, const msgpack_object *m) {
+  char err[300];
+  uint64_t epoch;
+  const msgpack_object *ch;
+  asession_t *s = c->session;
+  if (mn_msg_parse_tree(m, &epoch, &ch, err, sizeof(err)) != 0) {
+    mn__agent_refuse(c, MN_EPROTO, err);
+    return;
+  }
+  links_drop(s);
+  s->tree_epoch = epoch;
+  uint32_t n = ch->via.array.size / 2;
+  if (n == 0) return;
+  s->links = calloc(n, sizeof(*s->links));
+  if (s->links == NULL) return; /* no links: the controller hears no LINKED and casts to them directly */
+  s->nlinks = n;
+  for (uint32_t i = 0; i < n; i++) {
+    s->links[i] = link_open(s, i, &ch->via.array.ptr[2 * i], ch->via.array.ptr[2 * i + 1].via.u64);
+  }
+}
+
+int64_t mn__agent_tree_forward(asession_t *s, const msgpack_object *subs, const char *rest, size_t rlen) {
+  int64_t handed = 0;
+  for (uint32_t i = 0; subs != NULL && i + 3 < subs->via.array.size; i += 4) {
+    const msgpack_object *q = &subs->via.array.ptr[i];
+    alink_t *l = q[0].via.u64 < s->nlinks ? s->links[q[0].via.u64] : NULL;
+    if (l == NULL || l->state != L_UP) continue; /* the controller hears LINKED false and resends them */
+    mn_buf_t b;
+    mn_buf_init(&b);
+    if (mn_msg_pack_cast_obj(&b, &q[2], rest, rlen, &q[3]) != 0) {
+      mn_buf_free(&b);
+      continue;
+    }
+    int64_t count = (int64_t)q[1].via.u64;
+    l->outstanding += count;
+    handed += count;
+    link_send(l, &b);
+  }
+  return handed;
+}
+
+void mn__agent_tree_tick(agent_t *a) {
+  uint64_t now = uv_now(a->loop);
+  char ping[16];
+  for (asession_t *s = a->sessions; s; s = s->next)
+    for (uint32_t i = 0; i < s->nlinks; i++) {
+      alink_t *l = s->links[i];
+      if (l == NULL) continue;
+      if (l->state != L_UP ? now - l->started > MN_HANDSHAKE_TIMEOUT_MS : now - l->last_rx > LINK_SILENCE_MS) {
+        link_close(l);
+        continue;
+      }
+      if (l->state != L_UP) continue;
+      mn_buf_t b = {ping, 0, sizeof(ping)}; /* a PING is at most 11 bytes: the buffer never grows */
+      if (mn_msg_pack_ping(&b, 1) != 0) continue;
+      mn_buf_t own;
+      mn_buf_init(&own);
+      if (mn_buf_append(&own, b.data, b.len) == 0) link_send(l, &own);
+      else mn_buf_free(&own);
+    }
+}
+
+void mn__agent_tree_close(asession_t *s) { links_drop(s); }

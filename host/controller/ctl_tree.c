@@ -1,0 +1,250 @@
+/*
+ * ctl_tree.c - the cast tree. Past `fanout` host agents, a cast no longer
+ * goes to every agent: the agents form a k-ary tree in host order (agent
+ * at position p has children (p+1)k .. (p+1)k+k-1), the controller sends
+ * one CAST per top agent carrying the whole subtree's targets (subs), and
+ * each agent hands the rest down and folds its children's RESULTS into its
+ * own (host/agent/agent_tree.c). The controller writes and reads O(k)
+ * frames per mesh-wide call instead of O(hosts).
+ *
+ * Routes. An agent is reached directly until its parent reports the link
+ * up (LINKED); it switches to "through the parent" only while nothing is in
+ * flight through it (tree_inflight counts the relayed calls whose route
+ * passes through an agent), so two casts to a proc never travel different
+ * ways at once and cannot overtake each other. A change of the agents (one
+ * joins, is lost, or a link goes down) rebuilds the tree: every relayed call
+ * in flight is resent on its proc's own link (the replay caches keep that
+ * exactly-once) and every route starts direct again.
+ */
+#include "ctl_int.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static mn_conn_t *parent_of(mn_ctl_t *c, const mn_conn_t *a) {
+  if (a->tree_pos < c->fanout) return NULL;
+  return mn_ctl_conn(c, c->tree[a->tree_pos / c->fanout - 1]);
+}
+
+static mn_conn_t *route_of(mn_ctl_t *c, const mn_conn_t *a) { return a->route > 0 ? mn_ctl_conn(c, a->route) : NULL; }
+
+int mn__ctl_tree_active(const mn_ctl_t *c) { return c->fanout > 1 && c->ntree > c->fanout; }
+
+void mn__ctl_tree_changed(mn_ctl_t *c) { c->tree_dirty = 1; }
+
+static void rebuild(mn_ctl_t *c);
+
+void mn__ctl_tree_refresh(mn_ctl_t *c) {
+  if (c->fanout > 0 || mn__ctl_tree_active(c)) rebuild(c);
+  c->tree_dirty = 0;
+}
+
+void mn__ctl_tree_answered(mn_ctl_t *c, mn_conn_t *k) {
+  for (mn_conn_t *a = k->via > 0 ? mn_ctl_conn(c, k->via) : NULL; a != NULL; a = route_of(c, a))
+    if (a->tree_inflight > 0) a->tree_inflight--;
+}
+
+/* Every relayed call in flight is resent on its proc's own link; every route is direct again. */
+static void unrelay_all(mn_ctl_t *c) {
+  for (int i = 1; i <= c->nconns; i++) {
+    mn_conn_t *k = c->conns[i];
+    if (k->kind == MN_CONN_AGENT) {
+      k->route = 0;
+      k->tree_up = 0;
+      k->tree_inflight = 0;
+    }
+  }
+  for (int i = 1; i <= c->nconns; i++) {
+    mn_conn_t *k = c->conns[i];
+    if (k->kind != MN_CONN_PROC || k->on_relay == 0) continue;
+    mn__ctl_unrelay(k);
+    mn_conn_t *a = mn_ctl_conn(c, k->via);
+    if (k->relay_only && a != NULL && a->state == MN_CS_READY) {
+      mn__ctl_relayed_resend(c, a, k); /* no link of its own: straight to its agent, off the tree */
+    } else if (!k->relay_only && k->state == MN_CS_READY && k->unacked.len > k->unacked_off) {
+      mn_ctl_send(c, k, k->unacked.data + k->unacked_off, k->unacked.len - k->unacked_off);
+    }
+  }
+}
+
+/* "ip:port" of the agent as this controller reached it (numeric, so that another agent can dial it). */
+static void peer_addr(const mn_conn_t *a, char *out, size_t n) {
+  struct sockaddr_storage ss;
+  int len = sizeof(ss);
+  char ip[64] = "";
+  if (a->link != NULL && uv_tcp_getpeername(&a->link->tcp, (struct sockaddr *)&ss, &len) == 0)
+    uv_ip_name((struct sockaddr *)&ss, ip, sizeof(ip));
+  if (ss.ss_family == AF_INET6) snprintf(out, n, "[%s]:%d", ip, a->port);
+  else snprintf(out, n, "%s:%d", ip, a->port);
+}
+
+/* TREE to the agent at position p: its children's addresses and sessions. */
+static void send_tree(mn_ctl_t *c, int p) {
+  char addrs[MN_TREE_MAX_FANOUT][80];
+  const char *ap[MN_TREE_MAX_FANOUT];
+  uint64_t sessions[MN_TREE_MAX_FANOUT];
+  size_t n = 0;
+  for (int j = 0; j < c->fanout && (p + 1) * c->fanout + j < c->ntree; j++, n++) {
+    mn_conn_t *ch = mn_ctl_conn(c, c->tree[(p + 1) * c->fanout + j]);
+    peer_addr(ch, addrs[n], sizeof(addrs[n]));
+    ap[n] = addrs[n];
+    sessions[n] = ch->session;
+  }
+  mn_conn_t *a = mn_ctl_conn(c, c->tree[p]);
+  mn_buf_t b;
+  mn_buf_init(&b);
+  if (mn_msg_pack_tree(&b, c->tree_epoch, ap, sessions, n) == 0) mn_ctl_send(c, a, b.data, b.len);
+  mn_buf_free(&b);
+}
+
+/* Positions are the ready agents in connection (host) order. */
+static void rebuild(mn_ctl_t *c) {
+  int was = mn__ctl_tree_active(c);
+  c->tree_dirty = 0;
+  if (was) unrelay_all(c); /* below the fan-out every route is direct: nothing went through a parent */
+  if (c->tree == NULL) c->tree = calloc((size_t)MN_MAX_CONNS, sizeof(int));
+  if (c->tree == NULL) return;
+  c->ntree = 0;
+  for (int i = 1; i <= c->nconns; i++) {
+    mn_conn_t *k = c->conns[i];
+    k->tree_pos = -1;
+    if (k->kind == MN_CONN_AGENT && k->state == MN_CS_READY) {
+      k->tree_pos = c->ntree;
+      c->tree[c->ntree++] = k->id;
+    }
+  }
+  c->tree_epoch++;
+  /* Below the fan-out nobody relays; agents that had children hear so (an empty TREE closes their links). */
+  if (!mn__ctl_tree_active(c) && !was) return;
+  for (int p = 0; p < c->ntree; p++) send_tree(c, p);
+}
+
+static void mn__ctl_tree_linked(mn_ctl_t *c, mn_conn_t *a, uint64_t epoch, uint64_t index, int up) {
+  if (epoch != c->tree_epoch || a->tree_pos < 0 || index >= (uint64_t)c->fanout) return;
+  int64_t pos = (int64_t)(a->tree_pos + 1) * c->fanout + (int64_t)index;
+  if (pos >= c->ntree) return;
+  mn_conn_t *ch = mn_ctl_conn(c, c->tree[pos]);
+  if (up) {
+    ch->tree_up = 1; /* used from the next cast on which nothing is in flight through it */
+  } else if (ch->tree_up) {
+    /* What was in flight below it is lost with the link: rebuild (it is cast to directly meanwhile). */
+    ch->tree_up = 0;
+    c->tree_dirty = 1;
+  }
+}
+
+/* Before a cast: the tree is current, and idle agents take the route their parent's link allows. */
+static void settle_routes(mn_ctl_t *c) {
+  if (c->tree_dirty) rebuild(c);
+  for (int i = 0; i < c->ncasting; i++) {
+    mn_conn_t *a = mn_ctl_conn(c, c->casting[i]);
+    mn_conn_t *p = parent_of(c, a);
+    int want = a->tree_up && p != NULL && p->state == MN_CS_READY ? p->id : 0;
+    if (a->route != want && a->tree_inflight == 0) a->route = want;
+  }
+}
+
+/* Adds agent a's triples to its own count and every agent's on its route; returns the top one (cast to directly). */
+static mn_conn_t *count_route(mn_ctl_t *c, mn_conn_t *a, uint32_t n) {
+  mn_conn_t *top = a;
+  for (mn_conn_t *x = a; x != NULL; x = route_of(c, x)) {
+    if (x->tree_count == 0 && x->in_tree == 0) {
+      x->in_tree = 1;
+      c->touched[c->ntouched++] = x->id;
+    }
+    x->tree_count += n;
+    x->tree_inflight += n;
+    top = x;
+  }
+  return top;
+}
+
+static uint32_t nsubs(mn_ctl_t *c, const mn_conn_t *a) {
+  uint32_t n = 0;
+  for (int j = 0; j < c->fanout && (a->tree_pos + 1) * c->fanout + j < c->ntree; j++) {
+    mn_conn_t *ch = mn_ctl_conn(c, c->tree[(a->tree_pos + 1) * c->fanout + j]);
+    n += ch->route == a->id && ch->tree_count > 0;
+  }
+  return n;
+}
+
+static size_t ntriples(const mn_conn_t *a) { return a->in_cast ? a->cast.len / (3 * sizeof(uint64_t)) : 0; }
+
+/* subs of a: (index, count, targets, subs) for each child reached through it with targets below. */
+static int pack_subs(mn_ctl_t *c, msgpack_packer *pk, const mn_conn_t *a) {
+  int f = 0;
+  for (int j = 0; j < c->fanout && (a->tree_pos + 1) * c->fanout + j < c->ntree; j++) {
+    mn_conn_t *ch = mn_ctl_conn(c, c->tree[(a->tree_pos + 1) * c->fanout + j]);
+    if (ch->route != a->id || ch->tree_count == 0) continue;
+    size_t n = ntriples(ch);
+    const uint64_t *t = (const uint64_t *)ch->cast.data;
+    f |= msgpack_pack_uint64(pk, (uint64_t)j) | msgpack_pack_uint64(pk, ch->tree_count);
+    f |= msgpack_pack_array(pk, (uint32_t)(3 * n));
+    for (size_t i = 0; i < 3 * n; i++) f |= msgpack_pack_uint64(pk, t[i]);
+    f |= msgpack_pack_array(pk, 4 * nsubs(c, ch)) | pack_subs(c, pk, ch);
+  }
+  return f;
+}
+
+static int send_root(mn_ctl_t *c, mn_conn_t *r, const char *rest, size_t rlen) {
+  msgpack_packer pk;
+  size_t start;
+  int f = mn_msg_cast_head(&r->out, &pk, &start, (const uint64_t *)r->cast.data, ntriples(r), rest, rlen, nsubs(c, r));
+  f |= pack_subs(c, &pk, r);
+  if (f != 0) return MN_ENOMEM;
+  mn_frame_end(&r->out, start);
+  c->casts++;
+  mn__ctl_set_dirty(c, r);
+  return 0;
+}
+
+int mn__ctl_tree_cast_end(mn_ctl_t *c, const char *rest, size_t rlen) {
+  if (c->touched == NULL) c->touched = calloc((size_t)MN_MAX_CONNS, sizeof(int));
+  if (c->touched == NULL) return MN_ENOMEM;
+  settle_routes(c);
+  int rc = 0;
+  for (int i = 0; i < c->ncasting; i++) {
+    mn_conn_t *a = mn_ctl_conn(c, c->casting[i]);
+    count_route(c, a, (uint32_t)ntriples(a))->tree_root = 1;
+  }
+  /* Every root is among the touched; send each once, then clear what this cast marked. */
+  for (int i = 0; i < c->ntouched; i++) {
+    mn_conn_t *x = mn_ctl_conn(c, c->touched[i]);
+    if (x->tree_root && rc == 0) rc = send_root(c, x, rest, rlen);
+    x->tree_root = 0;
+  }
+  for (int i = 0; i < c->ntouched; i++) {
+    mn_conn_t *x = mn_ctl_conn(c, c->touched[i]);
+    x->tree_count = 0;
+    x->in_tree = 0;
+    x->in_cast = 0;
+  }
+  c->ntouched = 0;
+  c->ncasting = 0;
+  return rc;
+}
+
+int mn_ctl_take_linked(mn_ctl_t *c, mn_conn_t *a, const msgpack_object *m, char *err, size_t errlen) {
+  uint64_t epoch, index;
+  int up;
+  int rc = mn_msg_parse_linked(m, &epoch, &index, &up, err, errlen);
+  if (rc == 0) mn__ctl_tree_linked(c, a, epoch, index, up);
+  return rc;
+}
+
+int mn__ctl_tree_unrelay_agent(mn_ctl_t *c) {
+  if (!mn__ctl_tree_active(c)) return 0;
+  c->tree_dirty = 1;
+  unrelay_all(c); /* its subtree's casts went through it: all of them go direct until the rebuild */
+  return 1;
+}
+
+void mn_ctl_tree_stats(mn_ctl_t *c, int *active, int *up, int *routed) {
+  *active = mn__ctl_tree_active(c);
+  *up = *routed = 0;
+  for (int p = 0; p < c->ntree; p++) {
+    mn_conn_t *a = mn_ctl_conn(c, c->tree[p]);
+    *up += a->tree_up;
+    *routed += a->route != 0;
+  }
+}

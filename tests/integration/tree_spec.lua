@@ -1,0 +1,142 @@
+-- The cast tree (issue 14): past `fanout` host agents, a mesh-wide call goes
+-- to the top agents only and each hands it down to its children. The local
+-- agent (monarch.hosts()) and seven real agents with fanout 2 make three
+-- levels: positions 0-1, 2-5 (children of 0 and 1) and 6-7 (children of 2,
+-- which is daemons[2]). faulty's bump/bumps count the calls that really ran,
+-- so order and exactly-once are checked on the procs themselves.
+local monarch = require "monarch"
+local core = require "monarch.core"
+local mesh_mod = require "monarch.mesh"
+local runtime = require "monarch.runtime"
+local agent = require "agent"
+
+local function sh(cmd) return os.execute(cmd .. " >/dev/null 2>&1") == 0 end
+
+describe("the cast tree", function()
+  local daemons = {}
+  local agents, m
+
+  setup(function()
+    monarch.hosts()
+    monarch.configure{ cast_min = 2, fanout = 2 }
+    for i = 1, 7 do daemons[i] = agent.start{ token = runtime.token } end
+    local addrs = {}
+    for i, d in ipairs(daemons) do addrs[i] = d.addr end
+    agents = mesh_mod.connect_agents(addrs) -- one connection each, for every spec: seven tree positions
+  end)
+
+  teardown(function()
+    monarch.configure{ cast_min = 16, fanout = 16 }
+    for _, d in ipairs(daemons) do
+      sh("kill -CONT " .. (d.pid or 0))
+      d:stop()
+    end
+  end)
+
+  after_each(function()
+    if m then m:stop() end
+    m = nil
+  end)
+
+  local function mesh()
+    m = mesh_mod.host_mesh(agents):spawn_procs{ procs = 2 }
+    m:load "basic"
+    m:load "faulty"
+    -- The first cast builds the tree; the parents' links come up on their own.
+    local deadline = monarch.now() + 10
+    while core.cast_stats().links_up < 6 and monarch.now() < deadline do
+      m:call("noop"):get(10)
+      monarch.sleep(0.05)
+    end
+    assert.are.equal(8, core.cast_stats().tree_agents)
+    assert.are.equal(6, core.cast_stats().links_up, "the six parent links did not come up")
+    m:call("noop"):get(10) -- the first call after they are up takes the routes through them
+    return m
+  end
+
+  local function counts()
+    local out = {}
+    for i, v in ipairs(m:call("bumps"):get(10):values()) do out[i] = v end
+    return out
+  end
+
+  it("reaches every proc of three levels with one CAST frame per top agent", function()
+    mesh()
+    assert.is_true(core.cast_stats().tree)
+    assert.are.equal(6, core.cast_stats().routed)
+    local before = core.cast_stats()
+    local ranks = m:call("rank"):get(10):values()
+    for i = 1, 14 do assert.are.equal(i - 1, ranks[i][1]) end
+    local after = core.cast_stats()
+    assert.are.equal(2, after.casts - before.casts) -- positions 0 and 1; the other six through them
+    assert.are.equal(14, after.calls - before.calls)
+    assert.are.equal("x", m:call("echo", "x"):get(10):values()[14])
+  end)
+
+  it("keeps each proc's order across pipelined casts and single calls", function()
+    mesh()
+    local base = counts()
+    local futs, seen = {}, {}
+    for i = 1, 40 do
+      futs[#futs + 1] = { all = true, f = m:call("bump") }
+      local r = i % 14
+      futs[#futs + 1] = { rank = r, f = m:slice{ hosts = math.floor(r / 2), procs = r % 2 }:call_one("bump") }
+    end
+    for _, e in ipairs(futs) do
+      if e.all then
+        for rank, v in ipairs(e.f:get(10):values()) do
+          local want = (seen[rank - 1] or base[rank]) + 1
+          assert.are.equal(want, v[1], "proc " .. (rank - 1) .. " ran a cast out of order")
+          seen[rank - 1] = want
+        end
+      else
+        local want = (seen[e.rank] or base[e.rank + 1]) + 1
+        assert.are.equal(want, e.f:get(10)[1], "proc " .. e.rank .. " ran a single call out of order")
+        seen[e.rank] = want
+      end
+    end
+  end)
+
+  it("runs every call exactly once when a relay agent stops mid-cast", function()
+    monarch.configure{ heartbeat_timeout = 1.0 }
+    finally(function() monarch.configure{ heartbeat_timeout = 3.0 } end)
+    mesh()
+    m:on_failure(function() end)
+    local base = counts()
+    -- daemons[2] relays to daemons[6] and daemons[7]. Stopped, it holds casts for all three; the
+    -- controller hears nothing from it for a second and resends every relayed call on the procs' own links.
+    sh("kill -STOP " .. daemons[2].pid)
+    local futs = {}
+    for i = 1, 20 do futs[i] = m:call("bump") end
+    for i = 1, 20 do
+      local vals = futs[i]:get(20):values()
+      for rank = 1, 14 do assert.are.equal(base[rank] + i, vals[rank][1]) end
+    end
+    sh("kill -CONT " .. daemons[2].pid)
+    monarch.sleep(1.5)
+    local now = counts()
+    for rank = 1, 14 do assert.are.equal(base[rank] + 20, now[rank], "proc " .. (rank - 1) .. " ran a call twice") end
+  end)
+
+  it("runs every call exactly once below a relay agent killed mid-cast", function()
+    mesh()
+    m:on_failure(function() end)
+    finally(monarch.on_host_loss(function() end)) -- expected: no line for it
+    local base = counts()
+    local futs = {}
+    for i = 1, 30 do
+      futs[i] = m:call("bump")
+      if i == 10 then sh("kill -9 " .. daemons[2].pid) end -- the parent of daemons[6] and daemons[7]
+    end
+    for i = 1, 30 do pcall(futs[i].get, futs[i], 20) end
+    -- Hosts 5 and 6 (daemons[6], daemons[7]), reached through the dead relay until it died, ran each call once.
+    for h = 5, 6 do
+      local v = m:slice{ hosts = h }:call("bumps"):get(10):values()
+      for j = 1, 2 do
+        assert.are.equal(base[2 * h + j] + 30, v[j], "a proc below the dead relay lost or repeated a call")
+      end
+    end
+    local v0 = m:slice{ hosts = 0 }:call("bumps"):get(10):values()
+    assert.are.equal(base[1] + 30, v0[1])
+  end)
+end)
