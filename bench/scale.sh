@@ -6,12 +6,13 @@
 #     next to the new one (a CAST per host agent, agents watch their procs);
 #  2. simulated hosts: `monarch-worker --simulate` agents whose procs are
 #     virtual (emulated inside the agent, no process each), SIM_PER procs on
-#     each of 1, 16, 256, 1,024 and 4,096 hosts, then the same 32,768 procs
-#     on 64 hosts (SIM_EXTRA, HOSTSxPROCS): what costs per host and what per
+#     each of 1, 16, 256, 1,024 and 4,096 hosts, then (SIM_EXTRA, rows
+#     HOSTSxPROCS[/FANOUT]) 4,096 hosts without the cast tree (fanout 0) and
+#     the same 32,768 procs on 64 hosts: what costs per host and what per
 #     proc. Every controller, cast and relay path is the production code over
 #     real TCP; only the procs are pretend, so thousands of hosts fit here.
 #   bench/scale.sh [AGENTS [PER [CALLS]]]
-#   SIM_HOSTS="1 16 256 1024 4096" SIM_PER=8 SIM_EXTRA=64x512 SIM_CALLS=8 REAL=1 bench/scale.sh
+#   SIM_HOSTS="1 16 256 1024 4096" SIM_PER=8 SIM_EXTRA="4096x8/0 64x512" SIM_CALLS=8 REAL=1 bench/scale.sh
 # SIM_HOSTS= and SIM_EXTRA= (empty) skip the simulated series, REAL=0 the real one. Every
 # agent and proc runs on this machine, so latencies include their CPU on its
 # cores; the controller's CPU per call is its own (getrusage). Exits non-zero
@@ -20,7 +21,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${BUILD:-build}
 agents=${1:-32} per=${2:-32} calls=${3:-40}
-sim_hosts=${SIM_HOSTS-1 16 256 1024 4096} sim_per=${SIM_PER:-8} sim_calls=${SIM_CALLS:-8} sim_extra=${SIM_EXTRA-64x512}
+sim_hosts=${SIM_HOSTS-1 16 256 1024 4096} sim_per=${SIM_PER:-8} sim_calls=${SIM_CALLS:-8} sim_extra=${SIM_EXTRA-4096x8/0 64x512}
 rows=""
 for h in $sim_hosts; do rows="$rows ${h}x$sim_per"; done
 rows="$rows $sim_extra"
@@ -77,18 +78,19 @@ fi
 if [ -n "${rows// /}" ]; then
   echo
   echo "simulated hosts (monarch-worker --simulate): hosts x procs each; $sim_calls calls per batch, median of 5 batches"
-  fmt='%6s %7s %9s %8s %15s %20s %19s %17s %17s %23s %10s\n'
-  printf "$fmt" hosts procs connect_s spawn_s call_gather_ms ctl_cpu_per_call_ms ctl_bytes_per_proc ctl_rss_per_proc \
+  fmt='%6s %7s %7s %9s %8s %15s %20s %19s %17s %17s %23s %10s\n'
+  printf "$fmt" hosts procs fanout connect_s spawn_s call_gather_ms ctl_cpu_per_call_ms ctl_bytes_per_proc ctl_rss_per_proc \
     ctl_idle_cpu_pct agents_cpu_per_call_ms agent_kib
   for row in $rows; do
-    h=${row%x*} p=${row#*x}
-    case "$h$p" in *[!0-9]* | "") echo "bench/scale.sh: a simulated row is HOSTSxPROCS, got '$row'" >&2; exit 2 ;; esac
+    h=${row%x*} p=${row#*x} f=
+    case "$p" in */*) f=${p#*/} p=${p%/*} ;; esac
+    case "$h$p$f" in *[!0-9]* | "") echo "bench/scale.sh: a simulated row is HOSTSxPROCS[/FANOUT], got '$row'" >&2; exit 2 ;; esac
     start_agents "$h" --simulate
-    out=$(run "the run on $h simulated hosts" $B/bin/monarch-run --hostfile "$dir/hosts" bench/scale.lua "$p" "$sim_calls")
+    out=$(SCALE_FANOUT=$f run "the run on $h simulated hosts" $B/bin/monarch-run --hostfile "$dir/hosts" bench/scale.lua "$p" "$sim_calls")
     # One agent's own memory after the run (private pages, KiB): what each of the thousands costs the machine.
     akib=$(awk '/^Private_(Clean|Dirty):/ {s += $2} END {print s}' "/proc/${pids[0]}/smaps_rollup" 2>/dev/null || echo "?")
     stop_agents
-    printf "$fmt" "$h" "$(get procs "$out")" "$(get connect_s "$out")" "$(get spawn_connect_s "$out")" \
+    printf "$fmt" "$h" "$(get procs "$out")" "${f:-default}" "$(get connect_s "$out")" "$(get spawn_connect_s "$out")" \
       "$(get call_gather_ms "$out")" "$(get ctl_cpu_per_call_ms "$out")" "$(get ctl_bytes_per_proc "$out")" \
       "$(get ctl_rss_per_proc "$out")" "$(get ctl_idle_cpu_pct "$out")" "$(get agents_cpu_per_call_ms "$out")" "$akib"
   done

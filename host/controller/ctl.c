@@ -791,7 +791,10 @@ static void on_heartbeat(uv_timer_t *t) {
     }
     char f[32];
     mn_buf_t b = {f, 0, sizeof(f)}; /* PING and ACK are at most 14 bytes each: the buffer never grows */
-    if (mn_msg_pack_ping(&b, MN_HB_PING_BASE + c->hb_count) == 0) mn_ctl_send(c, k, b.data, b.len);
+    /* Heard from within a quarter of the timeout: no PING this tick. An answer every other tick watches as
+     * well (the default timeout is six ticks), and at thousands of hosts the PINGs are the idle cost. */
+    if (now - k->last_rx >= c->hb_timeout_ms / 4 && mn_msg_pack_ping(&b, MN_HB_PING_BASE + c->hb_count) == 0)
+      mn_ctl_send(c, k, b.data, b.len);
     if (k->kind == MN_CONN_PROC) send_ack(c, k);
   }
   mn__ctl_relay_acks_end(c);
