@@ -221,8 +221,9 @@ mn_conn_t *mn_ctl_relayed_conn(mn_ctl_t *c, int agent, uint64_t tag);
  * --simulate`): a connection with no link and no file descriptor, ready at
  * once (a CONNECTED event follows), whose every call, call_one included, is
  * a cast through agent conn `agent`, which knows it as `pid`. It gets no
- * heartbeat (its agent is watched), no ACK and no CANCEL, and cannot take a
- * bulk put; it is closed when its agent is closed for good. Returns the new
+ * heartbeat (its agent is watched) and no CANCEL, its ACK only in its
+ * agent's ACKS, and it cannot take a bulk put; it is closed when its agent
+ * is closed for good. Returns the new
  * connection id (> 0), or MN_EINVAL (agent is not a ready agent conn),
  * MN_ELIMIT or MN_ENOMEM.
  */
