@@ -62,7 +62,7 @@ if [ "${REAL:-1}" != 0 ]; then
   before=$(MONARCH_PROC_HEARTBEAT=1 MONARCH_RELAY=0 run "the per-proc run" \
     $B/bin/monarch-run --hostfile "$dir/hosts" bench/scale.lua "$per" "$calls")
   # Casts to every agent directly (fanout 0), then through the cast tree (past the default fanout of 16
-  # agents the controller casts to the top 16 and they hand the call on to their children).
+  # agents the controller casts to a few top agents and they hand the call on to their children).
   flat=$(SCALE_FANOUT=0 run "the flat-cast run" $B/bin/monarch-run --hostfile "$dir/hosts" bench/scale.lua "$per" "$calls")
   now=$(run "the cast-tree run" $B/bin/monarch-run --hostfile "$dir/hosts" bench/scale.lua "$per" "$calls")
   stop_agents

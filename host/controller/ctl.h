@@ -105,6 +105,7 @@ struct mn_ctl_s {
   int cast_min;           /* a call to this many procs or more is cast (MN_CAST_MIN_TARGETS) */
   int fanout;             /* past this many agents, casts go through a tree of them (ctl_tree.c); 0: never */
   int *tree, ntree;       /* agent conn ids by tree position */
+  int tree_roots;         /* positions 0 .. tree_roots-1 are cast to by the controller itself */
   uint64_t tree_epoch;    /* bumped per rebuild; named in TREE and LINKED */
   int tree_dirty;         /* the agents changed since the last rebuild */
   int *touched, ntouched; /* agents the cast being sent touched */

@@ -1,7 +1,8 @@
 /*
  * ctl_tree.c - the cast tree. Past `fanout` host agents, a cast no longer
- * goes to every agent: the agents form a k-ary tree in host order (agent
- * at position p has children (p+1)k .. (p+1)k+k-1), the controller sends
+ * goes to every agent: the agents form a k-ary tree in host order, under R
+ * top agents (as few as two levels allow: ceil(H / (k+1)), at most k; the
+ * agent at position p has children R + pk .. R + pk + k-1), the controller sends
  * one CAST per top agent carrying the whole subtree's targets (subs), and
  * each agent hands the rest down and folds its children's RESULTS into its
  * own (host/agent/agent_tree.c). The controller writes and reads O(k)
@@ -21,9 +22,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Position of child j of the agent at position p (may be past the last agent). */
+static int child_pos(const mn_ctl_t *c, int p, int j) { return c->tree_roots + p * c->fanout + j; }
+
 static mn_conn_t *parent_of(mn_ctl_t *c, const mn_conn_t *a) {
-  if (a->tree_pos < c->fanout) return NULL;
-  return mn_ctl_conn(c, c->tree[a->tree_pos / c->fanout - 1]);
+  if (a->tree_pos < c->tree_roots) return NULL;
+  return mn_ctl_conn(c, c->tree[(a->tree_pos - c->tree_roots) / c->fanout]);
 }
 
 static mn_conn_t *route_of(mn_ctl_t *c, const mn_conn_t *a) { return a->route > 0 ? mn_ctl_conn(c, a->route) : NULL; }
@@ -84,8 +88,8 @@ static void send_tree(mn_ctl_t *c, int p) {
   const char *ap[MN_TREE_MAX_FANOUT];
   uint64_t sessions[MN_TREE_MAX_FANOUT];
   size_t n = 0;
-  for (int j = 0; j < c->fanout && (p + 1) * c->fanout + j < c->ntree; j++, n++) {
-    mn_conn_t *ch = mn_ctl_conn(c, c->tree[(p + 1) * c->fanout + j]);
+  for (int j = 0; j < c->fanout && child_pos(c, p, j) < c->ntree; j++, n++) {
+    mn_conn_t *ch = mn_ctl_conn(c, c->tree[child_pos(c, p, j)]);
     peer_addr(ch, addrs[n], sizeof(addrs[n]));
     ap[n] = addrs[n];
     sessions[n] = ch->session;
@@ -113,6 +117,12 @@ static void rebuild(mn_ctl_t *c) {
       c->tree[c->ntree++] = k->id;
     }
   }
+  /* As few top agents as two levels allow (each relays to up to k), so that the controller writes and
+   * reads as few frames as it can; k of them once the tree needs a third level. */
+  int k = c->fanout > 1 ? c->fanout : 1;
+  c->tree_roots = (c->ntree + k) / (k + 1);
+  if (c->tree_roots > k) c->tree_roots = k;
+  if (c->tree_roots < 1) c->tree_roots = 1;
   c->tree_epoch++;
   /* Below the fan-out nobody relays; agents that had children hear so (an empty TREE closes their links). */
   if (!mn__ctl_tree_active(c) && !was) return;
@@ -121,7 +131,7 @@ static void rebuild(mn_ctl_t *c) {
 
 static void mn__ctl_tree_linked(mn_ctl_t *c, mn_conn_t *a, uint64_t epoch, uint64_t index, int up) {
   if (epoch != c->tree_epoch || a->tree_pos < 0 || index >= (uint64_t)c->fanout) return;
-  int64_t pos = (int64_t)(a->tree_pos + 1) * c->fanout + (int64_t)index;
+  int64_t pos = child_pos(c, a->tree_pos, (int)index);
   if (pos >= c->ntree) return;
   mn_conn_t *ch = mn_ctl_conn(c, c->tree[pos]);
   if (up) {
@@ -161,8 +171,8 @@ static mn_conn_t *count_route(mn_ctl_t *c, mn_conn_t *a, uint32_t n) {
 
 static uint32_t nsubs(mn_ctl_t *c, const mn_conn_t *a) {
   uint32_t n = 0;
-  for (int j = 0; j < c->fanout && (a->tree_pos + 1) * c->fanout + j < c->ntree; j++) {
-    mn_conn_t *ch = mn_ctl_conn(c, c->tree[(a->tree_pos + 1) * c->fanout + j]);
+  for (int j = 0; j < c->fanout && child_pos(c, a->tree_pos, j) < c->ntree; j++) {
+    mn_conn_t *ch = mn_ctl_conn(c, c->tree[child_pos(c, a->tree_pos, j)]);
     n += ch->route == a->id && ch->tree_count > 0;
   }
   return n;
@@ -173,8 +183,8 @@ static size_t ntriples(const mn_conn_t *a) { return a->in_cast ? a->cast.len / (
 /* subs of a: (index, count, targets, subs) for each child reached through it with targets below. */
 static int pack_subs(mn_ctl_t *c, msgpack_packer *pk, const mn_conn_t *a) {
   int f = 0;
-  for (int j = 0; j < c->fanout && (a->tree_pos + 1) * c->fanout + j < c->ntree; j++) {
-    mn_conn_t *ch = mn_ctl_conn(c, c->tree[(a->tree_pos + 1) * c->fanout + j]);
+  for (int j = 0; j < c->fanout && child_pos(c, a->tree_pos, j) < c->ntree; j++) {
+    mn_conn_t *ch = mn_ctl_conn(c, c->tree[child_pos(c, a->tree_pos, j)]);
     if (ch->route != a->id || ch->tree_count == 0) continue;
     size_t n = ntriples(ch);
     const uint64_t *t = (const uint64_t *)ch->cast.data;
