@@ -1,6 +1,7 @@
 -- tests/shell.lua: what specs that run programs share.
 --   local shell = require "shell"
 --   local out, rc = shell.run("build/bin/monarch-run -e 'print(1)'")  -- stdout and stderr, exit status
+--   shell.quiet("kill -STOP " .. pid)                                   -- true if it exited 0
 local M = {}
 
 --- Runs cmd in sh; returns what it printed (stdout and stderr) and its exit status.
@@ -11,6 +12,9 @@ function M.run(cmd)
   local rc = tonumber(out:match("::rc=(%d+)%s*$"))
   return (out:gsub("::rc=%d+%s*$", "")), rc
 end
+
+--- Runs cmd in sh with its output dropped; true if it exited 0.
+function M.quiet(cmd) return os.execute(cmd .. " >/dev/null 2>&1") == 0 end
 
 --- The bytes of file p (an error if it cannot be read).
 function M.read(p)

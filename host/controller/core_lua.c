@@ -674,24 +674,27 @@ static int l_relayed(lua_State *L) {
   return 1;
 }
 
-/* core.cast_stats() -> {casts = CAST frames sent, calls = the proc calls they carried} */
+/* t[k] = v for the table on top of the stack. */
+static void set_number(lua_State *L, const char *k, lua_Number v) {
+  lua_pushnumber(L, v);
+  lua_setfield(L, -2, k);
+}
+
+/* core.cast_stats() -> {casts = CAST frames sent, calls = the proc calls they carried, tree = whether casts
+ * go through the tree, links_up = agents whose parent link is up, routed = agents cast to through their
+ * parent, tree_agents = agents in the tree} */
 static int l_cast_stats(lua_State *L) {
   lctl_t *c = get_ctl(L);
-  lua_createtable(L, 0, 6);
-  lua_pushnumber(L, (lua_Number)c->ctl.casts);
-  lua_setfield(L, -2, "casts");
-  lua_pushnumber(L, (lua_Number)c->ctl.cast_calls);
-  lua_setfield(L, -2, "calls");
   int active, up, routed;
   mn_ctl_tree_stats(&c->ctl, &active, &up, &routed);
+  lua_createtable(L, 0, 6);
+  set_number(L, "casts", (lua_Number)c->ctl.casts);
+  set_number(L, "calls", (lua_Number)c->ctl.cast_calls);
   lua_pushboolean(L, active);
   lua_setfield(L, -2, "tree");
-  lua_pushinteger(L, up);
-  lua_setfield(L, -2, "links_up");
-  lua_pushinteger(L, routed);
-  lua_setfield(L, -2, "routed");
-  lua_pushinteger(L, c->ctl.ntree);
-  lua_setfield(L, -2, "tree_agents");
+  set_number(L, "links_up", up);
+  set_number(L, "routed", routed);
+  set_number(L, "tree_agents", c->ctl.ntree);
   return 1;
 }
 

@@ -8,7 +8,7 @@ local mesh_mod = require "monarch.mesh"
 local runtime = require "monarch.runtime"
 local agent = require "agent"
 
-local function sh(cmd) return os.execute(cmd .. " >/dev/null 2>&1") == 0 end
+local sh = require("shell").quiet
 
 describe("casts through host agents", function()
   local daemons = {}

@@ -11,7 +11,7 @@ local function fails(fn)
   return err
 end
 
-local function sh(cmd) return os.execute(cmd .. " >/dev/null 2>&1") == 0 end
+local sh = require("shell").quiet
 local alive = require("procstat").alive
 
 describe("failure handling", function()

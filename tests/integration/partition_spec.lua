@@ -14,7 +14,7 @@ local NS, HOST_IF, NS_IF = "mn_part" .. ID, "mnp" .. ID .. "a", "mnp" .. ID .. "
 local NET = string.format("10.%d.%d", 64 + math.floor(ID / 250) % 64, ID % 250)
 local HOST_IP, NS_IP = NET .. ".1", NET .. ".2"
 
-local function sh(cmd) return os.execute(cmd .. " >/dev/null 2>&1") == 0 end
+local sh = require("shell").quiet
 
 local function can_netns()
   if not sh("id -u | grep -qx 0") then return false, "not root" end

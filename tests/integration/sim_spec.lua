@@ -11,7 +11,7 @@ local status = require "monarch.status"
 local runtime = require "monarch.runtime"
 local agent = require "agent"
 
-local function sh(cmd) return os.execute(cmd .. " >/dev/null 2>&1") == 0 end
+local sh = require("shell").quiet
 
 -- This process's open file descriptors (the controller is this busted process).
 local function open_fds()
