@@ -264,6 +264,29 @@ describe("monarch.trace", function()
       assert.is_false(monarch.trace.on)
     end)
 
+    it("drains all a ring holds at every drain, however many takes that is", function()
+      -- Takes of 500 spans, 20 drains a second, a ring of 8192: one take per drain would
+      -- keep 10,000 spans a second and the last 8192, fewer than 3 s of round trips here.
+      local take, drain = monarch.trace.TAKE, monarch.trace.DRAIN
+      monarch.trace.TAKE, monarch.trace.DRAIN = 500, 0.05
+      local one = procs:slice({ procs = 0 })
+      local pid = procs:procs()[1].pid
+      monarch.trace.start(dir .. "/drains.json", { spans = 8192 })
+      local n, t_end = 0, monarch.now() + 3
+      while monarch.now() < t_end do
+        one:call_one("noop"):get()
+        n = n + 1
+      end
+      local ok, s = pcall(monarch.trace.stop)
+      monarch.trace.TAKE, monarch.trace.DRAIN = take, drain
+      assert(ok, s)
+      local spans = 0
+      for _, e in ipairs(read_json(dir .. "/drains.json").traceEvents) do
+        if e.ph == "X" and e.name == "noop" and e.pid > 0 and e.args.proc_pid == pid then spans = spans + 1 end
+      end
+      assert.are.equal(n, spans, n .. " calls")
+    end)
+
     it("refuses misuse with messages that say what to do", function()
       assert.has_error(function() monarch.trace.stop() end,
         "monarch.trace.stop: not tracing (monarch.trace.start(path) first)")
