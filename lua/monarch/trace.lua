@@ -231,6 +231,38 @@ function M.flush(timeout)
   take_all(live_tracks(st), now() + (timeout or M.STOP_TIMEOUT))
 end
 
+-- ---- pause and resume ----------------------------------------------------------------
+
+--- Pauses the recording: the controller records nothing more and every live
+-- proc stops writing spans (what it holds is still drained) until resume().
+-- Returns once the procs have answered. Tasks that end while paused show as
+-- unfinished. Pausing twice is one pause.
+function M.pause()
+  if not st then error("monarch.trace.pause: not tracing (monarch.trace.start(path) first)", 2) end
+  if st.paused then return end
+  st.paused, M.on = true, false
+  local trs = live_tracks(st)
+  for _, tr in ipairs(trs) do ask(tr, "stop") end
+  settle(trs, now() + M.STOP_TIMEOUT)
+end
+
+--- Resumes a paused recording, on every proc live now (those that connected
+-- meanwhile too). Returns once the procs have answered.
+function M.resume()
+  if not st then error("monarch.trace.resume: not tracing (monarch.trace.start(path) first)", 2) end
+  if not st.paused then return end
+  st.paused, M.on = false, true
+  local tracked = {}
+  for _, tr in ipairs(live_tracks(st)) do
+    tracked[tr.p] = true
+    ask(tr, "start", st.spans)
+  end
+  for p in require("monarch.procs").each() do
+    if not tracked[p] and p.conn and (p.state == "ready" or p.state == "initializing") then M.proc_up(p) end
+  end
+  settle(live_tracks(st), now() + M.STOP_TIMEOUT)
+end
+
 -- ---- start and stop ------------------------------------------------------------------
 
 --- Starts tracing into the file at `path` (made now, written by stop).
