@@ -48,11 +48,9 @@ local function runtime() return require "monarch.runtime" end
 -- event at every cycle. The controller's round trip cost 0.35 us more at
 -- first, 1.3 us more once 150,000 calls were traced; now 0.3 us throughout.
 
-pcall(ffi.cdef, [[
-struct monarch_trace_ev { double t0, t1, arg; int32_t tid; uint32_t name; uint8_t cat; };
-void *calloc(size_t n, size_t size);
-void free(void *p);
-]])
+pcall(ffi.cdef, "struct monarch_trace_ev { double t0, t1, arg; int32_t tid; uint32_t name; uint8_t cat; };")
+pcall(ffi.cdef, "void *calloc(size_t n, size_t size);") -- each alone: one declared elsewhere fails only itself
+pcall(ffi.cdef, "void free(void *p);")
 local CHUNK = 8192 -- events per array (256 KiB): a new one costs little, and rarely
 local ev_ptr = ffi.typeof("struct monarch_trace_ev *")
 local function ev_chunk(n)
