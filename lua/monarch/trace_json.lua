@@ -84,11 +84,12 @@ end
 -- The controller's spans: submits, waits and tasks (those still running end at stop).
 local function controller_events(w, s)
   local base = s.t_start
+  local event = require("monarch.trace").event
   for i = 1, s.n do
-    local cat, arg = s.cat[i], s.arg[i]
+    local cat, name, t0, t1, tid, arg = event(s, i)
     local args = cat == "submit" and { procs = arg } or cat == "task" and { ok = arg } or {}
-    w.with_args({ ph = "X", cat = cat, name = s.name[i], pid = 0, tid = s.tid[i], ts = (s.t0[i] - base) * 1e6,
-      dur = (s.t1[i] - s.t0[i]) * 1e6 }, args)
+    w.with_args({ ph = "X", cat = cat, name = name, pid = 0, tid = tid, ts = (t0 - base) * 1e6, dur = (t1 - t0) * 1e6 },
+      args)
   end
   for tid, t in pairs(s.tasks) do
     if not t.done then
@@ -102,8 +103,8 @@ end
 local function proc_events(w, s, tr, pid)
   local off, base, count = tr.offset_ns or 0, s.t_start * 1e6, 0
   for _, bin in ipairs(tr.bins) do
-    local p = ffi.cast(span_ptr, bin)
-    for i = 0, #bin / REC - 1 do
+    local p = ffi.cast(span_ptr, bin.ptr)
+    for i = 0, bin.n / REC - 1 do
       local r = p[i]
       local name = ffi.string(r.name, r.name_len)
       local args = { bytes_in = r.bytes_in, bytes_out = r.bytes_out, proc_pid = tr.pid }

@@ -264,9 +264,63 @@ describe("monarch.trace", function()
       assert.is_false(monarch.trace.on)
     end)
 
+    it("records nothing while paused, on the procs and here, and goes on after resume", function()
+      local path = dir .. "/paused.json"
+      monarch.trace.start(path)
+      procs:call("noop"):get()
+      monarch.trace.pause()
+      monarch.trace.pause() -- a second pause is the same pause
+      assert.is_false(monarch.trace.on)
+      for _ = 1, 3 do procs:call("rank"):get() end
+      monarch.trace.resume()
+      assert.is_true(monarch.trace.on)
+      procs:call("noop"):get()
+      monarch.trace.stop()
+      local mine = {}
+      for _, p in ipairs(procs:procs()) do mine[p.pid] = true end
+      local noops, ranks, submits = 0, 0, {}
+      for _, e in ipairs(read_json(path).traceEvents) do
+        if e.ph == "X" and e.pid > 0 and mine[e.args.proc_pid] then
+          if e.name == "noop" then noops = noops + 1 elseif e.name == "rank" then ranks = ranks + 1 end
+        elseif e.ph == "X" and e.pid == 0 and e.cat == "submit" then
+          submits[e.name] = (submits[e.name] or 0) + 1
+        end
+      end
+      assert.are.equal(4, noops) -- 2 procs x 2 calls
+      assert.are.equal(0, ranks)
+      assert.are.same({ noop = 2 }, submits)
+    end)
+
+    it("drains all a ring holds at every drain, however many takes that is", function()
+      -- Takes of 500 spans, 20 drains a second, a ring of 8192: one take per drain would
+      -- keep 10,000 spans a second and the last 8192, fewer than 3 s of round trips here.
+      local take, drain = monarch.trace.TAKE, monarch.trace.DRAIN
+      monarch.trace.TAKE, monarch.trace.DRAIN = 500, 0.05
+      local one = procs:slice({ procs = 0 })
+      local pid = procs:procs()[1].pid
+      monarch.trace.start(dir .. "/drains.json", { spans = 8192 })
+      local n, t_end = 0, monarch.now() + 3
+      while monarch.now() < t_end do
+        one:call_one("noop"):get()
+        n = n + 1
+      end
+      local ok, s = pcall(monarch.trace.stop)
+      monarch.trace.TAKE, monarch.trace.DRAIN = take, drain
+      assert(ok, s)
+      local spans = 0
+      for _, e in ipairs(read_json(dir .. "/drains.json").traceEvents) do
+        if e.ph == "X" and e.name == "noop" and e.pid > 0 and e.args.proc_pid == pid then spans = spans + 1 end
+      end
+      assert.are.equal(n, spans, n .. " calls")
+    end)
+
     it("refuses misuse with messages that say what to do", function()
       assert.has_error(function() monarch.trace.stop() end,
         "monarch.trace.stop: not tracing (monarch.trace.start(path) first)")
+      assert.has_error(function() monarch.trace.pause() end,
+        "monarch.trace.pause: not tracing (monarch.trace.start(path) first)")
+      assert.has_error(function() monarch.trace.resume() end,
+        "monarch.trace.resume: not tracing (monarch.trace.start(path) first)")
       local ok, err = pcall(monarch.trace.start, dir .. "/no/such/dir/t.json")
       assert.is_false(ok)
       assert.matches("monarch.trace.start: cannot write the trace: .*no/such/dir/t.json", err)

@@ -2,6 +2,7 @@
 -- with lua-cjson; the proc's spans are packed here as host/proc/trace.c packs them.
 local cjson = require "cjson"
 local ffi = require "ffi"
+local trace = require "monarch.trace"
 local trace_json = require "monarch.trace_json"
 
 -- One span of MN_TRACE_REC bytes (monarch_trace_span, declared by trace_json).
@@ -33,14 +34,15 @@ local function recording()
   local bin = span { t0 = 100.25e9 + off, t1 = 100.25e9 + off + 1500, seq = 4, name = "fill", tensor_bytes = 1024 }
     .. span { t0 = 100.5e9 + off, t1 = 100.5e9 + off + 10, name = "all_reduce", kind = 2 }
     .. span { t0 = 100.75e9 + off, t1 = 100.75e9 + off + 20, seq = 5, name = "Ctr.add", kind = 1, failed = 1 }
-  return {
-    t_start = 100, t_stop = 101, n = 2, dropped = 0,
-    cat = { "submit", "wait" }, name = { 'quote " back \\ nl \n ctl \1 high \128', "call 'fill'" },
-    t0 = { 100.2, 100.3 }, t1 = { 100.201, 100.4 }, tid = { 0, 0 }, arg = { 3, nil },
-    tasks = { [1] = { name = "task 1 (job.lua:3)", t0 = 100.1 } }, -- still running at stop
-    instants = { { name = "proc failed", ts = 100.9, rank = 2, agent = agent, args = { cause = "killed by SIGKILL" } } },
-    tracks = { { rank = 2, pid = 4242, agent = agent, bins = { bin }, offset_ns = off, rtt = 4e-6, dropped = 7 } },
-  }
+  local s = trace.recording(100)
+  s.t_stop = 101
+  trace.add_event(s, "submit", 'quote " back \\ nl \n ctl \1 high \128', 100.2, 100.201, 0, 3)
+  trace.add_event(s, "wait", "call 'fill'", 100.3, 100.4, 0)
+  s.tasks[1] = { name = "task 1 (job.lua:3)", t0 = 100.1 } -- still running at stop
+  s.instants[1] = { name = "proc failed", ts = 100.9, rank = 2, agent = agent, args = { cause = "killed by SIGKILL" } }
+  s.tracks[1] = { rank = 2, pid = 4242, agent = agent, bins = { trace.keep(bin) }, offset_ns = off, rtt = 4e-6,
+    dropped = 7 }
+  return s
 end
 
 describe("monarch.trace_json.write", function()
