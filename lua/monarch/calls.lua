@@ -35,6 +35,12 @@ function M.set_loop(l) loop = l end
 --- The records of calls in flight, by call id. The pump reads it directly.
 M.records = calls
 
+-- The order failures are reported in: the call's timeout or cancel first, then the lowest rank.
+local function failures_first(a, b)
+  if (a.whole or false) ~= (b.whole or false) then return a.whole or false end
+  return (a.rank or math.huge) < (b.rank or math.huge)
+end
+
 local function finish(rec)
   if rec.done then return end
   rec.done = true
@@ -51,10 +57,7 @@ local function finish(rec)
   end
   if rec.failures then
     -- Report the lowest rank first, whatever order the failures arrived in.
-    table.sort(rec.failures, function(a, b)
-      if (a.whole or false) ~= (b.whole or false) then return a.whole or false end -- the call's timeout or cancel first
-      return (a.rank or math.huge) < (b.rank or math.huge)
-    end)
+    table.sort(rec.failures, failures_first)
     local first = rec.failures[1]
     first.others = #rec.failures - 1
     first.failures = rec.failures
@@ -85,6 +88,12 @@ end
 --- Settles slot `slot` of rec: ok and its value, or not ok and a
 -- MonarchError. A failure of the proc may send the slot again (choose,
 -- retries); the last slot to settle finishes the call.
+-- Sends slot `slot` of rec again after `delay` seconds. Its own function: a closure made in slot_done
+-- would keep LuaJIT from compiling slot_done, which every answer runs.
+local function retry_later(rec, slot, delay)
+  tasks.at(tasks.now() + delay, function() send_slot(rec, slot) end)
+end
+
 local function slot_done(rec, slot, ok, v)
   if rec.done then return settle_late(rec, slot) end
   if not ok and RETRYABLE[v.kind] and rec.mode ~= "broadcast" then
@@ -102,7 +111,7 @@ local function slot_done(rec, slot, ok, v)
     end
     if rec.retries and tries < rec.retries then
       rec.tries[slot] = tries + 1
-      tasks.at(tasks.now() + rec.backoff * 2 ^ tries, function() send_slot(rec, slot) end)
+      retry_later(rec, slot, rec.backoff * 2 ^ tries)
       return
     end
   end
