@@ -14,7 +14,8 @@ start_agents() {
   done
   # One look at all the logs per round, not a process per agent: thousands start within seconds.
   for t in $(seq 1 $((200 + n / 8))); do
-    up=$(seq -f "$dir/agent%.0f.log" 1 "$n" | xargs cat | grep -c "listening on" || true)
+    # A log a just-forked agent has not created yet is not an error: it is not up yet.
+    up=$(seq -f "$dir/agent%.0f.log" 1 "$n" | xargs cat 2>/dev/null | grep -c "listening on" || true)
     [ "$up" -ge "$n" ] && break
     sleep 0.025
   done
