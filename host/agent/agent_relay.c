@@ -157,7 +157,8 @@ static void on_relay_timer(uv_timer_t *t) {
 }
 
 /* Sends s's batch when nothing more is awaited or it is large; else within MN_RELAY_FLUSH_MS. */
-static void batch_grew(asession_t *s, agent_t *a) {
+void mn__agent_relay_push(asession_t *s) {
+  agent_t *a = s->a;
   if (a->relay_timer.data == NULL) { /* made on first use: an agent that never relays has none */
     uv_timer_init(a->loop, &a->relay_timer);
     a->relay_timer.data = a;
@@ -175,7 +176,7 @@ void mn__agent_relay_take_batch(asession_t *s, const char *entries, size_t len, 
   if (s->nbatch == 0 && mn_msg_results_begin(&s->batch) != 0) return;
   if (mn_buf_append(&s->batch, entries, len) != 0) return;
   s->nbatch += n;
-  batch_grew(s, s->a);
+  mn__agent_relay_push(s);
 }
 
 void mn__agent_relay_answer(asession_t *s, uint64_t tag, const char *body, size_t len) {
@@ -184,7 +185,6 @@ void mn__agent_relay_answer(asession_t *s, uint64_t tag, const char *body, size_
   if (s->batch.len >= MN_RELAY_BATCH) flush_session(s);
 }
 
-void mn__agent_relay_push(asession_t *s) { batch_grew(s, s->a); }
 
 static void take_result(aproc_t *p, const char *body, size_t len) {
   asession_t *s = p->owner;

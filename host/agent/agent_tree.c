@@ -264,7 +264,6 @@ int64_t mn__agent_tree_forward(asession_t *s, const msgpack_object *subs, const 
 
 void mn__agent_tree_tick(agent_t *a) {
   uint64_t now = uv_now(a->loop);
-  char ping[16];
   for (asession_t *s = a->sessions; s; s = s->next)
     for (uint32_t i = 0; i < s->nlinks; i++) {
       alink_t *l = s->links[i];
@@ -274,12 +273,10 @@ void mn__agent_tree_tick(agent_t *a) {
         continue;
       }
       if (l->state != L_UP) continue;
-      mn_buf_t b = {ping, 0, sizeof(ping)}; /* a PING is at most 11 bytes: the buffer never grows */
-      if (mn_msg_pack_ping(&b, 1) != 0) continue;
-      mn_buf_t own;
-      mn_buf_init(&own);
-      if (mn_buf_append(&own, b.data, b.len) == 0) link_send(l, &own);
-      else mn_buf_free(&own);
+      mn_buf_t b;
+      mn_buf_init(&b);
+      if (mn_msg_pack_ping(&b, 1) == 0) link_send(l, &b); /* the write takes the buffer */
+      else mn_buf_free(&b);
     }
 }
 

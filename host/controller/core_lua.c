@@ -289,7 +289,7 @@ static int l_call(lua_State *L) {
       }
       if (i + 4 <= n) {
         lua_rawgeti(L, 2, i + 4);
-        mn_ctl_prefetch(&c->ctl, (uint64_t)lua_tointeger(L, -1), 2);
+        mn_ctl_prefetch(&c->ctl, (uint64_t)lua_tointeger(L, -1), 1);
         lua_pop(L, 1);
       }
       lua_rawgeti(L, 2, i);
@@ -497,11 +497,8 @@ static int take_results_decoded(lua_State *L, lctl_t *c, mn_conn_t *a, int agent
     mn_ctl_refuse(&c->ctl, a, err);
     return MN_EPROTO;
   }
-  const msgpack_object *tags = &m->via.array.ptr[1];
   for (uint32_t i = 0; i < nr; i++) {
     const msgpack_object *e = &m->via.array.ptr[1 + 2 * i];
-    if (i + 8 < nr) mn_ctl_prefetch(&c->ctl, tags[2 * (i + 8)].via.u64, 0);
-    if (i + 4 < nr) mn_ctl_prefetch(&c->ctl, tags[2 * (i + 4)].via.u64, 1);
     mn_conn_t *k = mn_ctl_relayed_conn(&c->ctl, agent, e[0].via.u64);
     if (k == NULL) continue; /* a proc closed since (its calls failed with it) */
     int r = take_result(L, c, k, &e[1], ev, n);

@@ -487,9 +487,8 @@ static void conn_lost(mn_conn_t *k, const char *why) {
   if (k->state == MN_CS_CLOSED || k->state == MN_CS_RECONNECTING) return;
   drop_link(k);
   k->out.len = 0;
-  if (k->kind == MN_CONN_AGENT) mn__ctl_unrelay_agent(c, k->id);
   if (!k->ever_ready || k->reconnect_ms == 0 || c->closing) {
-    mn_ctl_disconnect(c, k->id, why);
+    mn_ctl_disconnect(c, k->id, why); /* which takes its procs' calls off its relay */
     return;
   }
   if (k->state == MN_CS_READY) {
@@ -501,6 +500,8 @@ static void conn_lost(mn_conn_t *k, const char *why) {
     mn__ctl_push_event(c, MN_EV_RECONNECTING, k->id, 0, 0);
   }
   k->state = MN_CS_RECONNECTING;
+  /* Once it is not ready: nothing is resent to it until it is back (mn__ctl_relayed_back). */
+  if (k->kind == MN_CONN_AGENT) mn__ctl_unrelay_agent(c, k->id);
   schedule_retry(k, why);
 }
 
@@ -527,9 +528,13 @@ static int open_session(mn_ctl_t *c, mn_conn_t *k) {
   k->out.len = 0;
   mn__ctl_unrelay(k); /* everything unanswered goes this way now */
   if (rc == 0) rc = mn_ctl_send(c, k, b.data, b.len);
-  if (rc == 0 && k->unacked.len > k->unacked_off)
-    rc = mn_ctl_send(c, k, k->unacked.data + k->unacked_off, k->unacked.len - k->unacked_off);
+  if (rc == 0) rc = mn__ctl_resend_unacked(c, k);
   return rc;
+}
+
+int mn__ctl_resend_unacked(mn_ctl_t *c, mn_conn_t *k) {
+  if (k->unacked.len <= k->unacked_off) return 0;
+  return mn_ctl_send(c, k, k->unacked.data + k->unacked_off, k->unacked.len - k->unacked_off);
 }
 
 /*

@@ -51,8 +51,6 @@ void mn_ctl_prefetch(mn_ctl_t *c, uint64_t id, int deep) {
   if (!deep) {
     __builtin_prefetch(k);
     __builtin_prefetch((const char *)k + 64);
-  } else if (k->ring != NULL && deep == 1) {
-    __builtin_prefetch(&k->ring[k->rhead]);
   } else if (k->ring != NULL && k->rcount < k->rcap) {
     __builtin_prefetch(&k->ring[(k->rhead + k->rcount) & (k->rcap - 1)], 1);
   }
@@ -185,15 +183,20 @@ void mn__ctl_unrelay(mn_conn_t *k) {
   if (any && !k->ctl->no_acks) rebuild_unacked(k);
 }
 
+void mn__ctl_unrelay_resend(mn_ctl_t *c, mn_conn_t *k) {
+  mn__ctl_unrelay(k);
+  mn_conn_t *a = mn_ctl_conn(c, k->via);
+  /* Relay-only: straight to its agent if that is here, else the agent's reconnect resends (relayed_back).
+   * Ready: on its own link now. Reconnecting: its own reconnect resends it. */
+  if (k->relay_only && a != NULL && a->state == MN_CS_READY) mn__ctl_relayed_resend(c, a, k);
+  else if (!k->relay_only && k->state == MN_CS_READY) mn__ctl_resend_unacked(c, k);
+}
+
 void mn__ctl_unrelay_agent(mn_ctl_t *c, int agent) {
   mn__ctl_tree_changed(c);
   if (mn__ctl_tree_unrelay_agent(c)) return;
   for (int i = 1; i <= c->nconns; i++) {
     mn_conn_t *k = c->conns[i];
-    if (k->via != agent || k->on_relay == 0) continue;
-    mn__ctl_unrelay(k);
-    /* Ready: resend what is unanswered now. Reconnecting: its own reconnect resends it. Relay-only: the agent's does. */
-    if (!k->relay_only && k->state == MN_CS_READY && k->unacked.len > k->unacked_off)
-      mn_ctl_send(c, k, k->unacked.data + k->unacked_off, k->unacked.len - k->unacked_off);
+    if (k->via == agent && k->on_relay > 0) mn__ctl_unrelay_resend(c, k);
   }
 }

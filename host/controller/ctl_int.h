@@ -114,6 +114,11 @@ int mn__ctl_tree_unrelay_agent(mn_ctl_t *c);
 /* Queues every unanswered call of relay-only proc k to its agent a again, each a one-target CAST, in seq order
  * (its unacked copies: mn__ctl_unrelay rebuilt them). */
 void mn__ctl_relayed_resend(mn_ctl_t *c, mn_conn_t *a, mn_conn_t *k);
+/* Takes k's calls off their relay (mn__ctl_unrelay) and resends them the way left: its own link, or
+ * straight to its agent for a relay-only proc. */
+void mn__ctl_unrelay_resend(mn_ctl_t *c, mn_conn_t *k);
+/* Queues k's unanswered CALL frames (`unacked`) on its link; 0 or MN_ENOMEM. */
+int mn__ctl_resend_unacked(mn_ctl_t *c, mn_conn_t *k);
 /* Agent conn `agent` is gone or reconnecting: its procs' relayed calls are resent on their own links. */
 void mn__ctl_unrelay_agent(mn_ctl_t *c, int agent);
 /* k's unanswered calls are (being) resent on its own link: none is relayed any more. */

@@ -36,13 +36,6 @@ int mn__ctl_tree_active(const mn_ctl_t *c) { return c->fanout > 1 && c->ntree > 
 
 void mn__ctl_tree_changed(mn_ctl_t *c) { c->tree_dirty = 1; }
 
-static void rebuild(mn_ctl_t *c);
-
-void mn__ctl_tree_refresh(mn_ctl_t *c) {
-  if (c->fanout > 0 || mn__ctl_tree_active(c)) rebuild(c);
-  c->tree_dirty = 0;
-}
-
 void mn__ctl_tree_answered(mn_ctl_t *c, mn_conn_t *k) {
   for (mn_conn_t *a = k->via > 0 ? mn_ctl_conn(c, k->via) : NULL; a != NULL; a = route_of(c, a))
     if (a->tree_inflight > 0) a->tree_inflight--;
@@ -60,20 +53,13 @@ static void unrelay_all(mn_ctl_t *c) {
   }
   for (int i = 1; i <= c->nconns; i++) {
     mn_conn_t *k = c->conns[i];
-    if (k->kind != MN_CONN_PROC || k->on_relay == 0) continue;
-    mn__ctl_unrelay(k);
-    mn_conn_t *a = mn_ctl_conn(c, k->via);
-    if (k->relay_only && a != NULL && a->state == MN_CS_READY) {
-      mn__ctl_relayed_resend(c, a, k); /* no link of its own: straight to its agent, off the tree */
-    } else if (!k->relay_only && k->state == MN_CS_READY && k->unacked.len > k->unacked_off) {
-      mn_ctl_send(c, k, k->unacked.data + k->unacked_off, k->unacked.len - k->unacked_off);
-    }
+    if (k->kind == MN_CONN_PROC && k->on_relay > 0) mn__ctl_unrelay_resend(c, k); /* off the tree */
   }
 }
 
 /* "ip:port" of the agent as this controller reached it (numeric, so that another agent can dial it). */
 static void peer_addr(const mn_conn_t *a, char *out, size_t n) {
-  struct sockaddr_storage ss;
+  struct sockaddr_storage ss = {0};
   int len = sizeof(ss);
   char ip[64] = "";
   if (a->link != NULL && uv_tcp_getpeername(&a->link->tcp, (struct sockaddr *)&ss, &len) == 0)
@@ -129,6 +115,11 @@ static void rebuild(mn_ctl_t *c) {
   for (int p = 0; p < c->ntree; p++) send_tree(c, p);
 }
 
+void mn__ctl_tree_refresh(mn_ctl_t *c) {
+  if (c->fanout > 0 || mn__ctl_tree_active(c)) rebuild(c);
+  c->tree_dirty = 0;
+}
+
 static void mn__ctl_tree_linked(mn_ctl_t *c, mn_conn_t *a, uint64_t epoch, uint64_t index, int up) {
   if (epoch != c->tree_epoch || a->tree_pos < 0 || index >= (uint64_t)c->fanout) return;
   int64_t pos = child_pos(c, a->tree_pos, (int)index);
@@ -143,9 +134,9 @@ static void mn__ctl_tree_linked(mn_ctl_t *c, mn_conn_t *a, uint64_t epoch, uint6
   }
 }
 
-/* Before a cast: the tree is current, and idle agents take the route their parent's link allows. */
+/* Before a cast (the tree is current: mn_ctl_cast_end refreshed it): idle agents take the route their
+ * parent's link allows. */
 static void settle_routes(mn_ctl_t *c) {
-  if (c->tree_dirty) rebuild(c);
   for (int i = 0; i < c->ncasting; i++) {
     mn_conn_t *a = mn_ctl_conn(c, c->casting[i]);
     mn_conn_t *p = parent_of(c, a);
@@ -243,8 +234,7 @@ int mn_ctl_take_linked(mn_ctl_t *c, mn_conn_t *a, const msgpack_object *m, char 
 }
 
 int mn__ctl_tree_unrelay_agent(mn_ctl_t *c) {
-  if (!mn__ctl_tree_active(c)) return 0;
-  c->tree_dirty = 1;
+  if (!mn__ctl_tree_active(c)) return 0; /* the caller marked the tree for a rebuild */
   unrelay_all(c); /* its subtree's casts went through it: all of them go direct until the rebuild */
   return 1;
 }
