@@ -85,15 +85,31 @@ local function settle_late(rec, slot)
   if rec.remaining == 0 then calls[rec.id] = nil end
 end
 
---- Settles slot `slot` of rec: ok and its value, or not ok and a
--- MonarchError. A failure of the proc may send the slot again (choose,
--- retries); the last slot to settle finishes the call.
 -- Sends slot `slot` of rec again after `delay` seconds. Its own function: a closure made in slot_done
 -- would keep LuaJIT from compiling slot_done, which every answer runs.
 local function retry_later(rec, slot, delay)
   tasks.at(tasks.now() + delay, function() send_slot(rec, slot) end)
 end
 
+-- Records slot `slot`'s outcome for good (its value, or its failure); the last one finishes the call.
+local function settled(rec, slot, ok, v)
+  if ok then
+    rec.values[slot] = v
+  else
+    rec.failures = rec.failures or {}
+    rec.failures[#rec.failures + 1] = v
+  end
+  if rec.on_slot then rec.on_slot(slot, ok, v) end
+  rec.remaining = rec.remaining - 1
+  if rec.remaining == 0 then
+    calls[rec.id] = nil
+    finish(rec)
+  end
+end
+
+--- Settles slot `slot` of rec: ok and its value, or not ok and a
+-- MonarchError. A failure of the proc may send the slot again (choose,
+-- retries); the last slot to settle finishes the call.
 local function slot_done(rec, slot, ok, v)
   if rec.done then return settle_late(rec, slot) end
   if not ok and RETRYABLE[v.kind] and rec.mode ~= "broadcast" then
@@ -115,18 +131,7 @@ local function slot_done(rec, slot, ok, v)
       return
     end
   end
-  if ok then
-    rec.values[slot] = v
-  else
-    rec.failures = rec.failures or {}
-    rec.failures[#rec.failures + 1] = v
-  end
-  if rec.on_slot then rec.on_slot(slot, ok, v) end
-  rec.remaining = rec.remaining - 1
-  if rec.remaining == 0 then
-    calls[rec.id] = nil
-    finish(rec)
-  end
+  settled(rec, slot, ok, v)
 end
 M.slot_done = slot_done
 
@@ -145,21 +150,11 @@ end
 -- without a lookup or a call per result: a host's answers to a mesh-wide
 -- call arrive together. Returns the index of the first entry after the run.
 function M.ok_run(rec, ev, i, n)
-  local id, values = rec.id, rec.values
+  local id = rec.id
   repeat
     local slot, v = ev[i + 1], ev[i + 3]
     ev[i + 3] = nil
-    if rec.done then
-      settle_late(rec, slot)
-    else
-      values[slot] = v
-      if rec.on_slot then rec.on_slot(slot, true, v) end
-      rec.remaining = rec.remaining - 1
-      if rec.remaining == 0 then
-        calls[id] = nil
-        finish(rec)
-      end
-    end
+    if rec.done then settle_late(rec, slot) else settled(rec, slot, true, v) end
     i = i + 4
   until i > n or rec.remaining <= 0 or ev[i] ~= id or ev[i + 2] ~= true or ev[i + 1] < 0 -- settled, or a collected run
   return i
@@ -187,6 +182,7 @@ end
 -- States in which a proc takes calls now, will take them once back, or never.
 local SENDABLE = { ready = true, reconnecting = true }
 local COLLECT_MIN = 4 -- below this many procs, a call's answers come per slot (collecting costs a registry ref)
+local CONNS_KEPT_MIN = 16 -- from this many procs, a list's conns are kept for its next call (a smaller list is often made per call)
 local conns_of = setmetatable({}, { __mode = "k" }) -- procs list -> its conns, for core.call
 local COMING_BACK = { restarting = true, initializing = true }
 
@@ -322,10 +318,10 @@ function M.submit(procs, kernel, args, nargs, opts)
   calls[id] = rec
   -- The common case: every proc takes calls now; one encoding, copied to every connection.
   -- The conns list is kept per procs list and refreshed in place: no garbage per call.
-  local targets, all_sendable = #procs >= 16 and conns_of[procs], true
+  local targets, all_sendable = #procs >= CONNS_KEPT_MIN and conns_of[procs], true
   if not targets or #targets ~= #procs then
     targets = {}
-    if #procs >= 16 then conns_of[procs] = targets end -- a small list is often made per call
+    if #procs >= CONNS_KEPT_MIN then conns_of[procs] = targets end
   end
   for i, p in ipairs(procs) do
     if not SENDABLE[p.state] and not ((rec.bypass or p.in_hooks) and p.state == "initializing") then
