@@ -170,11 +170,11 @@ static void on_tick(uv_timer_t *t) {
   }
   for (aconn_t *c = a->conns; c; c = c->next) {
     /* A --once agent dies with its controller (PDEATHSIG): a quiet controller is only busy. */
-    if (!a->o->once && c->ready && !c->closing && now - c->last_rx > a->silence_ms) {
+    /* A controller that reaches us through a parent agent (the cast tree) writes nothing here directly. */
+    if (!a->o->once && c->ready && !c->closing && now - c->last_rx > a->silence_ms &&
+        !(c->session != NULL && mn__agent_tree_heard(a, c->session, a->silence_ms)))
       conn_close(c);
-    }
   }
-  mn__agent_tree_tick(a);
 }
 
 static void conn_close(aconn_t *c) {
@@ -293,12 +293,14 @@ static void relay_attach(aconn_t *c, uint64_t id) {
   c->relay_of = s;
 }
 
-/* A relay link carries casts and its parent's pings, nothing else. */
+/* A relay link carries casts, ACKS and its parent's pings, nothing else. */
 static void relay_link_handle(aconn_t *c, const msgpack_object *m, mn_buf_t *out) {
   char err[256];
   const msgpack_object *id;
   if (mn_msg_type(m) == MN_MSG_CAST) {
     mn__agent_handle_cast(c, m);
+  } else if (mn_msg_type(m) == MN_MSG_ACKS) {
+    mn__agent_handle_acks(c, m);
   } else if (mn_msg_type(m) == MN_MSG_PING && mn_msg_parse_ping(m, &id, err, sizeof(err)) == 0) {
     if (mn_msg_pack_pong(out, id) == 0) mn__agent_send_buf(c, out);
   } else {
@@ -533,6 +535,7 @@ int mn_agent_main(const mn_agent_opts_t *o) {
   uv_walk(a->loop, walk_kill_parked, NULL);
   uv_close((uv_handle_t *)&a->tick, NULL);
   mn__agent_relay_close(a);
+  mn__agent_tree_stop(a);
   mn__agent_sim_close(a);
   if (a->hang_period != 0) uv_close((uv_handle_t *)&a->hang_timer, NULL);
   uv_close((uv_handle_t *)&a->server, NULL);

@@ -83,6 +83,8 @@ typedef struct {
   } exits[MN_EXITS_KEPT];
   int nexits;          /* total recorded; the ring holds the last MN_EXITS_KEPT */
   uv_timer_t relay_timer; /* flushes cast results that wait for slower siblings */
+  uv_timer_t link_timer;  /* PINGs the cast tree's links to children and drops silent ones (agent_tree.c) */
+  uint64_t link_period;   /* its interval; 0 while it was never started */
   int port;            /* the port we listen on */
   ajoin_t *join;       /* --join: the attempt to join a controller (agent_join.c) */
   int exit_code;       /* what mn_agent_main returns once the loop stops */
@@ -104,6 +106,7 @@ struct asession_s {
   alink_t **links;    /* its children in the cast tree (TREE), by index; NULL entries are gone */
   uint32_t nlinks;
   uint64_t tree_epoch; /* the TREE they came from, named in LINKED */
+  uint64_t link_silence_ms; /* a link silent this long is lost (TREE says; the controller's heartbeat timeout / 2) */
   asession_t *next;
 };
 
@@ -212,8 +215,12 @@ void mn__agent_relay_flush(asession_t *s);
 void mn__agent_tree_set(aconn_t *c, const msgpack_object *m);
 /* Hands sub-casts (CAST's subs) to the children's links; returns the triples handed on. */
 int64_t mn__agent_tree_forward(asession_t *s, const msgpack_object *subs, const char *rest, size_t rlen);
-/* Every second: pings up links, drops silent or stalled ones. */
-void mn__agent_tree_tick(agent_t *a);
+/* Hands ACKS's subs on to the children's links. */
+void mn__agent_tree_forward_acks(asession_t *s, const msgpack_object *subs);
+/* Whether a parent's relay link for s was heard within ms: the controller reaches s through it. */
+int mn__agent_tree_heard(agent_t *a, const asession_t *s, uint64_t ms);
+/* At exit: stops the links' timer. */
+void mn__agent_tree_stop(agent_t *a);
 /* Closes s's links (the session ends). */
 void mn__agent_tree_close(asession_t *s);
 

@@ -121,13 +121,15 @@ static void ack_write(aproc_t *p, const msgpack_object *e, void *arg) {
 
 void mn__agent_handle_acks(aconn_t *c, const msgpack_object *m) {
   char err[300];
-  const msgpack_object *t;
-  if (mn_msg_parse_acks(m, &t, err, sizeof(err)) != 0) {
+  const msgpack_object *t, *subs;
+  if (mn_msg_parse_acks(m, &t, err, sizeof(err)) != 0 || mn_msg_parse_acks_subs(m, &subs, err, sizeof(err)) != 0) {
     mn__agent_refuse(c, MN_EPROTO, err);
     return;
   }
-  walk_t w = {c->session, t, 2, ack_write, NULL};
-  uv_walk(c->a->loop, walk_targets, &w);
+  asession_t *s = c->relay_of != NULL ? c->relay_of : c->session;
+  if (subs != NULL) mn__agent_tree_forward_acks(s, subs);
+  walk_t w = {s, t, 2, ack_write, NULL};
+  if (t->via.array.size > 0) uv_walk(c->a->loop, walk_targets, &w);
 }
 
 /* ---- results ------------------------------------------------------------------- */

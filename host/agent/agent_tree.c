@@ -14,7 +14,9 @@
  */
 #include "agent_int.h"
 
-#define LINK_SILENCE_MS 3000 /* an up link with nothing back for this long (it is pinged every second) is gone */
+/* When TREE does not say (an older controller): PING every second, lost after 3 s of silence. */
+#define LINK_PING_MS 1000
+#define LINK_SILENCE_MS 3000
 
 enum { L_CONNECTING, L_HELLO, L_WELCOME, L_UP, L_CLOSED };
 
@@ -221,17 +223,33 @@ static void links_drop(asession_t *s) {
   s->nlinks = 0;
 }
 
+static void links_tick(uv_timer_t *t);
+
+/* The links' timer runs at the quickest pace any session's TREE asked for. */
+static void links_timer_at(agent_t *a, uint64_t period) {
+  if (a->link_period == 0) {
+    uv_timer_init(a->loop, &a->link_timer);
+    a->link_timer.data = a;
+  } else if (uv_is_active((uv_handle_t *)&a->link_timer) && period >= a->link_period) {
+    return;
+  }
+  a->link_period = period;
+  uv_timer_start(&a->link_timer, links_tick, period, period);
+  uv_unref((uv_handle_t *)&a->link_timer);
+}
+
 void mn__agent_tree_set(aconn_t *c, const msgpack_object *m) {
   char err[300];
-  uint64_t epoch;
+  uint64_t epoch, ping_ms, silence_ms;
   const msgpack_object *ch;
   asession_t *s = c->session;
-  if (mn_msg_parse_tree(m, &epoch, &ch, err, sizeof(err)) != 0) {
+  if (mn_msg_parse_tree(m, &epoch, &ch, &ping_ms, &silence_ms, err, sizeof(err)) != 0) {
     mn__agent_refuse(c, MN_EPROTO, err);
     return;
   }
   links_drop(s);
   s->tree_epoch = epoch;
+  s->link_silence_ms = silence_ms > 0 ? silence_ms : LINK_SILENCE_MS;
   uint32_t n = ch->via.array.size / 2;
   if (n == 0) return;
   s->links = calloc(n, sizeof(*s->links));
@@ -240,6 +258,7 @@ void mn__agent_tree_set(aconn_t *c, const msgpack_object *m) {
   for (uint32_t i = 0; i < n; i++) {
     s->links[i] = link_open(s, i, &ch->via.array.ptr[2 * i], ch->via.array.ptr[2 * i + 1].via.u64);
   }
+  links_timer_at(s->a, ping_ms > 0 ? ping_ms : LINK_PING_MS);
 }
 
 int64_t mn__agent_tree_forward(asession_t *s, const msgpack_object *subs, const char *rest, size_t rlen) {
@@ -262,22 +281,51 @@ int64_t mn__agent_tree_forward(asession_t *s, const msgpack_object *subs, const 
   return handed;
 }
 
-void mn__agent_tree_tick(agent_t *a) {
+void mn__agent_tree_forward_acks(asession_t *s, const msgpack_object *subs) {
+  for (uint32_t i = 0; i + 2 < subs->via.array.size; i += 3) {
+    const msgpack_object *q = &subs->via.array.ptr[i];
+    alink_t *l = q[0].via.u64 < s->nlinks ? s->links[q[0].via.u64] : NULL;
+    if (l == NULL || l->state != L_UP) continue; /* those procs keep their replay caches until a later ACK */
+    mn_buf_t b;
+    mn_buf_init(&b);
+    if (mn_msg_pack_acks_obj(&b, &q[1], &q[2]) == 0) link_send(l, &b);
+    else mn_buf_free(&b);
+  }
+}
+
+int mn__agent_tree_heard(agent_t *a, const asession_t *s, uint64_t ms) {
   uint64_t now = uv_now(a->loop);
+  for (aconn_t *c = a->conns; c; c = c->next)
+    if (c->relay_of == s && !c->closing && now - c->last_rx <= ms) return 1;
+  return 0;
+}
+
+/* Every link_period: pings up links, drops silent or stalled ones; stops when no session has links. */
+static void links_tick(uv_timer_t *t) {
+  agent_t *a = t->data;
+  uint64_t now = uv_now(a->loop);
+  int any = 0;
   for (asession_t *s = a->sessions; s; s = s->next)
     for (uint32_t i = 0; i < s->nlinks; i++) {
       alink_t *l = s->links[i];
       if (l == NULL) continue;
-      if (l->state != L_UP ? now - l->started > MN_HANDSHAKE_TIMEOUT_MS : now - l->last_rx > LINK_SILENCE_MS) {
+      any = 1;
+      if (l->state != L_UP ? now - l->started > MN_HANDSHAKE_TIMEOUT_MS : now - l->last_rx > s->link_silence_ms) {
         link_close(l);
         continue;
       }
-      if (l->state != L_UP) continue;
+      /* A link that answered within the period (a child's RESULTS, a PONG) needs no PING: casts keep it checked. */
+      if (l->state != L_UP || now - l->last_rx < a->link_period) continue;
       mn_buf_t b;
       mn_buf_init(&b);
       if (mn_msg_pack_ping(&b, 1) == 0) link_send(l, &b); /* the write takes the buffer */
       else mn_buf_free(&b);
     }
+  if (!any) uv_timer_stop(t);
+}
+
+void mn__agent_tree_stop(agent_t *a) {
+  if (a->link_period != 0) uv_close((uv_handle_t *)&a->link_timer, NULL);
 }
 
 void mn__agent_tree_close(asession_t *s) { links_drop(s); }

@@ -679,13 +679,16 @@ static void set_number(lua_State *L, const char *k, lua_Number v) {
 
 /* core.cast_stats() -> {casts = CAST frames sent, calls = the proc calls they carried, tree = whether casts
  * go through the tree, links_up = agents whose parent link is up, routed = agents cast to through their
- * parent, tree_agents = agents in the tree} */
+ * parent, vouched = agents their parent watches (not PINGed), agent_pings = PINGs written to agents,
+ * tree_agents = agents in the tree} */
 static int l_cast_stats(lua_State *L) {
   lctl_t *c = get_ctl(L);
-  int active, up, routed;
-  mn_ctl_tree_stats(&c->ctl, &active, &up, &routed);
-  lua_createtable(L, 0, 6);
+  int active, up, routed, vouched;
+  mn_ctl_tree_stats(&c->ctl, &active, &up, &routed, &vouched);
+  lua_createtable(L, 0, 8);
   set_number(L, "casts", (lua_Number)c->ctl.casts);
+  set_number(L, "vouched", vouched);
+  set_number(L, "agent_pings", (lua_Number)c->ctl.agent_pings);
   set_number(L, "calls", (lua_Number)c->ctl.cast_calls);
   lua_pushboolean(L, active);
   lua_setfield(L, -2, "tree");

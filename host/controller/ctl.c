@@ -86,7 +86,17 @@ void mn_ctl_configure(mn_ctl_t *c, uint64_t hb_ms, uint64_t hb_timeout_ms, uint6
     c->hb_ms = hb_ms;
     uv_timer_start(&c->heartbeat, on_heartbeat, hb_ms, hb_ms);
   }
-  if (hb_timeout_ms > 0) c->hb_timeout_ms = hb_timeout_ms;
+  if (hb_timeout_ms > 0 && hb_timeout_ms != c->hb_timeout_ms) {
+    c->hb_timeout_ms = hb_timeout_ms;
+    /* The agents' keepalives and the tree's link timing follow the timeout (the next cast sends a new TREE). */
+    for (int i = 1; i <= c->nconns; i++) {
+      uv_os_fd_t fd;
+      mn_conn_t *k = c->conns[i];
+      if (k->kind == MN_CONN_AGENT && k->link && uv_fileno((uv_handle_t *)&k->link->tcp, &fd) == 0)
+        mn_sock_keepalive(fd, hb_timeout_ms);
+    }
+    if (mn__ctl_tree_active(c)) c->tree_dirty = 1;
+  }
   if (reconnect_ms > 0) c->reconnect_ms = reconnect_ms;
 }
 
@@ -143,7 +153,8 @@ static void free_conn(mn_conn_t *k) {
   mn_buf_free(&k->in);
   mn_buf_free(&k->out);
   mn_buf_free(&k->unacked);
-  mn_buf_free(&k->cast);
+  if (k->ag != NULL) mn_buf_free(&k->ag->cast);
+  free(k->ag);
   free(k->ring);
   free(k->host);
   free(k->info_host);
@@ -199,6 +210,7 @@ void mn_ctl_close(mn_ctl_t *c) {
   free(c->events);
   free(c->released);
   free(c->casting);
+  free(c->agent_ids);
   free(c->tree);
   free(c->touched);
 }
@@ -668,6 +680,9 @@ static void on_connect(uv_connect_t *req, int status) {
     return;
   }
   uv_tcp_nodelay(&l->tcp, 1);
+  /* An agent the tree vouches for hears nothing from us directly: the kernel's keepalive sees its link die. */
+  uv_os_fd_t fd;
+  if (k->kind == MN_CONN_AGENT && uv_fileno((uv_handle_t *)&l->tcp, &fd) == 0) mn_sock_keepalive(fd, k->ctl->hb_timeout_ms);
   k->state = MN_CS_HELLO;
   k->in.len = 0;
   k->in_off = 0;
@@ -718,9 +733,24 @@ int mn__ctl_new_conn(mn_ctl_t *c, mn_conn_kind_t kind, mn_conn_t **out) {
   if (k == NULL) return MN_ENOMEM;
   k->ctl = c;
   k->kind = kind;
-  k->tree_pos = -1;
+  if (kind == MN_CONN_AGENT && (k->ag = calloc(1, sizeof(*k->ag))) == NULL) {
+    free(k);
+    return MN_ENOMEM;
+  }
+  if (kind == MN_CONN_AGENT) k->ag->tree_pos = -1;
+  if (kind == MN_CONN_AGENT && c->nagent_ids == c->agent_ids_cap) {
+    int cap = c->agent_ids_cap ? 2 * c->agent_ids_cap : 64, *ids = realloc(c->agent_ids, (size_t)cap * sizeof(int));
+    if (ids == NULL) {
+      free(k->ag);
+      free(k);
+      return MN_ENOMEM;
+    }
+    c->agent_ids = ids;
+    c->agent_ids_cap = cap;
+  }
   k->id = ++c->nconns;
   c->conns[k->id] = k;
+  if (kind == MN_CONN_AGENT) c->agent_ids[c->nagent_ids++] = k->id;
   *out = k;
   return 0;
 }
@@ -758,6 +788,43 @@ static void send_ack(mn_ctl_t *c, mn_conn_t *k) {
   if (mn_msg_pack_ack(&b, k->acked) == 0) mn_ctl_send(c, k, b.data, b.len);
 }
 
+/* One connection's heartbeat: a stalled handshake ends, a silent peer is lost, a quiet one is PINGed. */
+static void heartbeat_conn(mn_ctl_t *c, mn_conn_t *k, uint64_t now) {
+  if ((k->state == MN_CS_HELLO || k->state == MN_CS_WELCOME || k->state == MN_CS_CONNECTING) && k->link &&
+      now - k->link->started > MN_HANDSHAKE_TIMEOUT_MS) {
+    char msg[340];
+    snprintf(msg, sizeof(msg), "no handshake from %s:%d within %d ms", k->host, k->port, MN_HANDSHAKE_TIMEOUT_MS);
+    drop_link(k);
+    if (k->ever_ready) schedule_retry(k, msg);
+    else mn_ctl_disconnect(c, k->id, msg);
+    return;
+  }
+  if (k->state != MN_CS_READY) return;
+  if (k->kind == MN_CONN_PROC && (!c->proc_heartbeats || k->relay_only)) {
+    send_ack(c, k); /* procs are watched by their agents (PROC_HUNG); they only hear how far we got */
+    return;
+  }
+  if (k->kind == MN_CONN_AGENT && mn__ctl_tree_vouched(c, k)) {
+    k->last_rx = now; /* its parent watches it; from LINKED false on, the silence counts here again */
+    return;
+  }
+  if (now - k->last_rx > c->hb_timeout_ms) {
+    char msg[96];
+    snprintf(msg, sizeof(msg), "no heartbeat for %.1f s", (double)(now - k->last_rx) / 1e3);
+    conn_lost(k, msg);
+    return;
+  }
+  char f[32];
+  mn_buf_t b = {f, 0, sizeof(f)}; /* PING and ACK are at most 14 bytes each: the buffer never grows */
+  /* Heard from within a quarter of the timeout: no PING this tick. An answer every other tick watches as
+   * well (the default timeout is six ticks), and at thousands of hosts the PINGs are the idle cost. */
+  if (now - k->last_rx >= c->hb_timeout_ms / 4 && mn_msg_pack_ping(&b, MN_HB_PING_BASE + c->hb_count) == 0) {
+    mn_ctl_send(c, k, b.data, b.len);
+    c->agent_pings += k->kind == MN_CONN_AGENT;
+  }
+  if (k->kind == MN_CONN_PROC) send_ack(c, k);
+}
+
 static void on_heartbeat(uv_timer_t *t) {
   mn_ctl_t *c = t->data;
   uint64_t now = uv_now(&c->loop);
@@ -772,35 +839,12 @@ static void on_heartbeat(uv_timer_t *t) {
       c->conns[i]->last_rx = now;
       if (c->conns[i]->link) c->conns[i]->link->started = now;
     }
-  for (int i = 1; i <= c->nconns; i++) {
-    mn_conn_t *k = c->conns[i];
-    if ((k->state == MN_CS_HELLO || k->state == MN_CS_WELCOME || k->state == MN_CS_CONNECTING) && k->link &&
-        now - k->link->started > MN_HANDSHAKE_TIMEOUT_MS) {
-      char msg[340];
-      snprintf(msg, sizeof(msg), "no handshake from %s:%d within %d ms", k->host, k->port, MN_HANDSHAKE_TIMEOUT_MS);
-      drop_link(k);
-      if (k->ever_ready) schedule_retry(k, msg);
-      else mn_ctl_disconnect(c, k->id, msg);
-      continue;
-    }
-    if (k->state != MN_CS_READY) continue;
-    if (k->kind == MN_CONN_PROC && (!c->proc_heartbeats || k->relay_only)) {
-      send_ack(c, k); /* procs are watched by their agents (PROC_HUNG); they only hear how far we got */
-      continue;
-    }
-    if (now - k->last_rx > c->hb_timeout_ms) {
-      char msg[96];
-      snprintf(msg, sizeof(msg), "no heartbeat for %.1f s", (double)(now - k->last_rx) / 1e3);
-      conn_lost(k, msg);
-      continue;
-    }
-    char f[32];
-    mn_buf_t b = {f, 0, sizeof(f)}; /* PING and ACK are at most 14 bytes each: the buffer never grows */
-    /* Heard from within a quarter of the timeout: no PING this tick. An answer every other tick watches as
-     * well (the default timeout is six ticks), and at thousands of hosts the PINGs are the idle cost. */
-    if (now - k->last_rx >= c->hb_timeout_ms / 4 && mn_msg_pack_ping(&b, MN_HB_PING_BASE + c->hb_count) == 0)
-      mn_ctl_send(c, k, b.data, b.len);
-    if (k->kind == MN_CONN_PROC) send_ack(c, k);
+  /* Procs only hear ACKs (their agents watch them) and start up rarely: every MN_ACK_TICKS ticks is
+   * enough for them, and the other ticks touch the agents alone, not tens of thousands of procs. */
+  if (c->proc_heartbeats || c->hb_count % MN_ACK_TICKS == 0) {
+    for (int i = 1; i <= c->nconns; i++) heartbeat_conn(c, c->conns[i], now);
+  } else {
+    for (int i = 0; i < c->nagent_ids; i++) heartbeat_conn(c, c->conns[c->agent_ids[i]], now);
   }
   mn__ctl_relay_acks_end(c);
   mn_ctl_flush(c);

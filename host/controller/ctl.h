@@ -38,6 +38,7 @@ typedef enum {
 
 #define MN_HEARTBEAT_MS 500         /* default interval between PINGs to every peer */
 #define MN_HEARTBEAT_TIMEOUT_MS 3000 /* default silence after which a connection is lost */
+#define MN_ACK_TICKS 4              /* procs' ACKs (and handshake checks) go every this many heartbeats */
 #define MN_RECONNECT_MS 5000        /* default window for reconnecting a lost connection */
 #define MN_BACKOFF_MIN_MS 50        /* first reconnect delay; doubles per attempt */
 #define MN_BACKOFF_MAX_MS 1000      /* longest reconnect delay */
@@ -101,7 +102,9 @@ struct mn_ctl_s {
   size_t agent_blen;
   int closing;
   int *casting, ncasting; /* agents with a cast gathered (ctl_cast.c) */
+  int *agent_ids, nagent_ids, agent_ids_cap; /* the agents' conn ids: most heartbeats visit only these */
   uint64_t casts, cast_calls; /* CAST frames sent, and the calls they carried (core.cast_stats) */
+  uint64_t agent_pings;       /* PINGs written to host agents (core.cast_stats: the tree vouches for the rest) */
   int cast_min;           /* a call to this many procs or more is cast (MN_CAST_MIN_TARGETS) */
   int fanout;             /* past this many agents, casts go through a tree of them (ctl_tree.c); 0: never */
   int *tree, ntree;       /* agent conn ids by tree position */
@@ -190,7 +193,7 @@ int mn_ctl_take_linked(mn_ctl_t *c, mn_conn_t *a, const msgpack_object *m, char 
  * (deep 1): a cast's targets touch a thousand conns, each a cache miss otherwise. */
 void mn_ctl_prefetch(mn_ctl_t *c, uint64_t id, int deep);
 /* The tree now: whether casts use it, agents whose parent link is up, agents cast to through their parent. */
-void mn_ctl_tree_stats(mn_ctl_t *c, int *active, int *up, int *routed);
+void mn_ctl_tree_stats(mn_ctl_t *c, int *active, int *up, int *routed, int *vouched);
 
 /*
  * Lets agent conn `agent` relay casts to proc conn `proc`, which it knows

@@ -63,14 +63,14 @@ static int relay_usable(mn_ctl_t *c, mn_conn_t *k) {
 
 /* Adds n uints (one cast target, or one ACK) to agent a's batch, putting a on the list of agents to send to. */
 static int gather(mn_ctl_t *c, mn_conn_t *a, const uint64_t *t, size_t n) {
-  if (!a->in_cast) {
+  if (!a->ag->in_cast) {
     if (c->casting == NULL) c->casting = calloc((size_t)MN_MAX_CONNS, sizeof(int));
     if (c->casting == NULL) return MN_ENOMEM;
-    a->in_cast = 1;
-    a->cast.len = 0;
+    a->ag->in_cast = 1;
+    a->ag->cast.len = 0;
     c->casting[c->ncasting++] = a->id;
   }
-  return mn_buf_append(&a->cast, (const char *)t, n * sizeof(uint64_t));
+  return mn_buf_append(&a->ag->cast, (const char *)t, n * sizeof(uint64_t));
 }
 
 int mn_ctl_cast_add(mn_ctl_t *c, mn_conn_t *k, char *frame, size_t n, double call, int32_t slot, int prefer) {
@@ -116,8 +116,8 @@ static int cast_send(mn_ctl_t *c, const char *frame, size_t n) {
   if (mn__ctl_tree_active(c)) return mn__ctl_tree_cast_end(c, frame + MN_MSG_CALL_HEAD, n - MN_MSG_CALL_HEAD);
   for (int i = 0; i < c->ncasting; i++) {
     mn_conn_t *a = mn_ctl_conn(c, c->casting[i]);
-    a->in_cast = 0;
-    if (rc == 0 && mn_msg_pack_cast(&a->out, (const uint64_t *)a->cast.data, a->cast.len / (3 * sizeof(uint64_t)),
+    a->ag->in_cast = 0;
+    if (rc == 0 && mn_msg_pack_cast(&a->out, (const uint64_t *)a->ag->cast.data, a->ag->cast.len / (3 * sizeof(uint64_t)),
                                     frame + MN_MSG_CALL_HEAD, n - MN_MSG_CALL_HEAD) != 0)
       rc = MN_ENOMEM;
     c->casts++;
@@ -134,11 +134,15 @@ int mn__ctl_relay_ack(mn_ctl_t *c, mn_conn_t *k) {
 }
 
 void mn__ctl_relay_acks_end(mn_ctl_t *c) {
+  if (c->ncasting > 0 && mn__ctl_tree_active(c)) {
+    (void)mn__ctl_tree_acks_end(c); /* out of memory: as below */
+    return;
+  }
   for (int i = 0; i < c->ncasting; i++) {
     mn_conn_t *a = mn_ctl_conn(c, c->casting[i]);
-    a->in_cast = 0;
+    a->ag->in_cast = 0;
     /* Out of memory: those procs keep their replay caches a tick longer; the next ACK covers them. */
-    (void)mn_msg_pack_acks(&a->out, (const uint64_t *)a->cast.data, a->cast.len / (2 * sizeof(uint64_t)));
+    (void)mn_msg_pack_acks(&a->out, (const uint64_t *)a->ag->cast.data, a->ag->cast.len / (2 * sizeof(uint64_t)));
     mn__ctl_set_dirty(c, a);
   }
   c->ncasting = 0;

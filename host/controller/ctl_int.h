@@ -18,6 +18,18 @@ typedef struct {
   size_t offered;    /* bytes the last read was offered */
 } mn_link_t;
 
+/* What only an agent connection holds: its gathered batch and its place in the cast tree (ctl_tree.c). */
+typedef struct {
+  mn_buf_t cast;     /* uint64s of the batch being gathered: a cast's (pid, seq, tag) triples, or ACKS' pairs */
+  int in_cast;       /* on ctl's list of agents with a batch gathered */
+  int tree_pos;      /* its position (host order), -1 when not in the tree */
+  int tree_up;       /* its parent reported their link up (LINKED) in the current tree */
+  int route;         /* the agent its casts go through now (its parent), 0: directly */
+  int64_t tree_inflight; /* relayed calls in flight whose route passes through it */
+  uint32_t tree_count;   /* this cast's triples in its subtree */
+  int in_tree, tree_root; /* this cast touched it; it is cast to directly */
+} mn_agent_part_t;
+
 struct mn_conn_s {
   /* Hot: what a call sent and a RESULT taken touch, together in the first cache lines. */
   mn_ctl_t *ctl;
@@ -29,37 +41,28 @@ struct mn_conn_s {
   size_t on_relay;   /* calls in flight through the agent; while any is, every call goes that way (order) */
   int id;
   int via;           /* a proc: the agent conn that relays its casts (0: none) */
-  int relay_only;    /* no link of its own (SPAWNED port 0): every call goes through its agent (ctl_relayed.c) */
   mn_conn_kind_t kind;
   mn_conn_state_t state;
+  uint8_t relay_only; /* no link of its own (SPAWNED port 0): every call goes through its agent (ctl_relayed.c) */
+  uint8_t dirty;      /* on ctl's dirty list */
+  uint8_t readable;   /* on ctl's readable list */
+  uint8_t ever_ready;
+  uint8_t peer_closed; /* the last loss was an EOF or reset from the peer, not silence */
   mn_link_t *link;
   mn_buf_t in;       /* bytes read, not yet drained */
   size_t in_off;     /* bytes at the front of `in` already drained (compacted lazily) */
   mn_buf_t out;      /* frames queued, not yet written */
   mn_buf_t unacked;  /* CALL frames (procs) without a RESULT yet, in seq order: resent after a reconnect */
   size_t unacked_off; /* bytes at the front of `unacked` already answered (compacted lazily) */
-  int dirty;         /* on ctl's dirty list */
-  int readable;      /* on ctl's readable list */
-  int ever_ready;
   uint64_t session;  /* random id; the same across reconnects */
   uint64_t ack_sent; /* highest seq announced in an ACK */
   uint64_t last_rx;  /* uv_now of the last bytes received */
   uint64_t lost_at;  /* uv_now when reconnecting began */
   uint64_t reconnect_ms;
   int attempt;
-  int peer_closed;   /* the last loss was an EOF or reset from the peer, not silence */
   uv_timer_t *retry; /* pending reconnect attempt */
   void *data;
-  /* An agent: */
-  mn_buf_t cast;     /* uint64s of the batch being gathered: a cast's (pid, seq, tag) triples, or ACKS' pairs */
-  int in_cast;       /* on ctl's list of agents with a batch gathered */
-  /* An agent in the cast tree (ctl_tree.c): */
-  int tree_pos;      /* its position (host order), -1 when not in the tree */
-  int tree_up;       /* its parent reported their link up (LINKED) in the current tree */
-  int route;         /* the agent its casts go through now (its parent), 0: directly */
-  int64_t tree_inflight; /* relayed calls in flight whose route passes through it */
-  uint32_t tree_count;   /* this cast's triples in its subtree */
-  int in_tree, tree_root; /* this cast touched it; it is cast to directly */
+  mn_agent_part_t *ag; /* an agent's own fields (NULL for a proc: tens of thousands need none of them) */
   /* Cold: the names and texts, last. On the heap (NULL for a relay-only proc, which goes by its agent's
    * names): a proc costs no more than it uses. */
   int port;
@@ -109,6 +112,10 @@ void mn__ctl_tree_refresh(mn_ctl_t *c);
 void mn__ctl_tree_answered(mn_ctl_t *c, mn_conn_t *k);
 /* Sends the gathered cast (each agent's triples in a->cast) down the tree; 0 or MN_ENOMEM. */
 int mn__ctl_tree_cast_end(mn_ctl_t *c, const char *rest, size_t rlen);
+/* Sends the gathered ACKs (each agent's pairs in a->cast) down the routes casts take; 0 or MN_ENOMEM. */
+int mn__ctl_tree_acks_end(mn_ctl_t *c);
+/* Whether agent a's parent answers for it (its link is up): the heartbeat neither PINGs nor times it out. */
+int mn__ctl_tree_vouched(mn_ctl_t *c, const mn_conn_t *a);
 /* An agent is lost while the tree is active: every relayed call goes direct (1); 0 when the tree is not active. */
 int mn__ctl_tree_unrelay_agent(mn_ctl_t *c);
 /* Queues every unanswered call of relay-only proc k to its agent a again, each a one-target CAST, in seq order

@@ -16,6 +16,14 @@
  * joins, is lost, or a link goes down) rebuilds the tree: every relayed call
  * in flight is resent on its proc's own link (the replay caches keep that
  * exactly-once) and every route starts direct again.
+ *
+ * Supervision. An agent whose parent reports its link up is vouched for:
+ * the controller neither PINGs it nor times it out, and its ACKS travel
+ * down the tree inside its top agent's; the parent PINGs the link (TREE
+ * says how often) and reports it lost (LINKED false) after silence_ms,
+ * when the controller takes the child back, counting that silence. Its
+ * own connection is watched by the kernel meanwhile (TCP keepalive), so a
+ * link cut between the controller and the child alone is seen too.
  */
 #include "ctl_int.h"
 
@@ -26,11 +34,11 @@
 static int child_pos(const mn_ctl_t *c, int p, int j) { return c->tree_roots + p * c->fanout + j; }
 
 static mn_conn_t *parent_of(mn_ctl_t *c, const mn_conn_t *a) {
-  if (a->tree_pos < c->tree_roots) return NULL;
-  return mn_ctl_conn(c, c->tree[(a->tree_pos - c->tree_roots) / c->fanout]);
+  if (a->ag->tree_pos < c->tree_roots) return NULL;
+  return mn_ctl_conn(c, c->tree[(a->ag->tree_pos - c->tree_roots) / c->fanout]);
 }
 
-static mn_conn_t *route_of(mn_ctl_t *c, const mn_conn_t *a) { return a->route > 0 ? mn_ctl_conn(c, a->route) : NULL; }
+static mn_conn_t *route_of(mn_ctl_t *c, const mn_conn_t *a) { return a->ag->route > 0 ? mn_ctl_conn(c, a->ag->route) : NULL; }
 
 int mn__ctl_tree_active(const mn_ctl_t *c) { return c->fanout > 1 && c->ntree > c->fanout; }
 
@@ -38,18 +46,16 @@ void mn__ctl_tree_changed(mn_ctl_t *c) { c->tree_dirty = 1; }
 
 void mn__ctl_tree_answered(mn_ctl_t *c, mn_conn_t *k) {
   for (mn_conn_t *a = k->via > 0 ? mn_ctl_conn(c, k->via) : NULL; a != NULL; a = route_of(c, a))
-    if (a->tree_inflight > 0) a->tree_inflight--;
+    if (a->ag->tree_inflight > 0) a->ag->tree_inflight--;
 }
 
 /* Every relayed call in flight is resent on its proc's own link; every route is direct again. */
 static void unrelay_all(mn_ctl_t *c) {
-  for (int i = 1; i <= c->nconns; i++) {
-    mn_conn_t *k = c->conns[i];
-    if (k->kind == MN_CONN_AGENT) {
-      k->route = 0;
-      k->tree_up = 0;
-      k->tree_inflight = 0;
-    }
+  for (int i = 0; i < c->nagent_ids; i++) {
+    mn_agent_part_t *g = c->conns[c->agent_ids[i]]->ag;
+    g->route = 0;
+    g->tree_up = 0;
+    g->tree_inflight = 0;
   }
   for (int i = 1; i <= c->nconns; i++) {
     mn_conn_t *k = c->conns[i];
@@ -68,6 +74,17 @@ static void peer_addr(const mn_conn_t *a, char *out, size_t n) {
   else snprintf(out, n, "%s:%d", ip, a->port);
 }
 
+/* How often a parent PINGs its children's links, and how long one may stay silent: well inside the
+ * heartbeat timeout, so that a lost child is still reported lost within it. */
+static uint64_t link_ping_ms(const mn_ctl_t *c) { return c->hb_timeout_ms / 4 > 100 ? c->hb_timeout_ms / 4 : 100; }
+static uint64_t link_silence_ms(const mn_ctl_t *c) { return c->hb_timeout_ms / 2 > 200 ? c->hb_timeout_ms / 2 : 200; }
+
+int mn__ctl_tree_vouched(mn_ctl_t *c, const mn_conn_t *a) {
+  if (!a->ag->tree_up || a->ag->tree_pos < 0 || !mn__ctl_tree_active(c)) return 0;
+  mn_conn_t *p = parent_of(c, a);
+  return p != NULL && p->state == MN_CS_READY;
+}
+
 /* TREE to the agent at position p: its children's addresses and sessions. */
 static void send_tree(mn_ctl_t *c, int p) {
   char addrs[MN_TREE_MAX_FANOUT][80];
@@ -83,7 +100,8 @@ static void send_tree(mn_ctl_t *c, int p) {
   mn_conn_t *a = mn_ctl_conn(c, c->tree[p]);
   mn_buf_t b;
   mn_buf_init(&b);
-  if (mn_msg_pack_tree(&b, c->tree_epoch, ap, sessions, n) == 0) mn_ctl_send(c, a, b.data, b.len);
+  if (mn_msg_pack_tree(&b, c->tree_epoch, ap, sessions, n, link_ping_ms(c), link_silence_ms(c)) == 0)
+    mn_ctl_send(c, a, b.data, b.len);
   mn_buf_free(&b);
 }
 
@@ -95,11 +113,11 @@ static void rebuild(mn_ctl_t *c) {
   if (c->tree == NULL) c->tree = calloc((size_t)MN_MAX_CONNS, sizeof(int));
   if (c->tree == NULL) return;
   c->ntree = 0;
-  for (int i = 1; i <= c->nconns; i++) {
-    mn_conn_t *k = c->conns[i];
-    k->tree_pos = -1;
-    if (k->kind == MN_CONN_AGENT && k->state == MN_CS_READY) {
-      k->tree_pos = c->ntree;
+  for (int i = 0; i < c->nagent_ids; i++) {
+    mn_conn_t *k = c->conns[c->agent_ids[i]];
+    k->ag->tree_pos = -1;
+    if (k->state == MN_CS_READY) {
+      k->ag->tree_pos = c->ntree;
       c->tree[c->ntree++] = k->id;
     }
   }
@@ -121,15 +139,18 @@ void mn__ctl_tree_refresh(mn_ctl_t *c) {
 }
 
 static void mn__ctl_tree_linked(mn_ctl_t *c, mn_conn_t *a, uint64_t epoch, uint64_t index, int up) {
-  if (epoch != c->tree_epoch || a->tree_pos < 0 || index >= (uint64_t)c->fanout) return;
-  int64_t pos = child_pos(c, a->tree_pos, (int)index);
+  if (epoch != c->tree_epoch || a->ag->tree_pos < 0 || index >= (uint64_t)c->fanout) return;
+  int64_t pos = child_pos(c, a->ag->tree_pos, (int)index);
   if (pos >= c->ntree) return;
   mn_conn_t *ch = mn_ctl_conn(c, c->tree[pos]);
   if (up) {
-    ch->tree_up = 1; /* used from the next cast on which nothing is in flight through it */
-  } else if (ch->tree_up) {
-    /* What was in flight below it is lost with the link: rebuild (it is cast to directly meanwhile). */
-    ch->tree_up = 0;
+    ch->ag->tree_up = 1; /* used from the next cast on which nothing is in flight through it */
+  } else if (ch->ag->tree_up) {
+    /* What was in flight below it is lost with the link: rebuild (it is cast to directly meanwhile). Its
+     * parent last heard it silence_ms ago: the heartbeat takes it back from there. */
+    uint64_t now = uv_now(&c->loop), heard = now > link_silence_ms(c) ? now - link_silence_ms(c) : 0;
+    if (ch->last_rx > heard) ch->last_rx = heard;
+    ch->ag->tree_up = 0;
     c->tree_dirty = 1;
   }
 }
@@ -140,21 +161,22 @@ static void settle_routes(mn_ctl_t *c) {
   for (int i = 0; i < c->ncasting; i++) {
     mn_conn_t *a = mn_ctl_conn(c, c->casting[i]);
     mn_conn_t *p = parent_of(c, a);
-    int want = a->tree_up && p != NULL && p->state == MN_CS_READY ? p->id : 0;
-    if (a->route != want && a->tree_inflight == 0) a->route = want;
+    int want = a->ag->tree_up && p != NULL && p->state == MN_CS_READY ? p->id : 0;
+    if (a->ag->route != want && a->ag->tree_inflight == 0) a->ag->route = want;
   }
 }
 
-/* Adds agent a's triples to its own count and every agent's on its route; returns the top one (cast to directly). */
-static mn_conn_t *count_route(mn_ctl_t *c, mn_conn_t *a, uint32_t n) {
+/* Adds agent a's entries to its own count and every agent's on its route (and, for a cast, to what is in
+ * flight through them); returns the top one (sent to directly). */
+static mn_conn_t *count_route(mn_ctl_t *c, mn_conn_t *a, uint32_t n, int cast) {
   mn_conn_t *top = a;
   for (mn_conn_t *x = a; x != NULL; x = route_of(c, x)) {
-    if (x->tree_count == 0 && x->in_tree == 0) {
-      x->in_tree = 1;
+    if (x->ag->tree_count == 0 && x->ag->in_tree == 0) {
+      x->ag->in_tree = 1;
       c->touched[c->ntouched++] = x->id;
     }
-    x->tree_count += n;
-    x->tree_inflight += n;
+    x->ag->tree_count += n;
+    if (cast) x->ag->tree_inflight += n;
     top = x;
   }
   return top;
@@ -162,27 +184,34 @@ static mn_conn_t *count_route(mn_ctl_t *c, mn_conn_t *a, uint32_t n) {
 
 static uint32_t nsubs(mn_ctl_t *c, const mn_conn_t *a) {
   uint32_t n = 0;
-  for (int j = 0; j < c->fanout && child_pos(c, a->tree_pos, j) < c->ntree; j++) {
-    mn_conn_t *ch = mn_ctl_conn(c, c->tree[child_pos(c, a->tree_pos, j)]);
-    n += ch->route == a->id && ch->tree_count > 0;
+  for (int j = 0; j < c->fanout && child_pos(c, a->ag->tree_pos, j) < c->ntree; j++) {
+    mn_conn_t *ch = mn_ctl_conn(c, c->tree[child_pos(c, a->ag->tree_pos, j)]);
+    n += ch->ag->route == a->id && ch->ag->tree_count > 0;
   }
   return n;
 }
 
-static size_t ntriples(const mn_conn_t *a) { return a->in_cast ? a->cast.len / (3 * sizeof(uint64_t)) : 0; }
+/* Uints per entry in an agent's batch: a cast target's (pid, seq, tag), an ACK's (pid, acked). */
+#define CAST_WIDTH 3
+#define ACK_WIDTH 2
 
-/* subs of a: (index, count, targets, subs) for each child reached through it with targets below. */
-static int pack_subs(mn_ctl_t *c, msgpack_packer *pk, const mn_conn_t *a) {
+static size_t nentries(const mn_conn_t *a, int width) {
+  return a->ag->in_cast ? a->ag->cast.len / ((size_t)width * sizeof(uint64_t)) : 0;
+}
+
+/* subs of a for each child reached through it with entries below: a cast's (index, count, targets,
+ * subs) quads, or ACKS's (index, pairs, subs) triples. */
+static int pack_subs(mn_ctl_t *c, msgpack_packer *pk, mn_buf_t *b, const mn_conn_t *a, int width) {
   int f = 0;
-  for (int j = 0; j < c->fanout && child_pos(c, a->tree_pos, j) < c->ntree; j++) {
-    mn_conn_t *ch = mn_ctl_conn(c, c->tree[child_pos(c, a->tree_pos, j)]);
-    if (ch->route != a->id || ch->tree_count == 0) continue;
-    size_t n = ntriples(ch);
-    const uint64_t *t = (const uint64_t *)ch->cast.data;
-    f |= msgpack_pack_uint64(pk, (uint64_t)j) | msgpack_pack_uint64(pk, ch->tree_count);
-    f |= msgpack_pack_array(pk, (uint32_t)(3 * n));
-    for (size_t i = 0; i < 3 * n; i++) f |= msgpack_pack_uint64(pk, t[i]);
-    f |= msgpack_pack_array(pk, 4 * nsubs(c, ch)) | pack_subs(c, pk, ch);
+  for (int j = 0; j < c->fanout && child_pos(c, a->ag->tree_pos, j) < c->ntree; j++) {
+    mn_conn_t *ch = mn_ctl_conn(c, c->tree[child_pos(c, a->ag->tree_pos, j)]);
+    if (ch->ag->route != a->id || ch->ag->tree_count == 0) continue;
+    size_t n = nentries(ch, width);
+    const uint64_t *t = (const uint64_t *)ch->ag->cast.data;
+    f |= msgpack_pack_uint64(pk, (uint64_t)j);
+    if (width == CAST_WIDTH) f |= msgpack_pack_uint64(pk, ch->ag->tree_count);
+    f |= msgpack_pack_array(pk, (uint32_t)(width * n)) | mn_msg_pack_uints(b, t, width * n);
+    f |= msgpack_pack_array(pk, (uint32_t)(width + 1) * nsubs(c, ch)) | pack_subs(c, pk, b, ch, width);
   }
   return f;
 }
@@ -190,40 +219,52 @@ static int pack_subs(mn_ctl_t *c, msgpack_packer *pk, const mn_conn_t *a) {
 static int send_root(mn_ctl_t *c, mn_conn_t *r, const char *rest, size_t rlen) {
   msgpack_packer pk;
   size_t start;
-  int f = mn_msg_cast_head(&r->out, &pk, &start, (const uint64_t *)r->cast.data, ntriples(r), rest, rlen, nsubs(c, r));
-  f |= pack_subs(c, &pk, r);
+  int f = rest != NULL ? mn_msg_cast_head(&r->out, &pk, &start, (const uint64_t *)r->ag->cast.data, nentries(r, CAST_WIDTH),
+                                           rest, rlen, nsubs(c, r))
+                       : mn_msg_acks_head(&r->out, &pk, &start, (const uint64_t *)r->ag->cast.data, nentries(r, ACK_WIDTH),
+                                          nsubs(c, r));
+  f |= pack_subs(c, &pk, &r->out, r, rest != NULL ? CAST_WIDTH : ACK_WIDTH);
   if (f != 0) return MN_ENOMEM;
   mn_frame_end(&r->out, start);
-  c->casts++;
+  c->casts += rest != NULL;
   mn__ctl_set_dirty(c, r);
   return 0;
 }
 
-int mn__ctl_tree_cast_end(mn_ctl_t *c, const char *rest, size_t rlen) {
+/* The batches gathered (a cast's targets, with rest; or ACKs, rest NULL) go to the top agents of their
+ * routes, each with its subtree's as subs. */
+static int tree_send(mn_ctl_t *c, const char *rest, size_t rlen) {
   if (c->touched == NULL) c->touched = calloc((size_t)MN_MAX_CONNS, sizeof(int));
   if (c->touched == NULL) return MN_ENOMEM;
-  settle_routes(c);
-  int rc = 0;
+  int rc = 0, width = rest != NULL ? CAST_WIDTH : ACK_WIDTH;
   for (int i = 0; i < c->ncasting; i++) {
     mn_conn_t *a = mn_ctl_conn(c, c->casting[i]);
-    count_route(c, a, (uint32_t)ntriples(a))->tree_root = 1;
+    count_route(c, a, (uint32_t)nentries(a, width), rest != NULL)->ag->tree_root = 1;
   }
   /* Every root is among the touched; send each once, then clear what this cast marked. */
   for (int i = 0; i < c->ntouched; i++) {
     mn_conn_t *x = mn_ctl_conn(c, c->touched[i]);
-    if (x->tree_root && rc == 0) rc = send_root(c, x, rest, rlen);
-    x->tree_root = 0;
+    if (x->ag->tree_root && rc == 0) rc = send_root(c, x, rest, rlen);
+    x->ag->tree_root = 0;
   }
   for (int i = 0; i < c->ntouched; i++) {
     mn_conn_t *x = mn_ctl_conn(c, c->touched[i]);
-    x->tree_count = 0;
-    x->in_tree = 0;
-    x->in_cast = 0;
+    x->ag->tree_count = 0;
+    x->ag->in_tree = 0;
+    x->ag->in_cast = 0;
   }
   c->ntouched = 0;
   c->ncasting = 0;
   return rc;
 }
+
+int mn__ctl_tree_cast_end(mn_ctl_t *c, const char *rest, size_t rlen) {
+  settle_routes(c);
+  return tree_send(c, rest, rlen);
+}
+
+/* ACKs take the routes casts took: a vouched agent hears nothing from the controller directly. */
+int mn__ctl_tree_acks_end(mn_ctl_t *c) { return tree_send(c, NULL, 0); }
 
 int mn_ctl_take_linked(mn_ctl_t *c, mn_conn_t *a, const msgpack_object *m, char *err, size_t errlen) {
   uint64_t epoch, index;
@@ -239,12 +280,13 @@ int mn__ctl_tree_unrelay_agent(mn_ctl_t *c) {
   return 1;
 }
 
-void mn_ctl_tree_stats(mn_ctl_t *c, int *active, int *up, int *routed) {
+void mn_ctl_tree_stats(mn_ctl_t *c, int *active, int *up, int *routed, int *vouched) {
   *active = mn__ctl_tree_active(c);
-  *up = *routed = 0;
+  *up = *routed = *vouched = 0;
   for (int p = 0; p < c->ntree; p++) {
     mn_conn_t *a = mn_ctl_conn(c, c->tree[p]);
-    *up += a->tree_up;
-    *routed += a->route != 0;
+    *up += a->ag->tree_up;
+    *routed += a->ag->route != 0;
+    *vouched += mn__ctl_tree_vouched(c, a);
   }
 }

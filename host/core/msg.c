@@ -52,8 +52,8 @@ static const spec_t specs[] = {
     [MN_MSG_RESULTS] = {"RESULTS", 1, 0, BY_SERVER, "[31, tag, result, tag, result, ...]"},
     [MN_MSG_JOIN] = {"JOIN", 5, 0, BY_SERVER, "[32, version, nonce_a, addr, mac]"},
     [MN_MSG_JOINED] = {"JOINED", 2, 0, BY_CTL, "[33, mac]"},
-    [MN_MSG_ACKS] = {"ACKS", 2, 1, BY_CTL, "[34, [pid, acked, ...]]"},
-    [MN_MSG_TREE] = {"TREE", 3, 1, BY_CTL, "[35, epoch, [addr, session, ...]]"},
+    [MN_MSG_ACKS] = {"ACKS", 2, 0, BY_CTL, "[34, [pid, acked, ...], subs?]"},
+    [MN_MSG_TREE] = {"TREE", 3, 0, BY_CTL, "[35, epoch, [addr, session, ...], ping_ms?, silence_ms?]"},
     [MN_MSG_LINKED] = {"LINKED", 4, 1, BY_SERVER, "[36, epoch, index, up]"},
 };
 
@@ -356,7 +356,7 @@ size_t mn_msg_reply_head(mn_buf_t *b, msgpack_packer *pk, uint64_t req, int ok) 
 
 /* Packs n uints in their smallest msgpack form straight into b (room made once, not a callback per
  * value: a cast names three per proc); 0 or MN_ENOMEM. */
-static int pack_uints(mn_buf_t *b, const uint64_t *v, size_t n) {
+int mn_msg_pack_uints(mn_buf_t *b, const uint64_t *v, size_t n) {
   if (mn_buf_reserve(b, 9 * n) != 0) return MN_ENOMEM;
   unsigned char *p = (unsigned char *)b->data + b->len;
   for (size_t i = 0; i < n; i++) {
@@ -373,15 +373,14 @@ int mn_msg_pack_cast(mn_buf_t *b, const uint64_t *targets, size_t n, const char 
   msgpack_packer pk;
   size_t s;
   int f = head(b, &pk, &s, 3, MN_MSG_CAST) | msgpack_pack_array(&pk, (uint32_t)(3 * n));
-  f |= pack_uints(b, targets, 3 * n);
+  f |= mn_msg_pack_uints(b, targets, 3 * n);
   f |= msgpack_pack_bin(&pk, rlen) | msgpack_pack_bin_body(&pk, rest, rlen);
   return finish(b, s, f);
 }
 
 int mn_msg_cast_head(mn_buf_t *b, msgpack_packer *pk, size_t *start, const uint64_t *targets, size_t n,
                      const char *rest, size_t rlen, uint32_t nsubs) {
-  int f = head(b, pk, start, 4, MN_MSG_CAST) | msgpack_pack_array(pk, (uint32_t)(3 * n));
-  for (size_t i = 0; i < 3 * n; i++) f |= msgpack_pack_uint64(pk, targets[i]);
+  int f = head(b, pk, start, 4, MN_MSG_CAST) | msgpack_pack_array(pk, (uint32_t)(3 * n)) | mn_msg_pack_uints(b, targets, 3 * n);
   f |= msgpack_pack_bin(pk, rlen) | msgpack_pack_bin_body(pk, rest, rlen) | msgpack_pack_array(pk, 4 * nsubs);
   return f ? MN_ENOMEM : 0;
 }
@@ -395,11 +394,13 @@ int mn_msg_pack_cast_obj(mn_buf_t *b, const msgpack_object *targets, const char 
   return finish(b, s, f);
 }
 
-int mn_msg_pack_tree(mn_buf_t *b, uint64_t epoch, const char *const *addrs, const uint64_t *sessions, size_t n) {
+int mn_msg_pack_tree(mn_buf_t *b, uint64_t epoch, const char *const *addrs, const uint64_t *sessions, size_t n,
+                     uint64_t ping_ms, uint64_t silence_ms) {
   msgpack_packer pk;
   size_t s;
-  int f = head(b, &pk, &s, 3, MN_MSG_TREE) | msgpack_pack_uint64(&pk, epoch) | msgpack_pack_array(&pk, (uint32_t)(2 * n));
+  int f = head(b, &pk, &s, 5, MN_MSG_TREE) | msgpack_pack_uint64(&pk, epoch) | msgpack_pack_array(&pk, (uint32_t)(2 * n));
   for (size_t i = 0; i < n; i++) f |= pack_cstr(&pk, addrs[i]) | msgpack_pack_uint64(&pk, sessions[i]);
+  f |= msgpack_pack_uint64(&pk, ping_ms) | msgpack_pack_uint64(&pk, silence_ms);
   return finish(b, s, f);
 }
 
@@ -424,6 +425,19 @@ int mn_msg_pack_acks(mn_buf_t *b, const uint64_t *pairs, size_t n) {
   size_t s;
   int f = head(b, &pk, &s, 2, MN_MSG_ACKS) | msgpack_pack_array(&pk, (uint32_t)(2 * n));
   for (size_t i = 0; i < 2 * n; i++) f |= msgpack_pack_uint64(&pk, pairs[i]);
+  return finish(b, s, f);
+}
+
+int mn_msg_acks_head(mn_buf_t *b, msgpack_packer *pk, size_t *start, const uint64_t *pairs, size_t n, uint32_t nsubs) {
+  int f = head(b, pk, start, 3, MN_MSG_ACKS) | msgpack_pack_array(pk, (uint32_t)(2 * n));
+  f |= mn_msg_pack_uints(b, pairs, 2 * n) | msgpack_pack_array(pk, 3 * nsubs);
+  return f ? MN_ENOMEM : 0;
+}
+
+int mn_msg_pack_acks_obj(mn_buf_t *b, const msgpack_object *pairs, const msgpack_object *subs) {
+  msgpack_packer pk;
+  size_t s;
+  int f = head(b, &pk, &s, 3, MN_MSG_ACKS) | msgpack_pack_object(&pk, *pairs) | msgpack_pack_object(&pk, *subs);
   return finish(b, s, f);
 }
 
@@ -638,8 +652,13 @@ int mn_msg_parse_cast_subs(const msgpack_object *m, const msgpack_object **subs,
   return 0;
 }
 
-int mn_msg_parse_tree(const msgpack_object *m, uint64_t *epoch, const msgpack_object **children, char *err,
-                      size_t errlen) {
+/* Element i of m if it is there: a uint, else 0 (an older peer's shorter frame). */
+static uint64_t opt_u64(const msgpack_object *m, uint32_t i) {
+  return m->via.array.size > i && at(m, i)->type == MSGPACK_OBJECT_POSITIVE_INTEGER ? at(m, i)->via.u64 : 0;
+}
+
+int mn_msg_parse_tree(const msgpack_object *m, uint64_t *epoch, const msgpack_object **children, uint64_t *ping_ms,
+                      uint64_t *silence_ms, char *err, size_t errlen) {
   int rc;
   const spec_t *s = check(m, MN_MSG_TREE, &rc, err, errlen);
   if (rc == 0) rc = want_u64(s, m, 1, "epoch", epoch, err, errlen);
@@ -652,6 +671,8 @@ int mn_msg_parse_tree(const msgpack_object *m, uint64_t *epoch, const msgpack_ob
         t->via.array.ptr[i + 1].type != MSGPACK_OBJECT_POSITIVE_INTEGER)
       return bad(s, err, errlen, "children (element 2) holds a pair that is not (addr, session)");
   *children = t;
+  *ping_ms = opt_u64(m, 3);
+  *silence_ms = opt_u64(m, 4);
   return 0;
 }
 
@@ -676,6 +697,24 @@ int mn_msg_parse_acks(const msgpack_object *m, const msgpack_object **pairs, cha
     if (t->via.array.ptr[i].type != MSGPACK_OBJECT_POSITIVE_INTEGER)
       return bad(s, err, errlen, "element 1 holds something other than uints");
   *pairs = t;
+  return 0;
+}
+
+int mn_msg_parse_acks_subs(const msgpack_object *m, const msgpack_object **subs, char *err, size_t errlen) {
+  int rc;
+  const spec_t *s = check(m, MN_MSG_ACKS, &rc, err, errlen);
+  *subs = NULL;
+  if (rc != 0 || m->via.array.size < 3) return rc;
+  const msgpack_object *t = at(m, 2);
+  if (t->type != MSGPACK_OBJECT_ARRAY || t->via.array.size % 3 != 0)
+    return bad(s, err, errlen, "subs (element 2) is not an array of (index, pairs, subs) triples");
+  for (uint32_t i = 0; i < t->via.array.size; i += 3) {
+    const msgpack_object *q = &t->via.array.ptr[i];
+    if (q[0].type != MSGPACK_OBJECT_POSITIVE_INTEGER || q[1].type != MSGPACK_OBJECT_ARRAY ||
+        q[2].type != MSGPACK_OBJECT_ARRAY)
+      return bad(s, err, errlen, "subs (element 2) holds a triple that is not (uint, array, array)");
+  }
+  *subs = t;
   return 0;
 }
 

@@ -115,11 +115,15 @@ int mn_msg_pack_cast(mn_buf_t *b, const uint64_t *targets, size_t n, const char 
  */
 int mn_msg_cast_head(mn_buf_t *b, msgpack_packer *pk, size_t *start, const uint64_t *targets, size_t n,
                      const char *rest, size_t rlen, uint32_t nsubs);
+/* Packs n uints straight into b (a cast's or ACKS's flat lists, not a packer callback per value); 0 or MN_ENOMEM. */
+int mn_msg_pack_uints(mn_buf_t *b, const uint64_t *v, size_t n);
 /* The same from decoded parts (an agent handing a sub-cast on): targets and subs as they came. */
 int mn_msg_pack_cast_obj(mn_buf_t *b, const msgpack_object *targets, const char *rest, size_t rlen,
                          const msgpack_object *subs);
-/* TREE [35, epoch, [addr, session, ...]]: n children, addrs "host:port". */
-int mn_msg_pack_tree(mn_buf_t *b, uint64_t epoch, const char *const *addrs, const uint64_t *sessions, size_t n);
+/* TREE [35, epoch, [addr, session, ...], ping_ms, silence_ms]: n children, addrs "host:port"; the parent
+ * PINGs each child's link every ping_ms and reports it lost (LINKED false) after silence_ms without an answer. */
+int mn_msg_pack_tree(mn_buf_t *b, uint64_t epoch, const char *const *addrs, const uint64_t *sessions, size_t n,
+                     uint64_t ping_ms, uint64_t silence_ms);
 /* LINKED [36, epoch, index, up]. */
 int mn_msg_pack_linked(mn_buf_t *b, uint64_t epoch, uint64_t index, int up);
 /* SESSION with element 3 set: the relay link a parent agent opens to a child for session `session`. */
@@ -137,6 +141,11 @@ void mn_msg_results_end(mn_buf_t *b, uint32_t n);
 
 /* ACKS [34, [pid, acked, ...]]: n (pid, acked) pairs, flat; the agent gives each proc [ACK, acked] on its relay. */
 int mn_msg_pack_acks(mn_buf_t *b, const uint64_t *pairs, size_t n);
+/* ACKS through the tree, [34, pairs, subs]: subs is flat (index, pairs, subs) triples, one per child with
+ * ACKs below it. The caller packs subs after this head; 0 or MN_ENOMEM. */
+int mn_msg_acks_head(mn_buf_t *b, msgpack_packer *pk, size_t *start, const uint64_t *pairs, size_t n, uint32_t nsubs);
+/* The same from decoded parts (an agent handing ACKs on to a child). */
+int mn_msg_pack_acks_obj(mn_buf_t *b, const msgpack_object *pairs, const msgpack_object *subs);
 
 /* JOIN [32, version, nonce_a, addr, mac]: a host agent asks a controller to dial it at addr ("HOST:PORT"). */
 int mn_msg_pack_join(mn_buf_t *b, const uint8_t nonce_a[32], const char *addr, const uint8_t mac[32]);
@@ -287,12 +296,14 @@ int mn_msg_parse_cast(const msgpack_object *m, const msgpack_object **targets, c
                       char *err, size_t errlen);
 /* CAST's subs: *subs, the flat quads (NULL when absent); each quad's shape checked, not what lies deeper. */
 int mn_msg_parse_cast_subs(const msgpack_object *m, const msgpack_object **subs, char *err, size_t errlen);
-/* TREE: *epoch and *children, an array of 2n (addr str, session uint). */
-int mn_msg_parse_tree(const msgpack_object *m, uint64_t *epoch, const msgpack_object **children, char *err,
-                      size_t errlen);
+/* TREE: *epoch and *children, an array of 2n (addr str, session uint); *ping_ms and *silence_ms, 0 if absent. */
+int mn_msg_parse_tree(const msgpack_object *m, uint64_t *epoch, const msgpack_object **children, uint64_t *ping_ms,
+                      uint64_t *silence_ms, char *err, size_t errlen);
 int mn_msg_parse_linked(const msgpack_object *m, uint64_t *epoch, uint64_t *index, int *up, char *err, size_t errlen);
 /* ACKS: *pairs (an array of 2n uints). */
 int mn_msg_parse_acks(const msgpack_object *m, const msgpack_object **pairs, char *err, size_t errlen);
+/* ACKS's subs: *subs, the flat (index, pairs, subs) triples (NULL when absent); each triple's shape checked. */
+int mn_msg_parse_acks_subs(const msgpack_object *m, const msgpack_object **subs, char *err, size_t errlen);
 /* RESULTS: *n entries, entry i being tag (element 1 + 2i, a uint) and a RESULT (element 2 + 2i, an array). */
 int mn_msg_parse_results(const msgpack_object *m, uint32_t *n, char *err, size_t errlen);
 

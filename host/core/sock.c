@@ -21,6 +21,17 @@ void mn_sock_nodelay(int fd) {
   if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) != 0) return;
 }
 
+void mn_sock_keepalive(int fd, uint64_t timeout_ms) {
+  int on = 1, third = timeout_ms >= 6000 ? (int)(timeout_ms / 3000) : 1, count = 2;
+  unsigned int user = (unsigned int)timeout_ms;
+  /* Best effort, as for NODELAY: without it only a cut that nobody writes across goes unseen. */
+  if (setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof(on)) != 0) return;
+  (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &third, sizeof(third));
+  (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &third, sizeof(third));
+  (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof(count));
+  (void)setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user, sizeof(user));
+}
+
 static int resolve(const char *host, int port, int passive, struct addrinfo **res) {
   struct addrinfo hints;
   char service[16];

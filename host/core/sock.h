@@ -9,6 +9,9 @@ int mn_sock_listen(const char *host, int port, int *bound);
 /* Connects to host:port; returns the fd or -errno. TCP_NODELAY is set. */
 int mn_sock_connect(const char *host, int port);
 void mn_sock_nodelay(int fd);
+/* TCP keepalive that ends a connection whose peer's kernel stays silent about timeout_ms (probes after a
+ * third of it idle, then every third; unacknowledged data the same): a link nobody writes to still dies. */
+void mn_sock_keepalive(int fd, uint64_t timeout_ms);
 /* Writes all n bytes, retrying on EINTR and short writes; returns 0 or -errno. */
 int mn_write_all(int fd, const void *p, size_t n);
 /* Writes a then b with one writev where possible (b straight from its memory); 0 or -errno. */

@@ -609,6 +609,39 @@ static void test_acks(void **state) {
   take(&b, &m);
   expect_named(mn_msg_parse_acks(&m.obj, &pairs, m.err, sizeof(m.err)), m.err, "ACKS", "pairs");
   done(&m);
+  /* Through the tree: the top agent's pairs, then one child's (index 1) with an empty subtree. */
+  msgpack_packer pk;
+  size_t start;
+  assert_int_equal(mn_msg_acks_head(&b, &pk, &start, p, 1, 1), 0);
+  msgpack_pack_uint64(&pk, 1);
+  msgpack_pack_array(&pk, 2);
+  msgpack_pack_uint64(&pk, 1002);
+  msgpack_pack_uint64(&pk, 7);
+  msgpack_pack_array(&pk, 0);
+  mn_frame_end(&b, start);
+  take(&b, &m);
+  const msgpack_object *subs;
+  assert_int_equal(mn_msg_parse_acks(&m.obj, &pairs, m.err, sizeof(m.err)), 0);
+  assert_int_equal(pairs->via.array.size, 2);
+  assert_int_equal(mn_msg_parse_acks_subs(&m.obj, &subs, m.err, sizeof(m.err)), 0);
+  assert_non_null(subs);
+  assert_int_equal(subs->via.array.size, 3);
+  assert_int_equal(subs->via.array.ptr[1].via.array.ptr[1].via.u64, 7);
+  /* What the agent hands on: the child's pairs and subs as one ACKS. */
+  mn_buf_t fwd;
+  mn_buf_init(&fwd);
+  assert_int_equal(mn_msg_pack_acks_obj(&fwd, &subs->via.array.ptr[1], &subs->via.array.ptr[2]), 0);
+  done(&m);
+  take(&fwd, &m);
+  assert_int_equal(mn_msg_parse_acks(&m.obj, &pairs, m.err, sizeof(m.err)), 0);
+  assert_int_equal(pairs->via.array.ptr[0].via.u64, 1002);
+  done(&m);
+  mn_buf_free(&fwd);
+  /* subs not in triples is named. */
+  hand(&b, "uau", (uint64_t)MN_MSG_ACKS, (uint64_t)2);
+  take(&b, &m);
+  expect_named(mn_msg_parse_acks_subs(&m.obj, &subs, m.err, sizeof(m.err)), m.err, "ACKS", "triples");
+  done(&m);
 }
 
 /* The tree's messages: TREE, LINKED, a relay SESSION and a CAST with subs round-trip; bad shapes are named. */
@@ -617,13 +650,15 @@ static void test_tree_messages(void **state) {
   mn_buf_t b;
   msg_t m;
   const char *addrs[2] = {"10.0.0.2:7000", "[::1]:7001"};
-  uint64_t sessions[2] = {11, 12}, epoch, index;
+  uint64_t sessions[2] = {11, 12}, epoch, index, ping, silence;
   const msgpack_object *ch, *subs;
   mn_buf_init(&b);
-  assert_int_equal(mn_msg_pack_tree(&b, 3, addrs, sessions, 2), 0);
+  assert_int_equal(mn_msg_pack_tree(&b, 3, addrs, sessions, 2, 750, 1500), 0);
   take(&b, &m);
-  assert_int_equal(mn_msg_parse_tree(&m.obj, &epoch, &ch, m.err, sizeof(m.err)), 0);
+  assert_int_equal(mn_msg_parse_tree(&m.obj, &epoch, &ch, &ping, &silence, m.err, sizeof(m.err)), 0);
   assert_int_equal(epoch, 3);
+  assert_int_equal(ping, 750);
+  assert_int_equal(silence, 1500);
   assert_int_equal(ch->via.array.size, 4);
   assert_int_equal(ch->via.array.ptr[3].via.u64, 12);
   done(&m);
@@ -670,7 +705,7 @@ static void test_tree_messages(void **state) {
   /* Malformed: TREE pairs of the wrong types; subs not in quads; LINKED's up not a bool. */
   hand(&b, "uuu", (uint64_t)MN_MSG_TREE, (uint64_t)1, (uint64_t)2);
   take(&b, &m);
-  expect_named(mn_msg_parse_tree(&m.obj, &epoch, &ch, m.err, sizeof(m.err)), m.err, "TREE", "children");
+  expect_named(mn_msg_parse_tree(&m.obj, &epoch, &ch, &ping, &silence, m.err, sizeof(m.err)), m.err, "TREE", "children");
   done(&m);
   hand(&b, "uuuu", (uint64_t)MN_MSG_LINKED, (uint64_t)1, (uint64_t)2, (uint64_t)3);
   take(&b, &m);

@@ -86,10 +86,13 @@ static void parse_casts(const msgpack_object *m) {
       for (uint32_t q = 0; q < subs->via.array.size; q += 4) sink += subs->via.array.ptr[q + 2].via.array.size;
   }
   FZ_CHECK(rc == 0 || (rc == MN_EPROTO && err[0] != '\0'), "CAST refused without a text");
-  if (mn_msg_parse_tree(m, &e, &t, err, sizeof(err)) == 0)
-    for (uint32_t k = 0; k < t->via.array.size; k += 2) sink += t->via.array.ptr[k].via.str.size;
+  uint64_t ping, silence;
+  if (mn_msg_parse_tree(m, &e, &t, &ping, &silence, err, sizeof(err)) == 0)
+    for (uint32_t k = 0; k < t->via.array.size; k += 2) sink += t->via.array.ptr[k].via.str.size + (size_t)(ping + silence);
   if (mn_msg_parse_linked(m, &e, &i, &up, err, sizeof(err)) == 0) sink += (size_t)(e + i) + (size_t)up;
   if (mn_msg_parse_acks(m, &t, err, sizeof(err)) == 0) FZ_CHECK(t->via.array.size % 2 == 0, "ACKS not in pairs");
+  if (mn_msg_parse_acks_subs(m, &subs, err, sizeof(err)) == 0 && subs != NULL)
+    for (uint32_t q = 0; q < subs->via.array.size; q += 3) sink += subs->via.array.ptr[q + 1].via.array.size;
   if (mn_msg_parse_results(m, &n, err, sizeof(err)) == 0) FZ_CHECK(2 * n + 1 == m->via.array.size, "RESULTS count");
 }
 

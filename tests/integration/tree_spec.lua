@@ -97,6 +97,36 @@ describe("the cast tree", function()
     end
   end)
 
+  it("watches the agents below the top through their parents: idle, only the top ones hear PINGs", function()
+    mesh()
+    assert.are.equal(6, core.cast_stats().vouched)
+    local p0 = core.cast_stats().agent_pings
+    monarch.sleep(3) -- six heartbeats: eight agents PINGed directly would take 16 or more
+    local pings = core.cast_stats().agent_pings - p0
+    assert.is_true(pings <= 8, "the controller wrote " .. pings .. " PINGs to agents in 3 s; the top two need 6")
+    for i = 1, 7 do assert.are.equal("ready", agents[i].state, "agent " .. i .. " was dropped while vouched for") end
+    assert.are.equal(13, m:call("rank"):get(10):values()[14][1]) -- and the tree still carries casts
+  end)
+
+  it("reports a stopped agent at the bottom of the tree within the heartbeat timeout", function()
+    monarch.configure{ heartbeat_timeout = 1.5 }
+    finally(function() monarch.configure{ heartbeat_timeout = 3.0 } end)
+    mesh()
+    assert.are.equal(6, core.cast_stats().vouched)
+    -- daemons[6] is position 6, a child of position 2: only its parent's link watches it.
+    local t0 = monarch.now()
+    sh("kill -STOP " .. daemons[6].pid)
+    finally(function() sh("kill -CONT " .. daemons[6].pid) end)
+    while agents[6].state == "ready" and monarch.now() - t0 < 10 do monarch.sleep(0.05) end
+    local took = monarch.now() - t0
+    assert.are_not.equal("ready", agents[6].state, "a stopped agent below the top was never reported")
+    assert.is_true(took > 0.5 and took < 1.5 + 1.5, string.format("reported after %.2f s (timeout 1.5 s)", took))
+    sh("kill -CONT " .. daemons[6].pid)
+    local deadline = monarch.now() + 10
+    while agents[6].state ~= "ready" and monarch.now() < deadline do monarch.sleep(0.05) end
+    assert.are.equal("ready", agents[6].state, "the agent did not come back after SIGCONT")
+  end)
+
   it("runs every call exactly once when a relay agent stops mid-cast", function()
     monarch.configure{ heartbeat_timeout = 1.0 }
     finally(function() monarch.configure{ heartbeat_timeout = 3.0 } end)
