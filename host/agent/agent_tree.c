@@ -314,8 +314,8 @@ static void links_tick(uv_timer_t *t) {
         link_close(l);
         continue;
       }
-      /* A link that answered within the period (a child's RESULTS, a PONG) needs no PING: casts keep it checked. */
-      if (l->state != L_UP || now - l->last_rx < a->link_period) continue;
+      /* A link heard within half a period (a child's RESULTS) needs no PING: a stream of casts keeps it checked. */
+      if (l->state != L_UP || now - l->last_rx < a->link_period / 2) continue;
       mn_buf_t b;
       mn_buf_init(&b);
       if (mn_msg_pack_ping(&b, 1) == 0) link_send(l, &b); /* the write takes the buffer */

@@ -76,7 +76,7 @@ static void peer_addr(const mn_conn_t *a, char *out, size_t n) {
 
 /* How often a parent PINGs its children's links, and how long one may stay silent: well inside the
  * heartbeat timeout, so that a lost child is still reported lost within it. */
-static uint64_t link_ping_ms(const mn_ctl_t *c) { return c->hb_timeout_ms / 4 > 100 ? c->hb_timeout_ms / 4 : 100; }
+static uint64_t link_ping_ms(const mn_ctl_t *c) { return c->hb_timeout_ms / 5 > 100 ? c->hb_timeout_ms / 5 : 100; }
 static uint64_t link_silence_ms(const mn_ctl_t *c) { return c->hb_timeout_ms / 2 > 200 ? c->hb_timeout_ms / 2 : 200; }
 
 int mn__ctl_tree_vouched(mn_ctl_t *c, const mn_conn_t *a) {
