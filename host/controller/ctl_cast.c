@@ -197,8 +197,13 @@ void mn__ctl_unrelay_resend(mn_ctl_t *c, mn_conn_t *k) {
 }
 
 void mn__ctl_unrelay_agent(mn_ctl_t *c, int agent) {
-  mn__ctl_tree_changed(c);
-  if (mn__ctl_tree_unrelay_agent(c)) return;
+  mn_conn_t *a = mn_ctl_conn(c, agent);
+  /* One outside the current tree (say, a host already gone reaching the end of its reconnect window)
+   * carried nothing for the others: only its own procs' calls move. */
+  if (a != NULL && a->ag != NULL && a->ag->tree_pos >= 0) {
+    mn__ctl_tree_changed(c);
+    if (mn__ctl_tree_unrelay_agent(c)) return;
+  }
   for (int i = 1; i <= c->nconns; i++) {
     mn_conn_t *k = c->conns[i];
     if (k->via == agent && k->on_relay > 0) mn__ctl_unrelay_resend(c, k);
