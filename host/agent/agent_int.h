@@ -103,7 +103,8 @@ struct asession_s {
   uint32_t nbatch;    /* entries in it */
   int64_t relayed;    /* cast CALLs handed to its procs, or to child agents, and not answered yet */
   aconn_t *up;        /* where its RESULTS go: the connection its last CAST came on (controller or parent agent) */
-  alink_t **links;    /* its children in the cast tree (TREE), by index; NULL entries are gone */
+  alink_t **links;    /* its children in the cast tree (TREE), by index; NULL entries are gone (redialled) */
+  struct tree_child_s *children; /* what TREE said of each: address and session, to dial it again */
   uint32_t nlinks;
   uint64_t tree_epoch; /* the TREE they came from, named in LINKED */
   uint64_t link_silence_ms; /* a link silent this long is lost (TREE says; the controller's heartbeat timeout / 2) */

@@ -18,7 +18,16 @@
 #define LINK_PING_MS 1000
 #define LINK_SILENCE_MS 3000
 
+#define LINK_REDIAL_MS 1000 /* a link that broke, or never came up, is dialled again this long after */
+
 enum { L_CONNECTING, L_HELLO, L_WELCOME, L_UP, L_CLOSED };
+
+/* A child as TREE named it: dialled again after its link goes, until the next TREE. */
+struct tree_child_s {
+  char addr[300];
+  uint64_t session;
+  uint64_t redial_at; /* uv_now after which its link is dialled again (while links[i] is NULL) */
+};
 
 struct alink_s {
   uv_tcp_t tcp;
@@ -56,6 +65,7 @@ static void link_close(alink_t *l) {
   asession_t *s = l->s;
   if (s != NULL) {
     s->links[l->index] = NULL;
+    s->children[l->index].redial_at = uv_now(s->a->loop) + LINK_REDIAL_MS;
     s->relayed -= l->outstanding < s->relayed ? l->outstanding : s->relayed;
     if (was_up) tell_controller(s, l->index, 0);
     if (s->relayed == 0) mn__agent_relay_flush(s);
@@ -206,9 +216,10 @@ static int parse_addr(const char *p, size_t n, struct sockaddr_storage *ss) {
   return uv_ip6_addr(h, port, (struct sockaddr_in6 *)ss) == 0 ? 0 : -1;
 }
 
-static alink_t *link_open(asession_t *s, uint32_t index, const msgpack_object *addr, uint64_t session) {
+static alink_t *link_open(asession_t *s, uint32_t index) {
   struct sockaddr_storage ss;
-  if (parse_addr(addr->via.str.ptr, addr->via.str.size, &ss) != 0) return NULL;
+  const struct tree_child_s *ch = &s->children[index];
+  if (parse_addr(ch->addr, strlen(ch->addr), &ss) != 0) return NULL;
   alink_t *l = calloc(1, sizeof(*l));
   if (l == NULL) return NULL;
   if (!msgpack_zone_init(&l->zone, 4096)) {
@@ -217,7 +228,7 @@ static alink_t *link_open(asession_t *s, uint32_t index, const msgpack_object *a
   }
   l->s = s;
   l->index = index;
-  l->session = session;
+  l->session = ch->session;
   l->started = l->last_rx = uv_now(s->a->loop);
   uv_tcp_init(s->a->loop, &l->tcp);
   l->tcp.data = l;
@@ -239,7 +250,9 @@ static void links_drop(asession_t *s) {
     link_close(l);
   }
   free(s->links);
+  free(s->children);
   s->links = NULL;
+  s->children = NULL;
   s->nlinks = 0;
 }
 
@@ -273,10 +286,17 @@ void mn__agent_tree_set(aconn_t *c, const msgpack_object *m) {
   uint32_t n = ch->via.array.size / 2;
   if (n == 0) return;
   s->links = calloc(n, sizeof(*s->links));
-  if (s->links == NULL) return; /* no links: the controller hears no LINKED and casts to them directly */
+  s->children = calloc(n, sizeof(*s->children));
+  if (s->links == NULL || s->children == NULL) {
+    links_drop(s); /* no links: the controller hears no LINKED and casts to them directly */
+    return;
+  }
   s->nlinks = n;
   for (uint32_t i = 0; i < n; i++) {
-    s->links[i] = link_open(s, i, &ch->via.array.ptr[2 * i], ch->via.array.ptr[2 * i + 1].via.u64);
+    const msgpack_object *addr = &ch->via.array.ptr[2 * i];
+    memcpy(s->children[i].addr, addr->via.str.ptr, addr->via.str.size); /* < 300: parse_tree checked */
+    s->children[i].session = ch->via.array.ptr[2 * i + 1].via.u64;
+    s->links[i] = link_open(s, i);
   }
   links_timer_at(s->a, ping_ms > 0 ? ping_ms : LINK_PING_MS);
 }
@@ -328,8 +348,13 @@ static void links_tick(uv_timer_t *t) {
   for (asession_t *s = a->sessions; s; s = s->next)
     for (uint32_t i = 0; i < s->nlinks; i++) {
       alink_t *l = s->links[i];
-      if (l == NULL) continue;
       any = 1;
+      /* Gone (broken, or its dial failed): dialled again, so that a healed cut brings the link back. */
+      if (l == NULL && now >= s->children[i].redial_at) s->links[i] = l = link_open(s, i);
+      if (l == NULL) {
+        s->children[i].redial_at = s->children[i].redial_at > now ? s->children[i].redial_at : now + LINK_REDIAL_MS;
+        continue;
+      }
       if (l->state != L_UP ? now - l->started > MN_HANDSHAKE_TIMEOUT_MS : now - l->last_rx > s->link_silence_ms) {
         link_close(l);
         continue;

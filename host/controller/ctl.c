@@ -790,10 +790,14 @@ static void send_ack(mn_ctl_t *c, mn_conn_t *k) {
 
 /* One connection's heartbeat: a stalled handshake ends, a silent peer is lost, a quiet one is PINGed. */
 static void heartbeat_conn(mn_ctl_t *c, mn_conn_t *k, uint64_t now) {
-  if ((k->state == MN_CS_HELLO || k->state == MN_CS_WELCOME || k->state == MN_CS_CONNECTING) && k->link &&
-      now - k->link->started > MN_HANDSHAKE_TIMEOUT_MS) {
+  /* A reconnect's connect that nothing answers (SYNs dropped) would wait for the kernel's minutes: it
+   * ends with the handshake's limit, or the reconnect window, whichever comes first. */
+  int redial = k->state == MN_CS_RECONNECTING && k->link != NULL;
+  if ((k->state == MN_CS_HELLO || k->state == MN_CS_WELCOME || k->state == MN_CS_CONNECTING || redial) && k->link &&
+      (now - k->link->started > MN_HANDSHAKE_TIMEOUT_MS || (redial && now - k->lost_at >= k->reconnect_ms))) {
     char msg[340];
-    snprintf(msg, sizeof(msg), "no handshake from %s:%d within %d ms", k->host, k->port, MN_HANDSHAKE_TIMEOUT_MS);
+    snprintf(msg, sizeof(msg), "no handshake from %s:%d within %d ms", k->host, k->port,
+             (int)(now - k->link->started));
     drop_link(k);
     if (k->ever_ready) schedule_retry(k, msg);
     else mn_ctl_disconnect(c, k->id, msg);

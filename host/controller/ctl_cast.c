@@ -74,6 +74,9 @@ static int gather(mn_ctl_t *c, mn_conn_t *a, const uint64_t *t, size_t n) {
 }
 
 int mn_ctl_cast_add(mn_ctl_t *c, mn_conn_t *k, char *frame, size_t n, double call, int32_t slot, int prefer) {
+  /* The tree is rebuilt before a cast gathers anything: a rebuild resends what is relayed, and must not
+   * take this cast's own calls off their routes after they were counted on them. */
+  if (c->tree_dirty && c->ncasting == 0 && c->cur_rest == NULL) mn__ctl_tree_refresh(c);
   /* Behind relayed calls, any call goes that way too (order); else a small one of a mesh-wide call, on an idle link. */
   int relay = relay_usable(c, k) &&
               (k->relay_only || k->on_relay > 0 || (prefer && k->rcount == 0 && n - MN_MSG_CALL_HEAD <= MN_CAST_MAX_REST));
@@ -112,7 +115,6 @@ int mn_ctl_cast_end(mn_ctl_t *c, const char *frame, size_t n) {
 
 static int cast_send(mn_ctl_t *c, const char *frame, size_t n) {
   int rc = 0;
-  if (c->tree_dirty) mn__ctl_tree_refresh(c);
   if (mn__ctl_tree_active(c)) return mn__ctl_tree_cast_end(c, frame + MN_MSG_CALL_HEAD, n - MN_MSG_CALL_HEAD);
   for (int i = 0; i < c->ncasting; i++) {
     mn_conn_t *a = mn_ctl_conn(c, c->casting[i]);

@@ -150,7 +150,8 @@ static void mn__ctl_tree_linked(mn_ctl_t *c, mn_conn_t *a, uint64_t epoch, uint6
      * parent last heard it silence_ms ago: the heartbeat takes it back from there. */
     uint64_t now = uv_now(&c->loop), heard = now > link_silence_ms(c) ? now - link_silence_ms(c) : 0;
     if (ch->last_rx > heard) ch->last_rx = heard;
-    ch->ag->tree_up = 0;
+    /* Now, not at the next cast: with none coming, the calls below the link would wait for good. */
+    unrelay_all(c);
     c->tree_dirty = 1;
   }
 }
