@@ -5,27 +5,14 @@ local mesh_mod = require "monarch.mesh"
 local runtime = require "monarch.runtime"
 local agent = require "agent"
 
--- Named after this process, so that suites running side by side (other
--- checkouts on one machine) never share a namespace, an interface or a subnet.
-local ffi = require "ffi"
-pcall(ffi.cdef, "int getpid(void);") -- another spec may have declared it
-local ID = ffi.C.getpid()
-local NS, HOST_IF, NS_IF = "mn_part" .. ID, "mnp" .. ID .. "a", "mnp" .. ID .. "b"
-local NET = string.format("10.%d.%d", 64 + math.floor(ID / 250) % 64, ID % 250)
-local HOST_IP, NS_IP = NET .. ".1", NET .. ".2"
+-- Named after this process (tests/netns.lua), so that suites running side by side (other checkouts on
+-- one machine) never share a namespace, an interface or a subnet.
+local netns = require "netns"
+local NS, HOST_IF, NS_IF = netns.name("mn_part"), "mnp" .. netns.ID .. "a", "mnp" .. netns.ID .. "b"
+local NET = netns.subnet(64)
+local NS_IP = NET .. ".2"
 
-local sh = require("shell").quiet
-
-local function can_netns()
-  if not sh("id -u | grep -qx 0") then return false, "not root" end
-  if not sh("command -v ip") then return false, "iproute2 (ip) not installed" end
-  sh("ip netns del " .. NS)
-  if not sh("ip netns add " .. NS) then return false, "ip netns add failed (no network namespace support)" end
-  sh("ip netns del " .. NS)
-  return true
-end
-
-local ok_netns, why = can_netns()
+local ok_netns, why = netns.check(NS)
 if not ok_netns then
   describe("network partition", function()
     pending("skipped: " .. why)
@@ -34,40 +21,21 @@ if not ok_netns then
   return
 end
 
-local function ns_pids()
-  local f = io.popen("ip netns pids " .. NS .. " 2>/dev/null")
-  local s = f:read("*a")
-  f:close()
-  local n = 0
-  for _ in s:gmatch("%d+") do n = n + 1 end
-  return n
-end
-
 describe("a network partition between the controller and a host", function()
-  local port, far
+  local port, far, link
 
   before_each(function()
     monarch.hosts()
     monarch.configure{ heartbeat = 0.1, heartbeat_timeout = 1.0, reconnect = 4.0 }
-    sh("ip netns del " .. NS)
-    sh("ip link del " .. HOST_IF)
-    assert(sh("ip netns add " .. NS))
-    assert(sh(("ip link add %s type veth peer name %s"):format(HOST_IF, NS_IF)))
-    assert(sh(("ip link set %s netns %s"):format(NS_IF, NS)))
-    assert(sh(("ip addr add %s/24 dev %s && ip link set %s up"):format(HOST_IP, HOST_IF, HOST_IF)))
-    assert(sh(("ip netns exec %s sh -c 'ip addr add %s/24 dev %s && ip link set %s up && ip link set lo up'")
-      :format(NS, NS_IP, NS_IF, NS_IF)))
+    link = netns.pair{ ns = NS, host_if = HOST_IF, ns_if = NS_IF, net = NET }
     -- The far side gives up quickly too: silence 2 s, grace 1 s, procs' orphan timeout 3 s.
-    far = agent.start{ token = runtime.token, wrap = "ip netns exec " .. NS, host = NS_IP,
+    far = agent.start{ token = runtime.token, wrap = link.wrap, host = NS_IP,
       env = "MONARCH_AGENT_SILENCE=2 MONARCH_AGENT_GRACE=1", args = "--orphan-timeout 3" }
     port = far.port
   end)
 
   after_each(function()
-    sh("ip link set " .. HOST_IF .. " up")
-    sh("ip netns pids " .. NS .. " | xargs -r kill -9")
-    sh("ip netns del " .. NS)
-    sh("ip link del " .. HOST_IF)
+    if link then link:destroy() end
     far:stop()
     monarch.configure{ heartbeat = 0.5, heartbeat_timeout = 3.0, reconnect = 5.0 }
   end)
@@ -84,12 +52,12 @@ describe("a network partition between the controller and a host", function()
     for i = 1, 100 do futs[i] = procs:call_one("bump") end
     futs[100]:get(5)
     -- Cut, keep sending, heal after the heartbeat has noticed.
-    assert(sh("ip link set " .. HOST_IF .. " down"))
+    assert(link:down())
     for i = 101, 300 do futs[i] = procs:call_one("bump") end
     local t0 = monarch.now()
     while monarch.now() - t0 < 1.8 do runtime.pump(0.05) end
     assert.are.equal("reconnecting", procs:procs()[1].state)
-    assert(sh("ip link set " .. HOST_IF .. " up"))
+    assert(link:up())
     for i = 1, 300 do assert.are.equal(i, futs[i]:get(10)[1]) end
     assert.are.equal(300, procs:call_one("bumps"):get(5))
     assert.are.equal("ready", procs:procs()[1].state)
@@ -111,7 +79,7 @@ describe("a network partition between the controller and a host", function()
     procs = mesh_mod.host_mesh(agents):spawn_procs{ procs = 2 }
     procs:load "basic"
     procs:call("noop"):get(5)
-    assert(sh("ip link set " .. HOST_IF .. " down"))
+    assert(link:down())
     local t0 = monarch.now()
     while #events == 0 and monarch.now() - t0 < 15 do runtime.pump(0.05) end
     assert.are.equal(1, #events, "no host_lost event within 15 s")
@@ -133,7 +101,7 @@ describe("a network partition between the controller and a host", function()
     procs:on_failure(function() end)
     local f = procs:call("sleep", 0.2)
     f:get(5)
-    assert(sh("ip link set " .. HOST_IF .. " down"))
+    assert(link:down())
     local g = procs:call("noop")
     local ok, err = pcall(function() return g:get(20) end)
     assert.is_false(ok)
@@ -141,7 +109,7 @@ describe("a network partition between the controller and a host", function()
     assert.matches("reconnecting failed", err.message)
     -- Nothing stays behind on the far side: agent silence + grace kill the procs.
     local t0 = monarch.now()
-    while ns_pids() > 1 and monarch.now() - t0 < 10 do runtime.pump(0.2) end
-    assert.are.equal(1, ns_pids(), "the far agent said: " .. far:output()) -- only the agent daemon itself
+    while netns.pids(NS) > 1 and monarch.now() - t0 < 10 do runtime.pump(0.2) end
+    assert.are.equal(1, netns.pids(NS), "the far agent said: " .. far:output()) -- only the agent daemon itself
   end)
 end)
