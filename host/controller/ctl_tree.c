@@ -49,13 +49,14 @@ void mn__ctl_tree_answered(mn_ctl_t *c, mn_conn_t *k) {
     if (a->ag->tree_inflight > 0) a->ag->tree_inflight--;
 }
 
-/* Every relayed call in flight is resent on its proc's own link; every route is direct again. */
-static void unrelay_all(mn_ctl_t *c) {
+/* Every relayed call in flight is resent on its proc's own link; every route is direct again, and with
+ * links_too, no link counts as up (a new tree's links report afresh). */
+static void unrelay_all(mn_ctl_t *c, int links_too) {
   for (int i = 0; i < c->nagent_ids; i++) {
     mn_agent_part_t *g = c->conns[c->agent_ids[i]]->ag;
     g->route = 0;
-    g->tree_up = 0;
     g->tree_inflight = 0;
+    if (links_too) g->tree_up = 0;
   }
   for (int i = 1; i <= c->nconns; i++) {
     mn_conn_t *k = c->conns[i];
@@ -109,7 +110,7 @@ static void send_tree(mn_ctl_t *c, int p) {
 static void rebuild(mn_ctl_t *c) {
   int was = mn__ctl_tree_active(c);
   c->tree_dirty = 0;
-  if (was) unrelay_all(c); /* below the fan-out every route is direct: nothing went through a parent */
+  if (was) unrelay_all(c, 1); /* below the fan-out every route is direct: nothing went through a parent */
   if (c->tree == NULL) c->tree = calloc((size_t)MN_MAX_CONNS, sizeof(int));
   if (c->tree == NULL) return;
   c->ntree = 0;
@@ -150,8 +151,10 @@ static void mn__ctl_tree_linked(mn_ctl_t *c, mn_conn_t *a, uint64_t epoch, uint6
      * parent last heard it silence_ms ago: the heartbeat takes it back from there. */
     uint64_t now = uv_now(&c->loop), heard = now > link_silence_ms(c) ? now - link_silence_ms(c) : 0;
     if (ch->last_rx > heard) ch->last_rx = heard;
-    /* Now, not at the next cast: with none coming, the calls below the link would wait for good. */
-    unrelay_all(c);
+    /* Now, not at the next cast: with none coming, the calls below the link would wait for good. The
+     * other links stay up (their children stay vouched for) until the next cast rebuilds the tree. */
+    ch->ag->tree_up = 0;
+    unrelay_all(c, 0);
     c->tree_dirty = 1;
   }
 }
@@ -277,7 +280,7 @@ int mn_ctl_take_linked(mn_ctl_t *c, mn_conn_t *a, const msgpack_object *m, char 
 
 int mn__ctl_tree_unrelay_agent(mn_ctl_t *c) {
   if (!mn__ctl_tree_active(c)) return 0; /* the caller marked the tree for a rebuild */
-  unrelay_all(c); /* its subtree's casts went through it: all of them go direct until the rebuild */
+  unrelay_all(c, 1); /* its subtree's casts went through it: all of them go direct until the rebuild */
   return 1;
 }
 
