@@ -1,13 +1,22 @@
 /*
  * proc.c - the proc process.
  *
- * Two threads plus short-lived handshake threads. The I/O thread owns the
- * sockets: it accepts connections (each handshake runs on a thread of its
- * own so a slow or hostile peer never delays a PONG), splits the stream of
- * the current controller connection into frames, answers PING at once,
- * handles SESSION and ACK, and queues CALLs. The executor thread runs the
- * queue in order and writes RESULTs straight to the socket, batching those
- * of one burst into one write.
+ * Two threads plus short-lived handshake threads. One thread at a time holds
+ * the connection: it accepts connections (each handshake runs on a thread of
+ * its own so a slow or hostile peer never delays a PONG), splits the stream
+ * of the current controller connection and the agent's relay into frames,
+ * answers PING at once, handles SESSION, ACK and CANCEL, and writes status
+ * lines to the agent. Calls run in order on the executor thread, which
+ * writes their RESULTs straight to the socket, one write per burst.
+ *
+ * While it is idle the executor holds the connection itself and runs the
+ * calls it reads at once: a call costs one wake-up, not two. So that a long
+ * call never leaves the connection unread, each such run arms a timer; past
+ * MN_INLINE_NS the I/O thread wakes and takes the connection over, queueing
+ * what it reads for the executor, and hands it back once the executor has
+ * run the queue dry and asks for it. Only the executor runs kernels (CUDA,
+ * actors and collectives keep one thread), and it runs calls from the
+ * connection only while the queue is empty, so their order holds.
  *
  * Sessions make calls exactly-once across reconnects: a controller opens
  * every connection with SESSION(id, acked). The same id resumes: sequence
@@ -41,10 +50,17 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/timerfd.h>
 #include <unistd.h>
 
-#define MN_SPIN_NS_DEFAULT 0 /* executor busy-wait before sleeping; the agent sets MONARCH_SPIN_US, knowing how many procs share the host */
+#define MN_SPIN_NS_DEFAULT 0 /* the connection's holder yields before it sleeps; the agent sets MONARCH_SPIN_US, knowing how many procs share the host */
+/* A call run by the executor may keep the connection unread this long before the I/O thread takes
+ * it; past the scheduler's tick (4 ms at 250 Hz) its timer is never the CPU's next event, so arming and
+ * disarming it reprograms no clock (2 us a call on a VM, 0.4 us this way). */
+#define MN_INLINE_NS 5000000
 #define MN_STATUS_MS_DEFAULT 1000 /* status lines to the agent; the agent sets MONARCH_STATUS_MS from its hang timeout */
 #define MN_MAX_QUEUED (256u << 20) /* bytes of calls queued before the reader stops reading */
 #define MN_MAX_HANDSHAKES 16       /* concurrent unauthenticated connections accepted */
@@ -59,14 +75,44 @@ typedef struct item_s {
   char data[];
 } item_t;
 
+typedef struct proc_s proc_t;
+
 typedef struct {
-  pthread_mutex_t lock;
-  pthread_cond_t cond;      /* signalled when items arrive or on stop */
+  proc_t *p;
+  int fd;
+  int relay;   /* the agent's relay: CALLs only, of the session being served */
+  mn_buf_t in; /* bytes that arrived right behind AUTH */
+} conn_t;
+
+/* What each fd in the epoll set is: its event's tag. */
+typedef enum { IO_LISTEN, IO_HANDSHAKE, IO_CONN, IO_RELAY, IO_WAKE, IO_NFDS } io_fd_t;
+
+/* The connection's state: owned by the thread that holds it, handed over under proc_t's lock. */
+typedef struct {
+  int lfd;                /* the listening socket */
+  conn_t *cur;            /* the current controller connection (NULL: none) */
+  conn_t *relay;          /* the agent's relay (NULL: none) */
+  int has_session;        /* cur has sent its SESSION */
+  int relay_session;      /* the relay carries CALLs of the session served, no SESSION: always 1 */
+  int64_t last_rx;        /* when a controller was last heard from (the orphan clock) */
+  int64_t next_status;    /* when the next status line is due */
+  int64_t orphan_ns;      /* --orphan-timeout; "never" is a far future */
+  int64_t slice_ns;       /* longest sleep in poll: status lines keep their pace */
+} io_t;
+
+struct proc_s {
+  pthread_mutex_t lock;     /* guards the queue and who holds the connection */
+  pthread_cond_t cond;      /* signalled when items arrive or the connection comes back to the executor */
   pthread_cond_t space;     /* signalled when queued bytes drop */
   item_t *head, *tail;
   size_t queued_bytes;
-  atomic_int nitems;
-  int stop;
+  int io_on_exec;           /* the executor holds the connection (else the I/O thread does) */
+  int want_io;              /* the executor's queue ran dry: it asks for the connection back */
+  int64_t inline_since;     /* when the executor began running calls while holding the connection (0: it is not) */
+  int timer_fd;             /* fires MN_INLINE_NS into such a run: the I/O thread's cue to take over */
+  int wake_fd;              /* eventfd: wakes the I/O thread's poll when want_io is set */
+  int ep;                   /* epoll set of the connection's fds (io_fd_t tags): none is re-armed per call */
+  io_t io;
   pthread_mutex_t wlock;    /* guards fd, session, replay and every write */
   int fd;                   /* the controller connection, -1 when none */
   int relay_fd;             /* the agent's relay for casts (--relay-fd), -1 when none */
@@ -76,23 +122,23 @@ typedef struct {
   atomic_int cancel;
   mn_cancel_t cancels;      /* calls the controller asked to stop (CANCEL) */
   atomic_int handshakes;    /* handshake threads running */
-  int hs_pipe[2];           /* handshake threads hand authenticated conns to the I/O thread */
+  int hs_pipe[2];           /* handshake threads hand authenticated conns to the connection's holder */
   const mn_auth_t *auth;
   mn_exec_t exec;
   long spin_ns;
   int64_t swept_ns;         /* when the executor last dropped bulk maps the controller no longer holds (bulk.h) */
   atomic_ullong executed;   /* calls run, for the agent's status report */
-  atomic_ullong received;   /* calls queued by the I/O thread; received - executed are in flight */
+  atomic_ullong received;   /* calls read; received - executed are in flight */
   int status_fd;            /* the port pipe, kept for status lines to the agent (-1: none) */
   int64_t status_ms;        /* interval of status lines (MONARCH_STATUS_MS) */
-} proc_t;
+};
 
+/* Frames split off one poll's reads, for the executor to run or the I/O thread to queue. */
 typedef struct {
-  proc_t *p;
-  int fd;
-  int relay;   /* the agent's relay: CALLs only, of the session being served */
-  mn_buf_t in; /* bytes that arrived right behind AUTH */
-} conn_t;
+  item_t *first, *last;
+  size_t bytes;
+  int n;
+} batch_t;
 
 /* Writes bytes to `session`'s connection (or the relay), if that session is
  * the one being served. Caller holds wlock. */
@@ -111,42 +157,6 @@ static void send_bytes(proc_t *p, uint64_t session, const char *data, size_t n) 
 }
 
 /* ---- executor --------------------------------------------------------------- */
-
-/* Takes the whole queue; waits (spinning briefly first) until non-empty or stopped. */
-static item_t *take_all(proc_t *p) {
-  int64_t until = mn_now_ns() + p->spin_ns;
-  while (atomic_load_explicit(&p->nitems, memory_order_acquire) == 0 && mn_now_ns() < until)
-    sched_yield();
-  pthread_mutex_lock(&p->lock);
-  while (p->head == NULL && !p->stop) {
-    if (mn_bulk_maps_held() == 0) {
-      pthread_cond_wait(&p->cond, &p->lock);
-      continue;
-    }
-    /* Maps of the controller's memory (bulk.h): while idle, drop those it no longer holds, every so often. */
-    int64_t due = p->swept_ns + (int64_t)MN_BULK_SWEEP_MS * 1000000, now = mn_now_ns();
-    if (now >= due) {
-      pthread_mutex_unlock(&p->lock);
-      mn_bulk_sweep();
-      p->swept_ns = mn_now_ns();
-      pthread_mutex_lock(&p->lock);
-      continue;
-    }
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    int64_t at = (int64_t)ts.tv_nsec + (due - now);
-    ts.tv_sec += (time_t)(at / 1000000000);
-    ts.tv_nsec = (long)(at % 1000000000);
-    pthread_cond_timedwait(&p->cond, &p->lock, &ts); /* woken by work, or due for a sweep: the loop decides */
-  }
-  item_t *all = p->head;
-  p->head = p->tail = NULL;
-  atomic_store(&p->nitems, 0);
-  p->queued_bytes = 0;
-  pthread_cond_signal(&p->space);
-  pthread_mutex_unlock(&p->lock);
-  return all;
-}
 
 /* Answers a resent CALL from the replay cache (or says its result is gone). */
 static void replay_one(proc_t *p, uint64_t session, int relay, uint64_t seq) {
@@ -203,84 +213,177 @@ static void flush_out(proc_t *p, uint64_t session, int relay, mn_buf_t *out, uin
 
 #define MN_BATCH 256 /* results written per flush at most */
 
-static void *executor(void *arg) {
-  proc_t *p = arg;
-  mn_exec_t *x = &p->exec;
-  uint64_t xsession = 0; /* session whose sequence numbers x tracks */
-  int xrelay = 0;        /* where the batch's results go: the controller, or the agent's relay */
+/* What the executor keeps between calls: whose they are and where their results go. */
+typedef struct {
+  uint64_t session; /* session whose sequence numbers exec tracks */
+  int relay;        /* where the batch's results go: the controller, or the agent's relay */
   uint64_t seqs[MN_BATCH];
   size_t offs[MN_BATCH];
-  int nb = 0;
-  for (;;) {
-    item_t *it = take_all(p);
-    if (it == NULL) break;
-    while (it != NULL) {
-      item_t *next = it->next;
-      int rc = 0;
-      if (it->session != xsession) {
-        /* A different controller session: drop what the old one left unflushed. */
-        x->out.len = 0;
-        nb = 0;
-        mn_exec_new_session(x);
-        xsession = it->session;
-        x->session = xsession;
-      }
-      if (it->relay != xrelay) {
-        /* Results go back the way their calls came: a batch holds one way's. */
-        if (nb > 0) flush_out(p, xsession, xrelay, &x->out, seqs, offs, nb, NULL, 0);
-        nb = 0;
-        xrelay = it->relay;
-      }
-      pthread_mutex_lock(&p->wlock);
-      int live = it->session == p->session;
-      pthread_mutex_unlock(&p->wlock);
-      if (live) {
-        size_t before = x->out.len;
-        rc = mn_exec_frame(x, it->data, it->len);
-        mn_cancel_end(&p->cancels);
-        if (rc == 1) {
-          if (x->out.len > 0) flush_out(p, xsession, xrelay, &x->out, seqs, offs, nb, NULL, 0);
-          nb = 0;
-          replay_one(p, xsession, xrelay, x->dup_seq);
-          rc = 0;
-        } else if (x->out.len > before) {
-          seqs[nb] = rc == 0 ? x->last_seq : 0; /* ERROR frames are not replayed */
-          offs[nb] = before;
-          nb++;
-        }
-      }
-      free(it);
-      atomic_fetch_add_explicit(&p->executed, 1, memory_order_relaxed);
-      it = next;
-      /* Flush when the burst is done, when the batch is full, before closing,
-       * or at once behind a payload by reference (the next call may change it). */
-      if (nb > 0 && (it == NULL || nb == MN_BATCH || x->out.len > (1u << 18) || rc < 0 || x->ref_len > 0)) {
-        flush_out(p, xsession, xrelay, &x->out, seqs, offs, nb, x->ref_ptr, x->ref_len);
-        x->ref_len = 0;
-        nb = 0;
-      }
-      if (rc < 0) {
-        /* A protocol error ends the controller's link (its ERROR went the relay's way if the call did). */
-        pthread_mutex_lock(&p->wlock);
-        if (p->fd >= 0 && p->session == xsession) shutdown(p->fd, SHUT_RDWR);
-        pthread_mutex_unlock(&p->wlock);
-      }
-    }
+  int nb;           /* results in exec.out not yet written */
+} run_t;
+
+/* Runs one call, leaving its result in the batch (a replayed one is written at once). Returns
+ * mn_exec_frame's code, its "already ran" 1 taken care of as 0. */
+static int run_one(proc_t *p, run_t *r, const item_t *it) {
+  mn_exec_t *x = &p->exec;
+  if (it->session != r->session) {
+    /* A different controller session: drop what the old one left unflushed. */
+    x->out.len = 0;
+    r->nb = 0;
+    mn_exec_new_session(x);
+    r->session = it->session;
+    x->session = it->session;
   }
-  return NULL;
+  if (it->relay != r->relay) {
+    /* Results go back the way their calls came: a batch holds one way's. */
+    if (r->nb > 0) flush_out(p, r->session, r->relay, &x->out, r->seqs, r->offs, r->nb, NULL, 0);
+    r->nb = 0;
+    r->relay = it->relay;
+  }
+  pthread_mutex_lock(&p->wlock);
+  int live = it->session == p->session;
+  pthread_mutex_unlock(&p->wlock);
+  if (!live) return 0;
+  size_t before = x->out.len;
+  int rc = mn_exec_frame(x, it->data, it->len);
+  mn_cancel_end(&p->cancels);
+  if (rc == 1) {
+    if (x->out.len > 0) flush_out(p, r->session, r->relay, &x->out, r->seqs, r->offs, r->nb, NULL, 0);
+    r->nb = 0;
+    replay_one(p, r->session, r->relay, x->dup_seq);
+    return 0;
+  }
+  if (x->out.len > before) {
+    r->seqs[r->nb] = rc == 0 ? x->last_seq : 0; /* ERROR frames are not replayed */
+    r->offs[r->nb] = before;
+    r->nb++;
+  }
+  return rc;
 }
 
-static void enqueue(proc_t *p, item_t *first, item_t *last, size_t bytes, int n) {
+/* Runs a chain of calls in order and frees them; their results are written by the time it returns. */
+static void run_items(proc_t *p, run_t *r, item_t *it) {
+  mn_exec_t *x = &p->exec;
+  while (it != NULL) {
+    item_t *next = it->next;
+    int rc = run_one(p, r, it);
+    free(it);
+    atomic_fetch_add_explicit(&p->executed, 1, memory_order_relaxed);
+    it = next;
+    /* Flush when the burst is done, when the batch is full, before closing,
+     * or at once behind a payload by reference (the next call may change it). */
+    if (r->nb > 0 && (it == NULL || r->nb == MN_BATCH || x->out.len > (1u << 18) || rc < 0 || x->ref_len > 0)) {
+      flush_out(p, r->session, r->relay, &x->out, r->seqs, r->offs, r->nb, x->ref_ptr, x->ref_len);
+      x->ref_len = 0;
+      r->nb = 0;
+    }
+    if (rc < 0) {
+      /* A protocol error ends the controller's link (its ERROR went the relay's way if the call did). */
+      pthread_mutex_lock(&p->wlock);
+      if (p->fd >= 0 && p->session == r->session) shutdown(p->fd, SHUT_RDWR);
+      pthread_mutex_unlock(&p->wlock);
+    }
+  }
+}
+
+/* ---- who holds the connection: the executor while idle, else the I/O thread ---- */
+
+/* Sets the takeover timer to fire `ns` from now (0: disarms it). Only a bad fd or value fails: a bug. */
+static void set_timer(proc_t *p, long ns) {
+  struct itimerspec t = {{0, 0}, {0, ns}};
+  if (timerfd_settime(p->timer_fd, 0, &t, NULL) != 0) abort();
+}
+
+/*
+ * Executor: runs the calls it read while holding the connection (q), with
+ * the timer armed so that the I/O thread takes the connection over if they
+ * keep it unread MN_INLINE_NS. Returns 1 if the executor still holds it, 0
+ * if the I/O thread took it (then it queues what arrives meanwhile).
+ */
+static int run_inline(proc_t *p, run_t *r, batch_t *q) {
+  atomic_fetch_add_explicit(&p->received, (unsigned long long)q->n, memory_order_relaxed);
   pthread_mutex_lock(&p->lock);
-  while (p->queued_bytes > MN_MAX_QUEUED && !p->stop) pthread_cond_wait(&p->space, &p->lock);
-  atomic_fetch_add_explicit(&p->received, (unsigned long long)n, memory_order_relaxed);
-  if (p->tail) p->tail->next = first;
-  else p->head = first;
-  p->tail = last;
-  p->queued_bytes += bytes;
-  atomic_fetch_add_explicit(&p->nitems, n, memory_order_release);
-  pthread_cond_signal(&p->cond);
+  p->inline_since = mn_now_ns();
   pthread_mutex_unlock(&p->lock);
+  set_timer(p, MN_INLINE_NS);
+  run_items(p, r, q->first);
+  pthread_mutex_lock(&p->lock);
+  int held = p->io_on_exec;
+  p->inline_since = 0;
+  pthread_mutex_unlock(&p->lock);
+  if (held) set_timer(p, 0); /* else it fired already: it is one-shot */
+  return held;
+}
+
+/*
+ * Executor, while the I/O thread holds the connection: returns the calls it
+ * queued, or NULL once the connection is back. The queue run dry, it asks
+ * for the connection (want_io, and wake_fd to end the I/O thread's poll).
+ */
+static item_t *wait_work(proc_t *p) {
+  pthread_mutex_lock(&p->lock);
+  while (p->head == NULL && !p->io_on_exec) {
+    if (!p->want_io) {
+      uint64_t one = 1;
+      p->want_io = 1;
+      /* Fails only when the count would overflow: it is readable already. */
+      if (write(p->wake_fd, &one, sizeof(one)) < 0 && errno != EAGAIN) abort();
+    }
+    pthread_cond_wait(&p->cond, &p->lock);
+  }
+  item_t *all = p->head;
+  p->head = p->tail = NULL;
+  p->queued_bytes = 0;
+  pthread_cond_signal(&p->space);
+  pthread_mutex_unlock(&p->lock);
+  return all;
+}
+
+/*
+ * I/O thread: queues what it read for the executor and, if the executor
+ * asked for the connection, hands it back. Returns 1 while the I/O thread
+ * still holds the connection, 0 once it is the executor's.
+ */
+static int hand_on(proc_t *p, batch_t *q) {
+  pthread_mutex_lock(&p->lock);
+  if (q->first != NULL) {
+    while (p->queued_bytes > MN_MAX_QUEUED) pthread_cond_wait(&p->space, &p->lock);
+    atomic_fetch_add_explicit(&p->received, (unsigned long long)q->n, memory_order_relaxed);
+    if (p->tail) p->tail->next = q->first;
+    else p->head = q->first;
+    p->tail = q->last;
+    p->queued_bytes += q->bytes;
+  }
+  int back = p->want_io;
+  if (back) {
+    uint64_t n;
+    p->want_io = 0;
+    p->io_on_exec = 1;
+    /* Clears the request's wake-up; EAGAIN: nothing to clear. */
+    if (read(p->wake_fd, &n, sizeof(n)) < 0 && errno != EAGAIN) abort();
+  }
+  if (q->first != NULL || back) pthread_cond_signal(&p->cond);
+  pthread_mutex_unlock(&p->lock);
+  return !back;
+}
+
+/*
+ * I/O thread: sleeps until the executor has spent MN_INLINE_NS in calls
+ * while holding the connection, then takes it. Arming the timer resets its
+ * count, so only an expiry of the run in progress ends the read; the check
+ * under the lock catches a run that ended as the timer fired (or one that
+ * has just begun in its place: its own expiry is still to come).
+ */
+static void wait_takeover(proc_t *p) {
+  for (;;) {
+    uint64_t ticks;
+    if (read(p->timer_fd, &ticks, sizeof(ticks)) < 0 && errno != EINTR) abort();
+    pthread_mutex_lock(&p->lock);
+    int take = p->io_on_exec && p->inline_since != 0 && mn_now_ns() - p->inline_since >= MN_INLINE_NS / 2;
+    if (take) p->io_on_exec = 0;
+    pthread_mutex_unlock(&p->lock);
+    if (take) return;
+  }
 }
 
 /* ---- handshakes ------------------------------------------------------------- */
@@ -394,6 +497,9 @@ static void drop_conn(proc_t *p, conn_t **cur) {
   pthread_mutex_lock(&p->wlock);
   if ((*cur)->relay) p->relay_fd = -1;
   else if (p->fd == (*cur)->fd) p->fd = -1;
+  /* Explicitly: closing drops it from the set only if no other process holds the socket too.
+   * ENOENT (it never got in) is all that can fail, and then there is nothing to drop. */
+  if (epoll_ctl(p->ep, EPOLL_CTL_DEL, (*cur)->fd, NULL) != 0 && errno != ENOENT) abort();
   close((*cur)->fd);
   pthread_mutex_unlock(&p->wlock);
   mn_buf_free(&(*cur)->in);
@@ -501,13 +607,6 @@ static int relay_ack(proc_t *p, const char *body, size_t len) {
   return 1; /* a malformed one from our own agent is dropped: the next ACK covers it */
 }
 
-/* Frames split off one read, queued for the executor in one batch. */
-typedef struct {
-  item_t *first, *last;
-  size_t bytes;
-  int n;
-} batch_t;
-
 static void batch_add(batch_t *q, item_t *it) {
   it->next = NULL;
   if (q->last) q->last->next = it;
@@ -560,14 +659,14 @@ static int big_frame_starts(const char *at, size_t n) {
 
 
 /*
- * Splits the bytes buffered for c into frames. Returns 0, or a negative code
- * when c must be dropped: MN_EPEER (a bulk frame stalled or was cut off),
- * MN_EFRAME, control_frame's code, or MN_ENOMEM.
+ * Splits the bytes buffered for c into frames, adding its CALLs to q.
+ * Returns 0, or a negative code when c must be dropped: MN_EPEER (a bulk
+ * frame stalled or was cut off), MN_EFRAME, control_frame's code, or
+ * MN_ENOMEM (the CALLs before it are in q all the same).
  */
-static int parse_frames(proc_t *p, conn_t *c, int *has_session) {
+static int parse_frames(proc_t *p, conn_t *c, int *has_session, batch_t *q) {
   mn_buf_t *in = &c->in;
   size_t off = 0;
-  batch_t q = {NULL, NULL, 0, 0};
   int rc = 0;
   uint64_t session = current_session(p);
   for (;;) {
@@ -582,7 +681,7 @@ static int parse_frames(proc_t *p, conn_t *c, int *has_session) {
       }
       it->session = session;
       it->relay = c->relay;
-      batch_add(&q, it);
+      batch_add(q, it);
       off = in->len; /* consumed: the frame's start was all that was buffered */
       break;
     }
@@ -616,18 +715,17 @@ static int parse_frames(proc_t *p, conn_t *c, int *has_session) {
     it->relay = c->relay;
     it->len = (size_t)len;
     memcpy(it->data, body, (size_t)len);
-    batch_add(&q, it);
+    batch_add(q, it);
   }
-  if (q.first) enqueue(p, q.first, q.last, q.bytes, q.n);
   mn_buf_consume(in, off);
   return rc;
 }
 
 /*
- * Reads what the current connection has. Returns 0, or a negative code when
- * it is finished: MN_ECLOSED, -errno from recv, MN_ENOMEM or parse_frames's.
+ * Reads what the current connection has, its CALLs into q. Returns 0, or a negative code
+ * when it is finished: MN_ECLOSED, -errno from recv, MN_ENOMEM or parse_frames's.
  */
-static int read_conn(proc_t *p, conn_t *c, int *has_session) {
+static int read_conn(proc_t *p, conn_t *c, int *has_session, batch_t *q) {
   mn_buf_t *in = &c->in;
   if (mn_buf_reserve(in, 256 * 1024) != 0) return MN_ENOMEM;
   ssize_t r = recv(c->fd, in->data + in->len, in->cap - in->len, MSG_DONTWAIT);
@@ -637,7 +735,7 @@ static int read_conn(proc_t *p, conn_t *c, int *has_session) {
     return e == EINTR || e == EAGAIN ? 0 : -e;
   }
   in->len += (size_t)r;
-  return parse_frames(p, c, has_session);
+  return parse_frames(p, c, has_session, q);
 }
 
 /* Every status_ms (MONARCH_STATUS_MS, a second by default), tells the agent
@@ -674,62 +772,164 @@ static conn_t *open_relay(proc_t *p, int fd) {
   return r;
 }
 
-static void io_loop(proc_t *p, int lfd, double orphan_timeout, int relay_fd) {
-  conn_t *cur = NULL, *relay = open_relay(p, relay_fd);
-  int has_session = 0, relay_session = 1; /* the relay carries CALLs of the session served, no SESSION */
-  int64_t last_rx = mn_now_ns(), next_status = 0;
-  /* 0 means never: procs of the local agent die with it (PDEATHSIG) instead,
-   * so a controller that computes for a while does not lose them. */
-  const int64_t orphan_ns = orphan_timeout > 0 ? (int64_t)(orphan_timeout * 1e9) : INT64_MAX / 4;
-  const int64_t slice_ns = p->status_ms * 1000000; /* longest sleep: status lines keep their pace */
+/* Adds fd to the connection's epoll set under `tag`; 0 or -errno. */
+static int io_watch(proc_t *p, int fd, io_fd_t tag) {
+  struct epoll_event ev = {.events = EPOLLIN, .data.u32 = tag};
+  return epoll_ctl(p->ep, EPOLL_CTL_ADD, fd, &ev) == 0 ? 0 : -errno;
+}
+
+/* A new connection on the listening socket: its handshake runs on a thread of its own. */
+static void accept_conn(proc_t *p) {
+  int fd = accept4(p->io.lfd, NULL, NULL, SOCK_CLOEXEC);
+  if (fd >= 0) {
+    mn_sock_nodelay(fd);
+    start_handshake(p, fd);
+  }
+}
+
+/* A newly authenticated controller (from a handshake thread) replaces the current one. */
+static void take_conn(proc_t *p, batch_t *q) {
+  io_t *io = &p->io;
+  conn_t *c;
+  if (read(p->hs_pipe[0], &c, sizeof(c)) != (ssize_t)sizeof(c)) return;
+  drop_conn(p, &io->cur);
+  io->cur = c;
+  io->has_session = 0;
+  io->last_rx = mn_now_ns();
+  atomic_store(&p->cancel, 0);
+  if (io_watch(p, c->fd, IO_CONN) != 0) {
+    drop_conn(p, &io->cur); /* out of memory for the set: the controller reconnects */
+    return;
+  }
+  /* Frames that arrived right behind AUTH. */
+  if (c->in.len > 0 && parse_frames(p, c, &io->has_session, q) < 0) drop_conn(p, &io->cur);
+}
+
+/*
+ * One round of the connection's holder: the status line, the orphan clock,
+ * one poll (yielding the core for spin_ns first, so the next frame finds it
+ * awake) of at most wait_ns, then what arrived, its CALLs into q for the
+ * caller to run or queue. Returns 1 when the proc should leave (orphaned,
+ * or poll failed), else 0.
+ */
+static int io_step(proc_t *p, batch_t *q, int64_t wait_ns) {
+  io_t *io = &p->io;
+  report_status(p, &io->next_status);
+  /* The orphan clock runs only without a controller: while one is connected, a
+   * quiet one is only busy; if it vanishes, its agent ends the session (silence, grace). */
+  if (io->cur != NULL && io->has_session) io->last_rx = mn_now_ns();
+  int64_t left = io->last_rx + io->orphan_ns - mn_now_ns();
+  if (left <= 0 && !atomic_load(&persistent)) return 1; /* orphaned: no controller for orphan_timeout */
+  if (left <= 0) {
+    io->last_rx = mn_now_ns(); /* persistent: keep waiting for a controller to attach */
+    return 0;
+  }
+  if (left > io->slice_ns) left = io->slice_ns;
+  if (left > wait_ns) left = wait_ns > 0 ? wait_ns : 0;
+  struct epoll_event ev[IO_NFDS];
+  uint32_t got[IO_NFDS] = {0};
+  int r = 0;
+  for (int64_t until = mn_now_ns() + p->spin_ns; r == 0 && mn_now_ns() < until; sched_yield())
+    r = epoll_wait(p->ep, ev, IO_NFDS, 0);
+  if (r == 0) r = epoll_wait(p->ep, ev, IO_NFDS, (int)(left / 1000000) + 1);
+  if (r < 0 && errno != EINTR) return 1;
+  for (int i = 0; i < r; i++) got[ev[i].data.u32] = ev[i].events;
+  if (got[IO_LISTEN] & EPOLLIN) accept_conn(p);
+  if (got[IO_HANDSHAKE] & EPOLLIN) take_conn(p, q);
+  if (io->cur != NULL && (got[IO_CONN] & (EPOLLIN | EPOLLHUP | EPOLLERR))) {
+    io->last_rx = mn_now_ns();
+    if (read_conn(p, io->cur, &io->has_session, q) < 0) drop_conn(p, &io->cur);
+  }
+  if (io->relay != NULL && (got[IO_RELAY] & (EPOLLIN | EPOLLHUP | EPOLLERR)) &&
+      read_conn(p, io->relay, &io->relay_session, q) < 0)
+    drop_conn(p, &io->relay);
+  return 0; /* wake_fd only ends the poll: hand_on answers it */
+}
+
+/* ---- the threads ---------------------------------------------------------------- */
+
+/* Orphaned (or poll failed): stop running kernels and leave. Exiting without joining is
+ * deliberate: a kernel that ignores cancellation must not keep us alive. */
+static _Noreturn void leave(proc_t *p) {
+  atomic_store(&p->cancel, 1);
+  _exit(0);
+}
+
+/* How long the executor may sleep in poll before it is due to drop bulk maps the controller no longer holds. */
+static int64_t sweep_due(proc_t *p) {
+  if (mn_bulk_maps_held() == 0) return INT64_MAX;
+  int64_t due = p->swept_ns + (int64_t)MN_BULK_SWEEP_MS * 1000000, now = mn_now_ns();
+  if (now < due) return due - now;
+  mn_bulk_sweep();
+  p->swept_ns = mn_now_ns();
+  return (int64_t)MN_BULK_SWEEP_MS * 1000000;
+}
+
+/* The executor: holds the connection and runs what it reads while idle; else runs the I/O thread's queue. */
+static void *executor(void *arg) {
+  proc_t *p = arg;
+  run_t r;
+  int holds_io = 1;
+  memset(&r, 0, sizeof(r));
   for (;;) {
-    report_status(p, &next_status);
-    /* The orphan clock runs only without a controller: while one is connected, a
-     * quiet one is only busy; if it vanishes, its agent ends the session (silence, grace). */
-    if (cur != NULL && has_session) last_rx = mn_now_ns();
-    struct pollfd pfd[4] = {{lfd, POLLIN, 0}, {p->hs_pipe[0], POLLIN, 0}, {cur ? cur->fd : -1, POLLIN, 0},
-                            {relay ? relay->fd : -1, POLLIN, 0}};
-    int64_t left = last_rx + orphan_ns - mn_now_ns();
-    if (left <= 0 && !atomic_load(&persistent)) break; /* orphaned: no controller for orphan_timeout */
-    if (left <= 0) {
-      last_rx = mn_now_ns(); /* persistent: keep waiting for a controller to attach */
+    if (!holds_io) {
+      item_t *all = wait_work(p);
+      if (all != NULL) run_items(p, &r, all);
+      else holds_io = 1;
       continue;
     }
-    /* Like the executor: yield briefly before sleeping, so the next frame finds this thread awake. */
-    int r = 0;
-    for (int64_t until = mn_now_ns() + p->spin_ns; r == 0 && mn_now_ns() < until; sched_yield()) r = poll(pfd, 4, 0);
-    if (r == 0) r = poll(pfd, 4, (int)((left < slice_ns ? left : slice_ns) / 1000000) + 1);
-    if (r < 0 && errno != EINTR) break;
-    if (r <= 0) continue;
-    if (pfd[0].revents & POLLIN) {
-      int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
-      if (fd >= 0) {
-        mn_sock_nodelay(fd);
-        start_handshake(p, fd);
-      }
-    }
-    if (pfd[1].revents & POLLIN) {
-      conn_t *c;
-      if (read(p->hs_pipe[0], &c, sizeof(c)) == (ssize_t)sizeof(c)) {
-        /* A newly authenticated controller replaces the current one. */
-        drop_conn(p, &cur);
-        cur = c;
-        has_session = 0;
-        last_rx = mn_now_ns();
-        atomic_store(&p->cancel, 0);
-        /* Frames that arrived right behind AUTH. */
-        if (cur->in.len > 0 && parse_frames(p, cur, &has_session) < 0) drop_conn(p, &cur);
-      }
-    }
-    if (cur != NULL && (pfd[2].revents & (POLLIN | POLLHUP | POLLERR))) {
-      last_rx = mn_now_ns();
-      if (read_conn(p, cur, &has_session) < 0) drop_conn(p, &cur);
-    }
-    if (relay != NULL && (pfd[3].revents & (POLLIN | POLLHUP | POLLERR)) && read_conn(p, relay, &relay_session) < 0)
-      drop_conn(p, &relay);
+    batch_t q = {NULL, NULL, 0, 0};
+    if (io_step(p, &q, sweep_due(p)) != 0) leave(p);
+    if (q.first != NULL) holds_io = run_inline(p, &r, &q);
   }
-  drop_conn(p, &cur);
-  drop_conn(p, &relay);
+  return NULL;
+}
+
+/* The I/O thread: takes the connection when a call keeps the executor from it, until the executor asks it back. */
+static void io_thread(proc_t *p) {
+  for (;;) {
+    wait_takeover(p);
+    for (int mine = 1; mine;) {
+      batch_t q = {NULL, NULL, 0, 0};
+      if (io_step(p, &q, INT64_MAX) != 0) leave(p);
+      mine = hand_on(p, &q);
+    }
+  }
+}
+
+/* Status lines to the agent (MONARCH_STATUS_MS), on the port pipe it keeps reading. */
+static void status_init(proc_t *p, int port_fd) {
+  const char *st = getenv("MONARCH_STATUS_MS");
+  p->status_ms = st && atoi(st) > 0 ? atoi(st) : MN_STATUS_MS_DEFAULT;
+  p->status_fd = -1;
+  if (port_fd > 2) {
+    p->status_fd = port_fd;
+    if (fcntl(p->status_fd, F_SETFL, fcntl(p->status_fd, F_GETFL) | O_NONBLOCK) != 0) {
+      close(p->status_fd);
+      p->status_fd = -1;
+    }
+  }
+}
+
+/* The connection's state before the executor first holds it, and its epoll set. 0 or -errno. */
+static int io_init(proc_t *p, int lfd, double orphan_timeout, int relay_fd) {
+  io_t *io = &p->io;
+  int rc;
+  if ((p->ep = epoll_create1(EPOLL_CLOEXEC)) < 0) return -errno;
+  if ((rc = io_watch(p, lfd, IO_LISTEN)) != 0 || (rc = io_watch(p, p->hs_pipe[0], IO_HANDSHAKE)) != 0 ||
+      (rc = io_watch(p, p->wake_fd, IO_WAKE)) != 0)
+    return rc;
+  io->lfd = lfd;
+  io->relay = open_relay(p, relay_fd);
+  if (io->relay != NULL && io_watch(p, relay_fd, IO_RELAY) != 0) drop_conn(p, &io->relay); /* casts come directly */
+  io->relay_session = 1;
+  io->last_rx = mn_now_ns();
+  /* 0 means never: procs of the local agent die with it (PDEATHSIG) instead,
+   * so a controller that computes for a while does not lose them. */
+  io->orphan_ns = orphan_timeout > 0 ? (int64_t)(orphan_timeout * 1e9) : INT64_MAX / 4;
+  io->slice_ns = p->status_ms * 1000000;
+  p->io_on_exec = 1;
+  return 0;
 }
 
 int mn_proc_main(const mn_proc_opts_t *o) {
@@ -785,28 +985,19 @@ int mn_proc_main(const mn_proc_opts_t *o) {
   if (mn_actor_register() != 0) return 2;
   if (mn_exec_register(&persist_module) != 0) return 2;
   if (mn_bulk_register() != 0) return 2;
-  pthread_t th;
-  if (pthread_create(&th, NULL, executor, p) != 0) return 2;
+  /* Blocking, for the I/O thread's read; arming resets it (wait_takeover). */
+  if ((p->timer_fd = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC)) < 0) return 2;
+  if ((p->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0) return 2;
 
-  /* Report the port only once everything is ready to serve. */
+  /* Report the port only once everything is ready to serve, and before the
+   * first status line: the agent reads both on this pipe. */
   char line[32];
   int ln = snprintf(line, sizeof(line), "%d\n", port);
   if (mn_write_all(o->port_fd >= 0 ? o->port_fd : 1, line, (size_t)ln) != 0) return 2;
-  p->status_fd = -1;
-  const char *st = getenv("MONARCH_STATUS_MS");
-  p->status_ms = st && atoi(st) > 0 ? atoi(st) : MN_STATUS_MS_DEFAULT;
-  if (o->port_fd > 2) { /* the agent keeps reading it for status lines */
-    p->status_fd = o->port_fd;
-    if (fcntl(p->status_fd, F_SETFL, fcntl(p->status_fd, F_GETFL) | O_NONBLOCK) != 0) {
-      close(p->status_fd);
-      p->status_fd = -1;
-    }
-  }
-
-  io_loop(p, lfd, o->orphan_timeout, o->relay_fd);
-  /* Orphaned: stop running kernels and leave. Exiting without joining is
-   * deliberate: a kernel that ignores cancellation must not keep us alive. */
-  atomic_store(&p->cancel, 1);
-  close(lfd);
-  _exit(0);
+  status_init(p, o->port_fd);
+  if (io_init(p, lfd, o->orphan_timeout, o->relay_fd) != 0) return 2;
+  pthread_t th;
+  if (pthread_create(&th, NULL, executor, p) != 0) return 2;
+  io_thread(p);
+  return 0; /* not reached: the proc leaves by leave() */
 }
