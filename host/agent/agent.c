@@ -283,7 +283,7 @@ static void handle_kill(aconn_t *c, const msgpack_object *m) {
 }
 
 /* SESSION [22, id, 0, true]: a parent agent's relay link for session id, which must be ours already. */
-static void relay_attach(aconn_t *c, uint64_t id) {
+static void relay_attach(aconn_t *c, uint64_t id, uint64_t silence_ms) {
   asession_t *s = c->a->sessions;
   while (s && s->id != id) s = s->next;
   if (s == NULL || s->ended) {
@@ -291,6 +291,7 @@ static void relay_attach(aconn_t *c, uint64_t id) {
     return;
   }
   c->relay_of = s;
+  c->relay_silence_ms = silence_ms;
 }
 
 /* A relay link carries casts, ACKS and its parent's pings, nothing else. */
@@ -332,7 +333,7 @@ static void handle(aconn_t *c, const msgpack_object *m) {
     mn_msg_session_t sess;
     if (mn_msg_parse_session(m, &sess, err, sizeof(err)) != 0) mn__agent_refuse(c, MN_EPROTO, err);
     else if (sess.relay && c->session != NULL) mn__agent_refuse(c, MN_EPROTO, "a controller's connection cannot become a relay link");
-    else if (sess.relay) relay_attach(c, sess.session);
+    else if (sess.relay) relay_attach(c, sess.session, sess.silence_ms);
     else if (session_attach(c, sess.session) == NULL) mn__agent_refuse(c, MN_ENOMEM, "out of memory");
     mn_buf_free(&out);
     return;
@@ -394,8 +395,15 @@ static void conn_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
     conn_close(c);
     return;
   }
+  uint64_t now = uv_now(c->a->loop);
+  /* Bytes on a relay link after its parent's silence limit were held up by a cut: the parent has closed
+   * its end and the controller resent them directly; run here, their answers would go up a dead link. */
+  if (c->relay_of != NULL && c->relay_silence_ms > 0 && now - c->last_rx > c->relay_silence_ms) {
+    conn_close(c);
+    return;
+  }
   c->in.len += (size_t)n;
-  c->last_rx = uv_now(c->a->loop);
+  c->last_rx = now;
   size_t off = 0;
   while (!c->closing) {
     const char *body;

@@ -116,6 +116,7 @@ struct aconn_s {
   agent_t *a;
   asession_t *session;
   asession_t *relay_of; /* a parent agent's relay link: it carries casts for this session and owns nothing */
+  uint64_t relay_silence_ms; /* a relay link silent this long was given up by its parent (SESSION says) */
   uint64_t last_rx;
   int ready;
   int closing;

@@ -100,7 +100,7 @@ static int link_handshake(alink_t *l, const msgpack_object *m) {
     if (rc == 0) l->state = L_WELCOME;
   } else {
     rc = mn_hs_check_welcome(&a->auth, m, l->ns, l->nc, err, sizeof(err));
-    if (rc == 0) rc = mn_msg_pack_relay_session(&b, l->session);
+    if (rc == 0) rc = mn_msg_pack_relay_session(&b, l->session, l->s->link_silence_ms);
     if (rc == 0) l->state = L_UP;
   }
   if (rc != 0) {

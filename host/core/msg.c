@@ -412,11 +412,11 @@ int mn_msg_pack_linked(mn_buf_t *b, uint64_t epoch, uint64_t index, int up) {
   return finish(b, s, f);
 }
 
-int mn_msg_pack_relay_session(mn_buf_t *b, uint64_t session) {
+int mn_msg_pack_relay_session(mn_buf_t *b, uint64_t session, uint64_t silence_ms) {
   msgpack_packer pk;
   size_t s;
-  int f = head(b, &pk, &s, 4, MN_MSG_SESSION) | msgpack_pack_uint64(&pk, session) | msgpack_pack_uint64(&pk, 0);
-  f |= msgpack_pack_true(&pk);
+  int f = head(b, &pk, &s, 5, MN_MSG_SESSION) | msgpack_pack_uint64(&pk, session) | msgpack_pack_uint64(&pk, 0);
+  f |= msgpack_pack_true(&pk) | msgpack_pack_uint64(&pk, silence_ms);
   return finish(b, s, f);
 }
 
@@ -499,6 +499,11 @@ static const spec_t *check(const msgpack_object *m, int type, int *rc, char *err
 }
 
 static const msgpack_object *at(const msgpack_object *m, uint32_t i) { return &m->via.array.ptr[i]; }
+
+/* Element i of m if it is there: a uint, else 0 (an older peer's shorter frame). */
+static uint64_t opt_u64(const msgpack_object *m, uint32_t i) {
+  return m->via.array.size > i && at(m, i)->type == MSGPACK_OBJECT_POSITIVE_INTEGER ? at(m, i)->via.u64 : 0;
+}
 
 static int want_u64(const spec_t *s, const msgpack_object *m, uint32_t i, const char *field, uint64_t *out,
                     char *err, size_t errlen) {
@@ -593,6 +598,7 @@ int mn_msg_parse_session(const msgpack_object *m, mn_msg_session_t *out, char *e
   if (rc == 0 && out->session == 0) rc = bad(s, err, errlen, "id (element 1) is 0");
   if (rc == 0) rc = want_u64(s, m, 2, "acked", &out->acked, err, errlen);
   out->relay = rc == 0 && m->via.array.size > 3 && at(m, 3)->type == MSGPACK_OBJECT_BOOLEAN && at(m, 3)->via.boolean;
+  out->silence_ms = rc == 0 && out->relay ? opt_u64(m, 4) : 0;
   return rc;
 }
 
@@ -650,11 +656,6 @@ int mn_msg_parse_cast_subs(const msgpack_object *m, const msgpack_object **subs,
   }
   *subs = t;
   return 0;
-}
-
-/* Element i of m if it is there: a uint, else 0 (an older peer's shorter frame). */
-static uint64_t opt_u64(const msgpack_object *m, uint32_t i) {
-  return m->via.array.size > i && at(m, i)->type == MSGPACK_OBJECT_POSITIVE_INTEGER ? at(m, i)->via.u64 : 0;
 }
 
 int mn_msg_parse_tree(const msgpack_object *m, uint64_t *epoch, const msgpack_object **children, uint64_t *ping_ms,

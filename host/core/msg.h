@@ -126,8 +126,9 @@ int mn_msg_pack_tree(mn_buf_t *b, uint64_t epoch, const char *const *addrs, cons
                      uint64_t ping_ms, uint64_t silence_ms);
 /* LINKED [36, epoch, index, up]. */
 int mn_msg_pack_linked(mn_buf_t *b, uint64_t epoch, uint64_t index, int up);
-/* SESSION with element 3 set: the relay link a parent agent opens to a child for session `session`. */
-int mn_msg_pack_relay_session(mn_buf_t *b, uint64_t session);
+/* SESSION with element 3 set: the relay link a parent agent opens to a child for session `session`;
+ * element 4, the silence after which the parent gives up on the link (the child then drops it too). */
+int mn_msg_pack_relay_session(mn_buf_t *b, uint64_t session, uint64_t silence_ms);
 /* The head of [CALL, seq, ...rest] for a rest of rlen bytes (the agent's copy of a cast); MN_MSG_CALL_HEAD bytes. */
 void mn_msg_call_from_cast(char out[MN_MSG_CALL_HEAD], uint64_t seq, size_t rlen);
 /*
@@ -231,6 +232,7 @@ typedef struct {
   uint64_t session;     /* never 0 */
   uint64_t acked;
   int relay;            /* element 3, optional: 1 when a parent agent opens a relay link for casts, not a controller */
+  uint64_t silence_ms;  /* element 4, optional (0): a relay link silent this long is given up by its parent */
 } mn_msg_session_t;
 
 typedef struct {

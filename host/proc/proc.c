@@ -56,6 +56,7 @@
 #include <sys/timerfd.h>
 #include <unistd.h>
 
+#define MN_RELAY_HELD_MAX (4u << 20) /* relay bytes kept unread while no SESSION has come */
 #define MN_SPIN_NS_DEFAULT 0 /* the connection's holder yields before it sleeps; the agent sets MONARCH_SPIN_US, knowing how many procs share the host */
 /* A call run by the executor may keep the connection unread this long before the I/O thread takes
  * it; past the scheduler's tick (4 ms at 250 Hz) its timer is never the CPU's next event, so arming and
@@ -693,10 +694,13 @@ static int parse_frames(proc_t *p, conn_t *c, int *has_session, batch_t *q) {
       rc = MN_EFRAME;
       break;
     }
-    off += MN_FRAME_HEADER + (size_t)len;
     int handled = 0;
+    /* A cast can overtake the SESSION on the controller's own link: its CALLs wait, unread, for it
+     * (run_held_relay); nothing would resend them. Past MN_RELAY_HELD_MAX nobody is coming: dropped. */
+    if (c->relay && session == 0 && in->len <= MN_RELAY_HELD_MAX) break;
+    off += MN_FRAME_HEADER + (size_t)len;
     if (c->relay) {
-      if (session == 0) continue; /* no controller yet: nobody to answer; it resends directly */
+      if (session == 0) continue;
       if (relay_ack(p, body, (size_t)len)) continue;
     } else {
       if ((rc = control_frame(p, c, body, (size_t)len, has_session, &handled)) != 0) break;
@@ -719,6 +723,14 @@ static int parse_frames(proc_t *p, conn_t *c, int *has_session, batch_t *q) {
   }
   mn_buf_consume(in, off);
   return rc;
+}
+
+/* The relay's frames held for want of a session, once the controller's SESSION has come. */
+static void run_held_relay(proc_t *p, batch_t *q) {
+  io_t *io = &p->io;
+  if (io->relay != NULL && io->relay->in.len > 0 && current_session(p) != 0 &&
+      parse_frames(p, io->relay, &io->relay_session, q) < 0)
+    drop_conn(p, &io->relay);
 }
 
 /*
@@ -843,6 +855,7 @@ static int io_step(proc_t *p, batch_t *q, int64_t wait_ns) {
   if (io->relay != NULL && (got[IO_RELAY] & (EPOLLIN | EPOLLHUP | EPOLLERR)) &&
       read_conn(p, io->relay, &io->relay_session, q) < 0)
     drop_conn(p, &io->relay);
+  run_held_relay(p, q);
   return 0; /* wake_fd only ends the poll: hand_on answers it */
 }
 

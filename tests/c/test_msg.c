@@ -671,10 +671,10 @@ static void test_tree_messages(void **state) {
   done(&m);
   mn_msg_session_t sess;
   mn_buf_init(&b);
-  assert_int_equal(mn_msg_pack_relay_session(&b, 99), 0);
+  assert_int_equal(mn_msg_pack_relay_session(&b, 99, 1500), 0);
   take(&b, &m);
   assert_int_equal(mn_msg_parse_session(&m.obj, &sess, m.err, sizeof(m.err)), 0);
-  assert_true(sess.session == 99 && sess.relay == 1);
+  assert_true(sess.session == 99 && sess.relay == 1 && sess.silence_ms == 1500);
   done(&m);
   /* CAST with one sub (child 1, 1 triple, no deeper subs), then handed on from its decoded parts. */
   msgpack_packer pk;
