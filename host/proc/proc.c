@@ -296,18 +296,17 @@ static void set_timer(proc_t *p, long ns) {
 }
 
 /*
- * Executor: runs the calls it read while holding the connection (q), with
+ * Executor: runs calls (first) while it holds the connection, with
  * the timer armed so that the I/O thread takes the connection over if they
  * keep it unread MN_INLINE_NS. Returns 1 if the executor still holds it, 0
  * if the I/O thread took it (then it queues what arrives meanwhile).
  */
-static int run_inline(proc_t *p, run_t *r, batch_t *q) {
-  atomic_fetch_add_explicit(&p->received, (unsigned long long)q->n, memory_order_relaxed);
+static int run_held(proc_t *p, run_t *r, item_t *first) {
   pthread_mutex_lock(&p->lock);
   p->inline_since = mn_now_ns();
   pthread_mutex_unlock(&p->lock);
   set_timer(p, MN_INLINE_NS);
-  run_items(p, r, q->first);
+  run_items(p, r, first);
   pthread_mutex_lock(&p->lock);
   int held = p->io_on_exec;
   p->inline_since = 0;
@@ -316,12 +315,17 @@ static int run_inline(proc_t *p, run_t *r, batch_t *q) {
   return held;
 }
 
+static int run_inline(proc_t *p, run_t *r, batch_t *q) {
+  atomic_fetch_add_explicit(&p->received, (unsigned long long)q->n, memory_order_relaxed);
+  return run_held(p, r, q->first);
+}
+
 /*
  * Executor, while the I/O thread holds the connection: returns the calls it
  * queued, or NULL once the connection is back. The queue run dry, it asks
  * for the connection (want_io, and wake_fd to end the I/O thread's poll).
  */
-static item_t *wait_work(proc_t *p) {
+static item_t *wait_work(proc_t *p, int *back) {
   pthread_mutex_lock(&p->lock);
   while (p->head == NULL && !p->io_on_exec) {
     if (!p->want_io) {
@@ -333,6 +337,7 @@ static item_t *wait_work(proc_t *p) {
     pthread_cond_wait(&p->cond, &p->lock);
   }
   item_t *all = p->head;
+  *back = p->io_on_exec;
   p->head = p->tail = NULL;
   p->queued_bytes = 0;
   pthread_cond_signal(&p->space);
@@ -886,8 +891,12 @@ static void *executor(void *arg) {
   memset(&r, 0, sizeof(r));
   for (;;) {
     if (!holds_io) {
-      item_t *all = wait_work(p);
-      if (all != NULL) run_items(p, &r, all);
+      int back;
+      item_t *all = wait_work(p, &back);
+      /* Handed back along with calls queued at the same time: those run as read ones do, under the
+       * takeover timer, or a long one would leave the connection unheard (no status lines: "hung"). */
+      if (all != NULL && back) holds_io = run_held(p, &r, all);
+      else if (all != NULL) run_items(p, &r, all);
       else holds_io = 1;
       continue;
     }
