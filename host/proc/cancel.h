@@ -1,7 +1,7 @@
 /*
  * cancel.h - which calls the controller asked a proc to stop (CANCEL).
  *
- * The I/O thread records requests; the executor asks, before each call,
+ * Whichever thread holds the connection records requests; the executor asks, before each call,
  * whether it was cancelled (then it answers without running it) and marks
  * it running, so a request for the running call sets the kernel's cancel
  * flag (mk_cancelled, proc.cancelled) instead. A request never falls
@@ -34,7 +34,7 @@ int mn_cancel_init(mn_cancel_t *c, atomic_int *flag);
 void mn_cancel_close(mn_cancel_t *c);
 
 /*
- * I/O thread: the controller asks that call `seq` of `session` stop.
+ * The connection's holder: the controller asks that call `seq` of `session` stop.
  * Returns 1 when it is running now (its flag is set), 0 when recorded for
  * when the executor reaches it (or it already ran: then the request is
  * dropped there), MN_ELIMIT when MN_CANCEL_MAX requests are pending.
