@@ -75,8 +75,8 @@ describe("a cut inside the cast tree", function()
       addrs[i] = daemons[i].addr
     end
     agents = mesh_mod.connect_agents(addrs)
-    -- The loads go straight to each proc, so that each has its session before the first cast: a relayed
-    -- call that reaches a proc before its SESSION is dropped (the pending case below).
+    -- The loads go straight to each proc (below cast_min): the first cast to procs just spawned, which
+    -- can overtake their SESSION, is a case of its own below.
     monarch.configure{ cast_min = 16 }
     m = mesh_mod.host_mesh(agents):spawn_procs{ procs = 1 }
     m:load "basic"
@@ -109,6 +109,16 @@ describe("a cut inside the cast tree", function()
     monarch.configure{ fanout = 16, heartbeat = 0.5, heartbeat_timeout = 3.0, reconnect = 5.0 }
     assert(ok, err)
   end)
+
+  -- A whole-mesh cast goes through the tree: every agent but the top two is routed through its parent,
+  -- and the controller writes one CAST per top agent.
+  local function assert_through_tree()
+    local before = stats()
+    assert.are.equal(N, #m:call("rank"):get(10):values())
+    local after = stats()
+    assert.are.equal(LINKS, after.routed, "routes stayed direct")
+    assert.are.equal(2, after.casts - before.casts, "not one CAST per top agent")
+  end
 
   -- rank -> bumps of each proc of view
   local function counts(view)
@@ -188,18 +198,13 @@ describe("a cut inside the cast tree", function()
     assert(net:heal(PARENT, CHILD))
     check_bumps(m, futs, base)
     assert.are.equal(LINKS, stats().links_up, "a cut of 0.5 s was reported as a lost link")
-    local before = stats()
-    assert.are.equal(N, #m:call("rank"):get(10):values())
-    local after = stats()
-    assert.are.equal(LINKS, after.routed)
-    assert.are.equal(2, after.casts - before.casts, "not one CAST per top agent")
+    assert_through_tree()
   end)
 
   it("runs every call once when the cut heals after the parent noticed, and the link comes back", function()
     start()
     local base = counts(m)
-    -- Nothing more is cast into the cut: what was would reach the child after the heal (the pending
-    -- case below).
+    -- Nothing more is cast into the cut (casts that reach the child after the heal: the case below).
     local futs = cut_mid_cast(m, PARENT, CHILD, false)
     assert(net:heal(PARENT, CHILD))
     -- The next cast rebuilds the tree; this time the parent's new link to its child comes up.
@@ -230,8 +235,7 @@ describe("a cut inside the cast tree", function()
     local base = counts(m)
     local futs = in_flight(beside, 10)
     -- The controller's link to daemons[CHILD], and its proc's own link. The controller's side is refused
-    -- (its route is gone, as in partition_spec): a silent one keeps it reconnecting past its window
-    -- (the pending case below).
+    -- (its route is gone, as in partition_spec); a silent cut of it is a case of its own below.
     assert(net:cut(0, CHILD, { refuse = true }))
     local t0 = monarch.now()
     while agents[CHILD].state == "ready" and monarch.now() - t0 < 5 do
@@ -304,11 +308,7 @@ describe("a cut inside the cast tree", function()
     for _, f in ipairs(futs) do f:get(20) end
     assert.is_true(wait_for(function() return stats().links_up == LINKS end, 5))
     m:call("noop"):get(10)
-    local before = stats()
-    assert.are.equal(N, #m:call("rank"):get(10):values())
-    local after = stats()
-    assert.are.equal(LINKS, after.routed, "routes stayed direct after the rebuild")
-    assert.are.equal(2, after.casts - before.casts)
+    assert_through_tree()
   end)
 
   -- The child drops what arrives on a link its parent gave up (silent past the limit SESSION named).
