@@ -112,6 +112,8 @@ struct mn_ctl_s {
   uint64_t tree_epoch;    /* bumped per rebuild; named in TREE and LINKED */
   int tree_dirty;         /* the agents changed since the last rebuild */
   int *touched, ntouched; /* agents the cast being sent touched */
+  int ans_via;            /* answers through the tree not yet taken off their route's counts: their agent, */
+  uint32_t ans_n;         /* and how many (a RESULTS frame brings each agent's procs together) */
   mn_cast_rest_t *cur_rest; /* the cast being gathered: its bytes after the seq, shared by its relayed calls */
 };
 

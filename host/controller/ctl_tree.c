@@ -44,14 +44,27 @@ int mn__ctl_tree_active(const mn_ctl_t *c) { return c->fanout > 1 && c->ntree > 
 
 void mn__ctl_tree_changed(mn_ctl_t *c) { c->tree_dirty = 1; }
 
+/* Takes the answers counted since the last flush off the in-flight counts of their agent's route. */
+static void answered_flush(mn_ctl_t *c) {
+  int64_t n = c->ans_n;
+  for (mn_conn_t *a = c->ans_via > 0 ? mn_ctl_conn(c, c->ans_via) : NULL; a != NULL && n > 0; a = route_of(c, a))
+    a->ag->tree_inflight -= a->ag->tree_inflight < n ? a->ag->tree_inflight : n;
+  c->ans_n = 0;
+}
+
+/* Counted, not walked, per answer: a route is walked once per run of one agent's answers. */
 void mn__ctl_tree_answered(mn_ctl_t *c, mn_conn_t *k) {
-  for (mn_conn_t *a = k->via > 0 ? mn_ctl_conn(c, k->via) : NULL; a != NULL; a = route_of(c, a))
-    if (a->ag->tree_inflight > 0) a->ag->tree_inflight--;
+  if (k->via != c->ans_via) {
+    answered_flush(c);
+    c->ans_via = k->via;
+  }
+  c->ans_n++;
 }
 
 /* Every relayed call in flight is resent on its proc's own link; every route is direct again, and with
  * links_too, no link counts as up (a new tree's links report afresh). */
 static void unrelay_all(mn_ctl_t *c, int links_too) {
+  c->ans_n = 0; /* every count goes to 0 below */
   for (int i = 0; i < c->nagent_ids; i++) {
     mn_agent_part_t *g = c->conns[c->agent_ids[i]]->ag;
     g->route = 0;
@@ -162,6 +175,7 @@ static void mn__ctl_tree_linked(mn_ctl_t *c, mn_conn_t *a, uint64_t epoch, uint6
 /* Before a cast (the tree is current: mn_ctl_cast_end refreshed it): idle agents take the route their
  * parent's link allows. */
 static void settle_routes(mn_ctl_t *c) {
+  answered_flush(c);
   for (int i = 0; i < c->ncasting; i++) {
     mn_conn_t *a = mn_ctl_conn(c, c->casting[i]);
     mn_conn_t *p = parent_of(c, a);
@@ -285,6 +299,7 @@ int mn__ctl_tree_unrelay_agent(mn_ctl_t *c) {
 }
 
 void mn_ctl_tree_stats(mn_ctl_t *c, int *active, int *up, int *routed, int *vouched) {
+  answered_flush(c);
   *active = mn__ctl_tree_active(c);
   *up = *routed = *vouched = 0;
   for (int p = 0; p < c->ntree; p++) {
