@@ -52,7 +52,6 @@ static void mark(int **list, int *n, int id) {
   if (*list != NULL) (*list)[(*n)++] = id;
 }
 
-static void on_heartbeat(uv_timer_t *t);
 
 int mn_ctl_init(mn_ctl_t *c, const char *token, size_t toklen) {
   memset(c, 0, sizeof(*c));
@@ -72,7 +71,7 @@ int mn_ctl_init(mn_ctl_t *c, const char *token, size_t toklen) {
   c->proc_heartbeats = phb && strcmp(phb, "1") == 0;
   const char *noack = getenv("MONARCH_NO_ACK");
   c->no_acks = noack && strcmp(noack, "1") == 0;
-  uv_timer_start(&c->heartbeat, on_heartbeat, c->hb_ms, c->hb_ms);
+  uv_timer_start(&c->heartbeat, mn__ctl_on_heartbeat, c->hb_ms, c->hb_ms);
   uv_unref((uv_handle_t *)&c->heartbeat);
   /* The first tick must see a stall too: a script that computes before it first waits is no peer's silence. */
   uv_update_time(&c->loop);
@@ -84,7 +83,7 @@ int mn_ctl_init(mn_ctl_t *c, const char *token, size_t toklen) {
 void mn_ctl_configure(mn_ctl_t *c, uint64_t hb_ms, uint64_t hb_timeout_ms, uint64_t reconnect_ms) {
   if (hb_ms > 0) {
     c->hb_ms = hb_ms;
-    uv_timer_start(&c->heartbeat, on_heartbeat, hb_ms, hb_ms);
+    uv_timer_start(&c->heartbeat, mn__ctl_on_heartbeat, hb_ms, hb_ms);
   }
   if (hb_timeout_ms > 0 && hb_timeout_ms != c->hb_timeout_ms) {
     c->hb_timeout_ms = hb_timeout_ms;
@@ -112,7 +111,7 @@ static void link_closed(uv_handle_t *h) {
 }
 
 /* Abandons the current attempt; its callbacks see l->k == NULL and do nothing. */
-static void drop_link(mn_conn_t *k) {
+void mn__ctl_drop_link(mn_conn_t *k) {
   mn_link_t *l = k->link;
   if (l == NULL) return;
   k->link = NULL;
@@ -134,7 +133,7 @@ void mn_ctl_disconnect(mn_ctl_t *c, int id, const char *reason) {
   if (k == NULL || k->state == MN_CS_CLOSED) return;
   k->state = MN_CS_CLOSED;
   mn__ctl_set_text(&k->reason, "%s", reason);
-  drop_link(k);
+  mn__ctl_drop_link(k);
   stop_retry(k);
   k->out.len = 0;
   mn_buf_free(&k->unacked);
@@ -309,7 +308,6 @@ static void acked(mn_conn_t *k, uint64_t seq, int copied) {
 }
 
 static void flush_conn(mn_conn_t *k);
-static void conn_lost(mn_conn_t *k, const char *why);
 
 /* One uv_write: owns a copy of its bytes, or references a payload until done. */
 typedef struct {
@@ -351,7 +349,7 @@ static void on_written(uv_write_t *w, int status) {
   mn_conn_t *k = l->k;
   if (k == NULL) return; /* an abandoned attempt */
   if (status != 0) {
-    conn_lost(k, uv_strerror(status));
+    mn__ctl_conn_lost(k, uv_strerror(status));
     return;
   }
   if (k->out.len > 0) flush_conn(k);
@@ -395,7 +393,7 @@ static void flush_conn(mn_conn_t *k) {
       return;
     }
     if (n < 0 && n != UV_EAGAIN) {
-      conn_lost(k, uv_strerror(n));
+      mn__ctl_conn_lost(k, uv_strerror(n));
       return;
     }
     if (n > 0) mn_buf_consume(&k->out, (size_t)n);
@@ -405,7 +403,7 @@ static void flush_conn(mn_conn_t *k) {
   b = uv_buf_init(own, (unsigned)k->out.len);
   mn_buf_init(&k->out);
   int rc = start_write(k, &b, 1, own, -1);
-  if (rc != 0) conn_lost(k, uv_strerror(rc));
+  if (rc != 0) mn__ctl_conn_lost(k, uv_strerror(rc));
 }
 
 int mn_ctl_call_bulk(mn_ctl_t *c, mn_conn_t *k, char *head, size_t n, const char *payload, size_t plen, int ref,
@@ -447,7 +445,7 @@ int mn_ctl_call_bulk(mn_ctl_t *c, mn_conn_t *k, char *head, size_t n, const char
   memcpy(own, head, n);
   uv_buf_t bufs[2] = {uv_buf_init(own, (unsigned)n), uv_buf_init((char *)payload, (unsigned)plen)};
   int rc = start_write(k, bufs, 2, own, ref);
-  if (rc != 0) conn_lost(k, uv_strerror(rc));
+  if (rc != 0) mn__ctl_conn_lost(k, uv_strerror(rc));
   return 0;
 }
 
@@ -472,7 +470,7 @@ static void on_retry(uv_timer_t *t) {
 }
 
 /* Schedules the next attempt, or gives up once the window is spent. */
-static void schedule_retry(mn_conn_t *k, const char *why) {
+void mn__ctl_schedule_retry(mn_conn_t *k, const char *why) {
   mn_ctl_t *c = k->ctl;
   uint64_t now = uv_now(&c->loop);
   if (c->closing || now - k->lost_at >= k->reconnect_ms) {
@@ -494,10 +492,10 @@ static void schedule_retry(mn_conn_t *k, const char *why) {
 }
 
 /* A ready connection broke (error, EOF or heartbeat silence). */
-static void conn_lost(mn_conn_t *k, const char *why) {
+void mn__ctl_conn_lost(mn_conn_t *k, const char *why) {
   mn_ctl_t *c = k->ctl;
   if (k->state == MN_CS_CLOSED || k->state == MN_CS_RECONNECTING) return;
-  drop_link(k);
+  mn__ctl_drop_link(k);
   k->out.len = 0;
   if (!k->ever_ready || k->reconnect_ms == 0 || c->closing) {
     mn_ctl_disconnect(c, k->id, why); /* which takes its procs' calls off its relay */
@@ -514,7 +512,7 @@ static void conn_lost(mn_conn_t *k, const char *why) {
   k->state = MN_CS_RECONNECTING;
   /* Once it is not ready: nothing is resent to it until it is back (mn__ctl_relayed_back). */
   if (k->kind == MN_CONN_AGENT) mn__ctl_unrelay_agent(c, k->id);
-  schedule_retry(k, why);
+  mn__ctl_schedule_retry(k, why);
 }
 
 /* ---- reading and the handshake ------------------------------------------------ */
@@ -628,10 +626,10 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
     if (k->state == MN_CS_READY) {
       /* The peer's kernel ended it: its process is gone, or closed it (a silent link would time out). */
       k->peer_closed = n == UV_EOF || n == UV_ECONNRESET;
-      conn_lost(k, why);
+      mn__ctl_conn_lost(k, why);
     } else {
-      drop_link(k);
-      if (k->state != MN_CS_CLOSED && k->ever_ready) schedule_retry(k, why);
+      mn__ctl_drop_link(k);
+      if (k->state != MN_CS_CLOSED && k->ever_ready) mn__ctl_schedule_retry(k, why);
       else mn_ctl_disconnect(c, k->id, why);
     }
     if (!k->readable && k->in.len > 0) {
@@ -667,7 +665,7 @@ static void on_connect(uv_connect_t *req, int status) {
   if (status != 0) {
     char msg[400];
     snprintf(msg, sizeof(msg), "cannot connect to %s:%d: %s", k->host, k->port, uv_strerror(status));
-    drop_link(k);
+    mn__ctl_drop_link(k);
     if (k->ever_ready && agent_gone(k, status)) {
       char why[340];
       snprintf(why, sizeof(why), "%.256s, then refused: no host agent listens there any more", reason_of(k));
@@ -675,7 +673,7 @@ static void on_connect(uv_connect_t *req, int status) {
       return;
     }
     /* A proc's "refused" is retried within the window: a proc that really died is reported by its agent. */
-    if (k->ever_ready) schedule_retry(k, msg);
+    if (k->ever_ready) mn__ctl_schedule_retry(k, msg);
     else mn_ctl_disconnect(k->ctl, k->id, msg);
     return;
   }
@@ -722,8 +720,8 @@ static void start_link(mn_conn_t *k) {
     if (rc == 0) return;
     snprintf(msg, sizeof(msg), "cannot connect to %s:%d: %s", k->host, k->port, uv_strerror(rc));
   }
-  drop_link(k);
-  if (k->ever_ready) schedule_retry(k, msg);
+  mn__ctl_drop_link(k);
+  if (k->ever_ready) mn__ctl_schedule_retry(k, msg);
   else mn_ctl_disconnect(c, k->id, msg);
 }
 
@@ -772,86 +770,6 @@ int mn_ctl_connect(mn_ctl_t *c, const char *host, int port, mn_conn_kind_t kind)
   k->session |= 1; /* never 0: 0 means "no session" on the proc */
   start_link(k);
   return k->id;
-}
-
-/* ---- heartbeats ------------------------------------------------------------------ */
-
-/* Every interval: declare silent connections lost, end stalled handshakes, send PING (and ACK to procs). */
-/* Tells a proc the highest seq whose RESULT arrived, if that moved: it drops those from its replay cache. */
-static void send_ack(mn_ctl_t *c, mn_conn_t *k) {
-  if (k->acked <= k->ack_sent) return;
-  k->ack_sent = k->acked;
-  /* One ACKS frame per agent, not one write per proc; a relay-only proc has no link of its own for it. */
-  if (mn__ctl_relay_ack(c, k) || k->relay_only) return;
-  char f[16];
-  mn_buf_t b = {f, 0, sizeof(f)}; /* an ACK is at most 14 bytes: the buffer never grows */
-  if (mn_msg_pack_ack(&b, k->acked) == 0) mn_ctl_send(c, k, b.data, b.len);
-}
-
-/* One connection's heartbeat: a stalled handshake ends, a silent peer is lost, a quiet one is PINGed. */
-static void heartbeat_conn(mn_ctl_t *c, mn_conn_t *k, uint64_t now) {
-  /* A reconnect's connect that nothing answers (SYNs dropped) would wait for the kernel's minutes: it
-   * ends with the handshake's limit, or the reconnect window, whichever comes first. */
-  int redial = k->state == MN_CS_RECONNECTING && k->link != NULL;
-  if ((k->state == MN_CS_HELLO || k->state == MN_CS_WELCOME || k->state == MN_CS_CONNECTING || redial) && k->link &&
-      (now - k->link->started > MN_HANDSHAKE_TIMEOUT_MS || (redial && now - k->lost_at >= k->reconnect_ms))) {
-    char msg[340];
-    snprintf(msg, sizeof(msg), "no handshake from %s:%d within %d ms", k->host, k->port,
-             (int)(now - k->link->started));
-    drop_link(k);
-    if (k->ever_ready) schedule_retry(k, msg);
-    else mn_ctl_disconnect(c, k->id, msg);
-    return;
-  }
-  if (k->state != MN_CS_READY) return;
-  if (k->kind == MN_CONN_PROC && (!c->proc_heartbeats || k->relay_only)) {
-    send_ack(c, k); /* procs are watched by their agents (PROC_HUNG); they only hear how far we got */
-    return;
-  }
-  if (k->kind == MN_CONN_AGENT && mn__ctl_tree_vouched(c, k)) {
-    k->last_rx = now; /* its parent watches it; from LINKED false on, the silence counts here again */
-    return;
-  }
-  if (now - k->last_rx > c->hb_timeout_ms) {
-    char msg[96];
-    snprintf(msg, sizeof(msg), "no heartbeat for %.1f s", (double)(now - k->last_rx) / 1e3);
-    conn_lost(k, msg);
-    return;
-  }
-  char f[32];
-  mn_buf_t b = {f, 0, sizeof(f)}; /* PING and ACK are at most 14 bytes each: the buffer never grows */
-  /* Heard from within a quarter of the timeout: no PING this tick. An answer every other tick watches as
-   * well (the default timeout is six ticks), and at thousands of hosts the PINGs are the idle cost. */
-  if (now - k->last_rx >= c->hb_timeout_ms / 4 && mn_msg_pack_ping(&b, MN_HB_PING_BASE + c->hb_count) == 0) {
-    mn_ctl_send(c, k, b.data, b.len);
-    c->agent_pings += k->kind == MN_CONN_AGENT;
-  }
-  if (k->kind == MN_CONN_PROC) send_ack(c, k);
-}
-
-static void on_heartbeat(uv_timer_t *t) {
-  mn_ctl_t *c = t->data;
-  uint64_t now = uv_now(&c->loop);
-  c->hb_count++;
-  /* If this process itself did not run the loop for a while (the script
-   * computed, or blocked, between waits), the silence is ours, not the
-   * peers': their bytes may be waiting unread. Start counting afresh. */
-  int stalled = c->last_tick != 0 && now - c->last_tick > c->hb_ms + c->hb_timeout_ms / 2;
-  c->last_tick = now;
-  if (stalled)
-    for (int i = 1; i <= c->nconns; i++) {
-      c->conns[i]->last_rx = now;
-      if (c->conns[i]->link) c->conns[i]->link->started = now;
-    }
-  /* Procs only hear ACKs (their agents watch them) and start up rarely: every MN_ACK_TICKS ticks is
-   * enough for them, and the other ticks touch the agents alone, not tens of thousands of procs. */
-  if (c->proc_heartbeats || c->hb_count % MN_ACK_TICKS == 0) {
-    for (int i = 1; i <= c->nconns; i++) heartbeat_conn(c, c->conns[i], now);
-  } else {
-    for (int i = 0; i < c->nagent_ids; i++) heartbeat_conn(c, c->conns[c->agent_ids[i]], now);
-  }
-  mn__ctl_relay_acks_end(c);
-  mn_ctl_flush(c);
 }
 
 /* ---- what a connection holds, for the Lua face ---------------------------------- */

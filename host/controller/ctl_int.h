@@ -100,6 +100,13 @@ int mn__ctl_track(mn_ctl_t *c, mn_conn_t *k, char *frame, size_t n, double call,
                   mn_cast_rest_t *rest);
 /* A CALL on k's own link, whatever is in flight through its agent (mn_ctl_call without that check). */
 int mn__ctl_call_direct(mn_ctl_t *c, mn_conn_t *k, char *frame, size_t n, double call, int32_t slot);
+/* ctl.c, for the heartbeat (ctl_heartbeat.c): drop a conn's link; retry it after a backoff (or close it,
+ * its reconnect window spent); a ready conn lost (its link dropped, a reconnect scheduled). */
+void mn__ctl_drop_link(mn_conn_t *k);
+void mn__ctl_schedule_retry(mn_conn_t *k, const char *why);
+void mn__ctl_conn_lost(mn_conn_t *k, const char *why);
+/* The heartbeat timer's callback. */
+void mn__ctl_on_heartbeat(uv_timer_t *t);
 /* Queues k's ACK in its agent's ACKS batch (sent by mn__ctl_relay_acks_end); 0 if it must go on k's own link. */
 int mn__ctl_relay_ack(mn_ctl_t *c, mn_conn_t *k);
 /* Sends each agent its gathered ACKS. */

@@ -1,0 +1,87 @@
+/*
+ * ctl_heartbeat.c - the controller's heartbeat: every hb_ms it ends stalled
+ * handshakes (a reconnect's unanswered connect included), declares silent
+ * peers lost, PINGs the quiet ones the cast tree does not vouch for, and
+ * sends procs their ACKs (every MN_ACK_TICKS ticks, through their agents and
+ * down the tree where it can). Most ticks touch the agents only.
+ */
+#include "ctl_int.h"
+
+#include <stdio.h>
+
+/* Tells a proc the highest seq whose RESULT arrived, if that moved: it drops those from its replay cache. */
+static void send_ack(mn_ctl_t *c, mn_conn_t *k) {
+  if (k->acked <= k->ack_sent) return;
+  k->ack_sent = k->acked;
+  /* One ACKS frame per agent, not one write per proc; a relay-only proc has no link of its own for it. */
+  if (mn__ctl_relay_ack(c, k) || k->relay_only) return;
+  char f[16];
+  mn_buf_t b = {f, 0, sizeof(f)}; /* an ACK is at most 14 bytes: the buffer never grows */
+  if (mn_msg_pack_ack(&b, k->acked) == 0) mn_ctl_send(c, k, b.data, b.len);
+}
+
+/* One connection's heartbeat: a stalled handshake ends, a silent peer is lost, a quiet one is PINGed. */
+static void heartbeat_conn(mn_ctl_t *c, mn_conn_t *k, uint64_t now) {
+  /* A reconnect's connect that nothing answers (SYNs dropped) would wait for the kernel's minutes: it
+   * ends with the handshake's limit, or the reconnect window, whichever comes first. */
+  int redial = k->state == MN_CS_RECONNECTING && k->link != NULL;
+  if ((k->state == MN_CS_HELLO || k->state == MN_CS_WELCOME || k->state == MN_CS_CONNECTING || redial) && k->link &&
+      (now - k->link->started > MN_HANDSHAKE_TIMEOUT_MS || (redial && now - k->lost_at >= k->reconnect_ms))) {
+    char msg[340];
+    snprintf(msg, sizeof(msg), "no handshake from %s:%d within %d ms", k->host, k->port,
+             (int)(now - k->link->started));
+    mn__ctl_drop_link(k);
+    if (k->ever_ready) mn__ctl_schedule_retry(k, msg);
+    else mn_ctl_disconnect(c, k->id, msg);
+    return;
+  }
+  if (k->state != MN_CS_READY) return;
+  if (k->kind == MN_CONN_PROC && (!c->proc_heartbeats || k->relay_only)) {
+    send_ack(c, k); /* procs are watched by their agents (PROC_HUNG); they only hear how far we got */
+    return;
+  }
+  if (k->kind == MN_CONN_AGENT && mn__ctl_tree_vouched(c, k)) {
+    k->last_rx = now; /* its parent watches it; from LINKED false on, the silence counts here again */
+    return;
+  }
+  if (now - k->last_rx > c->hb_timeout_ms) {
+    char msg[96];
+    snprintf(msg, sizeof(msg), "no heartbeat for %.1f s", (double)(now - k->last_rx) / 1e3);
+    mn__ctl_conn_lost(k, msg);
+    return;
+  }
+  char f[32];
+  mn_buf_t b = {f, 0, sizeof(f)}; /* PING and ACK are at most 14 bytes each: the buffer never grows */
+  /* Heard from within a quarter of the timeout: no PING this tick. An answer every other tick watches as
+   * well (the default timeout is six ticks), and at thousands of hosts the PINGs are the idle cost. */
+  if (now - k->last_rx >= c->hb_timeout_ms / 4 && mn_msg_pack_ping(&b, MN_HB_PING_BASE + c->hb_count) == 0) {
+    mn_ctl_send(c, k, b.data, b.len);
+    c->agent_pings += k->kind == MN_CONN_AGENT;
+  }
+  if (k->kind == MN_CONN_PROC) send_ack(c, k);
+}
+
+void mn__ctl_on_heartbeat(uv_timer_t *t) {
+  mn_ctl_t *c = t->data;
+  uint64_t now = uv_now(&c->loop);
+  c->hb_count++;
+  /* If this process itself did not run the loop for a while (the script
+   * computed, or blocked, between waits), the silence is ours, not the
+   * peers': their bytes may be waiting unread. Start counting afresh. */
+  int stalled = c->last_tick != 0 && now - c->last_tick > c->hb_ms + c->hb_timeout_ms / 2;
+  c->last_tick = now;
+  if (stalled)
+    for (int i = 1; i <= c->nconns; i++) {
+      c->conns[i]->last_rx = now;
+      if (c->conns[i]->link) c->conns[i]->link->started = now;
+    }
+  /* Procs only hear ACKs (their agents watch them) and start up rarely: every MN_ACK_TICKS ticks is
+   * enough for them, and the other ticks touch the agents alone, not tens of thousands of procs. */
+  if (c->proc_heartbeats || c->hb_count % MN_ACK_TICKS == 0) {
+    for (int i = 1; i <= c->nconns; i++) heartbeat_conn(c, c->conns[i], now);
+  } else {
+    for (int i = 0; i < c->nagent_ids; i++) heartbeat_conn(c, c->conns[c->agent_ids[i]], now);
+  }
+  mn__ctl_relay_acks_end(c);
+  mn_ctl_flush(c);
+}
