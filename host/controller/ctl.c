@@ -80,6 +80,14 @@ int mn_ctl_init(mn_ctl_t *c, const char *token, size_t toklen) {
   return c->conns ? 0 : MN_ENOMEM;
 }
 
+/* An agent the tree vouches for hears nothing from us directly: the kernel's keepalive, at the heartbeat
+ * timeout, sees its link die. */
+static void keep_alive(mn_conn_t *k) {
+  uv_os_fd_t fd;
+  if (k->kind == MN_CONN_AGENT && k->link != NULL && uv_fileno((uv_handle_t *)&k->link->tcp, &fd) == 0)
+    mn_sock_keepalive(fd, k->ctl->hb_timeout_ms);
+}
+
 void mn_ctl_configure(mn_ctl_t *c, uint64_t hb_ms, uint64_t hb_timeout_ms, uint64_t reconnect_ms) {
   if (hb_ms > 0) {
     c->hb_ms = hb_ms;
@@ -88,12 +96,7 @@ void mn_ctl_configure(mn_ctl_t *c, uint64_t hb_ms, uint64_t hb_timeout_ms, uint6
   if (hb_timeout_ms > 0 && hb_timeout_ms != c->hb_timeout_ms) {
     c->hb_timeout_ms = hb_timeout_ms;
     /* The agents' keepalives and the tree's link timing follow the timeout (the next cast sends a new TREE). */
-    for (int i = 1; i <= c->nconns; i++) {
-      uv_os_fd_t fd;
-      mn_conn_t *k = c->conns[i];
-      if (k->kind == MN_CONN_AGENT && k->link && uv_fileno((uv_handle_t *)&k->link->tcp, &fd) == 0)
-        mn_sock_keepalive(fd, hb_timeout_ms);
-    }
+    for (int i = 0; i < c->nagent_ids; i++) keep_alive(c->conns[c->agent_ids[i]]);
     if (mn__ctl_tree_active(c)) c->tree_dirty = 1;
   }
   if (reconnect_ms > 0) c->reconnect_ms = reconnect_ms;
@@ -678,9 +681,7 @@ static void on_connect(uv_connect_t *req, int status) {
     return;
   }
   uv_tcp_nodelay(&l->tcp, 1);
-  /* An agent the tree vouches for hears nothing from us directly: the kernel's keepalive sees its link die. */
-  uv_os_fd_t fd;
-  if (k->kind == MN_CONN_AGENT && uv_fileno((uv_handle_t *)&l->tcp, &fd) == 0) mn_sock_keepalive(fd, k->ctl->hb_timeout_ms);
+  keep_alive(k);
   k->state = MN_CS_HELLO;
   k->in.len = 0;
   k->in_off = 0;
@@ -725,26 +726,28 @@ static void start_link(mn_conn_t *k) {
   else mn_ctl_disconnect(c, k->id, msg);
 }
 
+/* An agent's own part, and room for it on the list of agents; 0 or MN_ENOMEM (nothing kept). */
+static int add_agent_part(mn_ctl_t *c, mn_conn_t *k) {
+  if (c->nagent_ids == c->agent_ids_cap) {
+    int cap = c->agent_ids_cap ? 2 * c->agent_ids_cap : 64, *ids = realloc(c->agent_ids, (size_t)cap * sizeof(int));
+    if (ids == NULL) return MN_ENOMEM;
+    c->agent_ids = ids;
+    c->agent_ids_cap = cap;
+  }
+  if ((k->ag = calloc(1, sizeof(*k->ag))) == NULL) return MN_ENOMEM;
+  k->ag->tree_pos = -1;
+  return 0;
+}
+
 int mn__ctl_new_conn(mn_ctl_t *c, mn_conn_kind_t kind, mn_conn_t **out) {
   if (c->nconns + 1 >= MN_MAX_CONNS) return MN_ELIMIT;
   mn_conn_t *k = calloc(1, sizeof(*k));
   if (k == NULL) return MN_ENOMEM;
   k->ctl = c;
   k->kind = kind;
-  if (kind == MN_CONN_AGENT && (k->ag = calloc(1, sizeof(*k->ag))) == NULL) {
+  if (kind == MN_CONN_AGENT && add_agent_part(c, k) != 0) {
     free(k);
     return MN_ENOMEM;
-  }
-  if (kind == MN_CONN_AGENT) k->ag->tree_pos = -1;
-  if (kind == MN_CONN_AGENT && c->nagent_ids == c->agent_ids_cap) {
-    int cap = c->agent_ids_cap ? 2 * c->agent_ids_cap : 64, *ids = realloc(c->agent_ids, (size_t)cap * sizeof(int));
-    if (ids == NULL) {
-      free(k->ag);
-      free(k);
-      return MN_ENOMEM;
-    }
-    c->agent_ids = ids;
-    c->agent_ids_cap = cap;
   }
   k->id = ++c->nconns;
   c->conns[k->id] = k;

@@ -93,10 +93,14 @@ static void peer_addr(const mn_conn_t *a, char *out, size_t n) {
 static uint64_t link_ping_ms(const mn_ctl_t *c) { return c->hb_timeout_ms / 5 > 100 ? c->hb_timeout_ms / 5 : 100; }
 static uint64_t link_silence_ms(const mn_ctl_t *c) { return c->hb_timeout_ms / 2 > 200 ? c->hb_timeout_ms / 2 : 200; }
 
+/* a's parent, if their link is up and the parent ready: what a is cast through and vouched for by. */
+static mn_conn_t *linked_parent(mn_ctl_t *c, const mn_conn_t *a) {
+  mn_conn_t *p = a->ag->tree_up ? parent_of(c, a) : NULL;
+  return p != NULL && p->state == MN_CS_READY ? p : NULL;
+}
+
 int mn__ctl_tree_vouched(mn_ctl_t *c, const mn_conn_t *a) {
-  if (!a->ag->tree_up || a->ag->tree_pos < 0 || !mn__ctl_tree_active(c)) return 0;
-  mn_conn_t *p = parent_of(c, a);
-  return p != NULL && p->state == MN_CS_READY;
+  return a->ag->tree_pos >= 0 && mn__ctl_tree_active(c) && linked_parent(c, a) != NULL;
 }
 
 /* TREE to the agent at position p: its children's addresses and sessions. */
@@ -172,14 +176,14 @@ static void mn__ctl_tree_linked(mn_ctl_t *c, mn_conn_t *a, uint64_t epoch, uint6
   }
 }
 
-/* Before a cast (the tree is current: mn_ctl_cast_end refreshed it): idle agents take the route their
- * parent's link allows. */
+/* Before a cast (the tree is current: its first mn_ctl_cast_add refreshed it): idle agents take the route
+ * their parent's link allows. */
 static void settle_routes(mn_ctl_t *c) {
   answered_flush(c);
   for (int i = 0; i < c->ncasting; i++) {
     mn_conn_t *a = mn_ctl_conn(c, c->casting[i]);
-    mn_conn_t *p = parent_of(c, a);
-    int want = a->ag->tree_up && p != NULL && p->state == MN_CS_READY ? p->id : 0;
+    mn_conn_t *p = linked_parent(c, a);
+    int want = p != NULL ? p->id : 0;
     if (a->ag->route != want && a->ag->tree_inflight == 0) a->ag->route = want;
   }
 }

@@ -640,22 +640,34 @@ int mn_msg_parse_cast(const msgpack_object *m, const msgpack_object **targets, c
   return 0;
 }
 
+/* Element el of m, when present: a tree's subs, flat entries of `uints` uints then two arrays (what is
+ * below, and that child's own subs). *subs is NULL when absent; each entry's shape is checked, not
+ * what lies deeper. */
+static int parse_subs(const spec_t *s, const msgpack_object *m, uint32_t el, uint32_t uints, const char *entries,
+                      const char *entry, const msgpack_object **subs, char *err, size_t errlen) {
+  uint32_t w = uints + 2;
+  *subs = NULL;
+  if (m->via.array.size <= el) return 0;
+  const msgpack_object *t = at(m, el);
+  if (t->type != MSGPACK_OBJECT_ARRAY || t->via.array.size % w != 0)
+    return bad(s, err, errlen, "subs (element %u) is not an array of %s", el, entries);
+  for (uint32_t i = 0; i < t->via.array.size; i += w) {
+    const msgpack_object *q = &t->via.array.ptr[i];
+    int ok = q[uints].type == MSGPACK_OBJECT_ARRAY && q[uints + 1].type == MSGPACK_OBJECT_ARRAY;
+    for (uint32_t u = 0; u < uints; u++) ok &= q[u].type == MSGPACK_OBJECT_POSITIVE_INTEGER;
+    if (!ok) return bad(s, err, errlen, "subs (element %u) holds %s", el, entry);
+  }
+  *subs = t;
+  return 0;
+}
+
 int mn_msg_parse_cast_subs(const msgpack_object *m, const msgpack_object **subs, char *err, size_t errlen) {
   int rc;
   const spec_t *s = check(m, MN_MSG_CAST, &rc, err, errlen);
   *subs = NULL;
-  if (rc != 0 || m->via.array.size < 4) return rc;
-  const msgpack_object *t = at(m, 3);
-  if (t->type != MSGPACK_OBJECT_ARRAY || t->via.array.size % 4 != 0)
-    return bad(s, err, errlen, "subs (element 3) is not an array of (index, count, targets, subs) quads");
-  for (uint32_t i = 0; i < t->via.array.size; i += 4) {
-    const msgpack_object *q = &t->via.array.ptr[i];
-    if (q[0].type != MSGPACK_OBJECT_POSITIVE_INTEGER || q[1].type != MSGPACK_OBJECT_POSITIVE_INTEGER ||
-        q[2].type != MSGPACK_OBJECT_ARRAY || q[3].type != MSGPACK_OBJECT_ARRAY)
-      return bad(s, err, errlen, "subs (element 3) holds a quad that is not (uint, uint, array, array)");
-  }
-  *subs = t;
-  return 0;
+  if (rc != 0) return rc;
+  return parse_subs(s, m, 3, 2, "(index, count, targets, subs) quads", "a quad that is not (uint, uint, array, array)",
+                    subs, err, errlen);
 }
 
 int mn_msg_parse_tree(const msgpack_object *m, uint64_t *epoch, const msgpack_object **children, uint64_t *ping_ms,
@@ -705,18 +717,9 @@ int mn_msg_parse_acks_subs(const msgpack_object *m, const msgpack_object **subs,
   int rc;
   const spec_t *s = check(m, MN_MSG_ACKS, &rc, err, errlen);
   *subs = NULL;
-  if (rc != 0 || m->via.array.size < 3) return rc;
-  const msgpack_object *t = at(m, 2);
-  if (t->type != MSGPACK_OBJECT_ARRAY || t->via.array.size % 3 != 0)
-    return bad(s, err, errlen, "subs (element 2) is not an array of (index, pairs, subs) triples");
-  for (uint32_t i = 0; i < t->via.array.size; i += 3) {
-    const msgpack_object *q = &t->via.array.ptr[i];
-    if (q[0].type != MSGPACK_OBJECT_POSITIVE_INTEGER || q[1].type != MSGPACK_OBJECT_ARRAY ||
-        q[2].type != MSGPACK_OBJECT_ARRAY)
-      return bad(s, err, errlen, "subs (element 2) holds a triple that is not (uint, array, array)");
-  }
-  *subs = t;
-  return 0;
+  if (rc != 0) return rc;
+  return parse_subs(s, m, 2, 1, "(index, pairs, subs) triples", "a triple that is not (uint, array, array)", subs,
+                    err, errlen);
 }
 
 int mn_msg_parse_results(const msgpack_object *m, uint32_t *n, char *err, size_t errlen) {

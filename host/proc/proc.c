@@ -82,6 +82,7 @@ typedef struct {
   proc_t *p;
   int fd;
   int relay;   /* the agent's relay: CALLs only, of the session being served */
+  int held;    /* the relay: frames wait unread in `in` for the controller's SESSION (run_held_relay) */
   mn_buf_t in; /* bytes that arrived right behind AUTH */
 } conn_t;
 
@@ -702,7 +703,8 @@ static int parse_frames(proc_t *p, conn_t *c, int *has_session, batch_t *q) {
     int handled = 0;
     /* A cast can overtake the SESSION on the controller's own link: its CALLs wait, unread, for it
      * (run_held_relay); nothing would resend them. Past MN_RELAY_HELD_MAX nobody is coming: dropped. */
-    if (c->relay && session == 0 && in->len <= MN_RELAY_HELD_MAX) break;
+    c->held = c->relay && session == 0 && in->len <= MN_RELAY_HELD_MAX;
+    if (c->held) break;
     off += MN_FRAME_HEADER + (size_t)len;
     if (c->relay) {
       if (session == 0) continue;
@@ -733,7 +735,7 @@ static int parse_frames(proc_t *p, conn_t *c, int *has_session, batch_t *q) {
 /* The relay's frames held for want of a session, once the controller's SESSION has come. */
 static void run_held_relay(proc_t *p, batch_t *q) {
   io_t *io = &p->io;
-  if (io->relay != NULL && io->relay->in.len > 0 && current_session(p) != 0 &&
+  if (io->relay != NULL && io->relay->held && current_session(p) != 0 &&
       parse_frames(p, io->relay, &io->relay_session, q) < 0)
     drop_conn(p, &io->relay);
 }
