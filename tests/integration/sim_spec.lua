@@ -172,15 +172,15 @@ describe("simulated hosts (monarch-worker --simulate)", function()
 
   it("loses a killed agent's virtual procs with it: one host_lost event, the survivors serve", function()
     local extra = agent.start{ token = runtime.token, args = "--simulate" }
-    finally(function() extra:stop(9) end)
-    local m = mesh{ sims[1].addr, extra.addr }
-    local events = {}
-    local off = monarch.on_host_loss(function(ev) events[#events + 1] = ev end)
-    finally(function()
-      off()
-      m:stop()
+    local m, off
+    finally(function() -- one for all: busted keeps only a test's last finally()
+      if off then off() end
+      if m then m:stop() end
       extra:stop(9)
     end)
+    m = mesh{ sims[1].addr, extra.addr }
+    local events = {}
+    off = monarch.on_host_loss(function(ev) events[#events + 1] = ev end)
     extra:stop(9)
     local f = m:call("sleep", 0.5)
     local ok, err = pcall(f.get, f, 10)
