@@ -29,9 +29,11 @@ end
 -- an agent's short bursts between clock ticks would show as nothing in /proc/PID/stat): on one machine,
 -- what the hosts cost it. Agents on other machines count nothing.
 local function agents_cpu_s(agents)
-  local total = 0
+  local total, seen = 0, {}
   for _, a in ipairs(agents) do
-    local f = a.pid and io.open("/proc/" .. math.floor(a.pid) .. "/schedstat")
+    -- Simulated agents grouped in one process (monarch-worker --hosts) share its pid: count it once.
+    local f = a.pid and not seen[a.pid] and io.open("/proc/" .. math.floor(a.pid) .. "/schedstat")
+    if a.pid then seen[a.pid] = true end
     if f then
       total = total + (tonumber(f:read("*a"):match("^(%d+)")) or 0) / 1e9
       f:close()

@@ -22,6 +22,7 @@ cd "$(dirname "$0")/.."
 B=${BUILD:-build}
 agents=${1:-32} per=${2:-32} calls=${3:-40}
 sim_hosts=${SIM_HOSTS-1 16 256 1024 4096} sim_per=${SIM_PER:-8} sim_calls=${SIM_CALLS:-8} sim_extra=${SIM_EXTRA-4096x8/0 64x512}
+sim_group=${SIM_GROUP:-64}
 rows=""
 for h in $sim_hosts; do rows="$rows ${h}x$sim_per"; done
 rows="$rows $sim_extra"
@@ -85,10 +86,12 @@ if [ -n "${rows// /}" ]; then
     h=${row%x*} p=${row#*x} f=
     case "$p" in */*) f=${p#*/} p=${p%/*} ;; esac
     case "$h$p$f" in *[!0-9]* | "") echo "bench/scale.sh: a simulated row is HOSTSxPROCS[/FANOUT], got '$row'" >&2; exit 2 ;; esac
-    start_agents "$h" --simulate
+    GROUP=$sim_group start_agents "$h" --simulate
     out=$(SCALE_FANOUT=$f run "the run on $h simulated hosts" $B/bin/monarch-run --hostfile "$dir/hosts" bench/scale.lua "$p" "$sim_calls")
     # One agent's own memory after the run (private pages, KiB): what each of the thousands costs the machine.
-    akib=$(awk '/^Private_(Clean|Dirty):/ {s += $2} END {print s}' "/proc/${pids[0]}/smaps_rollup" 2>/dev/null || echo "?")
+    # (pids[0] runs min(h, sim_group) agents: its memory over that many.)
+    akib=$(awk -v n=$((h < sim_group ? h : sim_group)) '/^Private_(Clean|Dirty):/ {s += $2} END {printf "%d", s / n}' \
+      "/proc/${pids[0]}/smaps_rollup" 2>/dev/null || echo "?")
     stop_agents
     printf "$fmt" "$h" "$(get procs "$out")" "${f:-default}" "$(get connect_s "$out")" "$(get spawn_connect_s "$out")" \
       "$(get call_gather_ms "$out")" "$(get ctl_cpu_per_call_ms "$out")" "$(get ctl_bytes_per_proc "$out")" \

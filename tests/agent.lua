@@ -48,7 +48,8 @@ end
 --   args   extra arguments, e.g. "--orphan-timeout 1"
 --   host   address to listen on (default 127.0.0.1)
 --   wrap   a command to run it under, e.g. "ip netns exec ns"
--- Returns {addr = "host:port", port, pid, log} with :output() and :stop().
+--   hosts  how many agents the process runs (args "--simulate --hosts N"): waits for each one's port
+-- Returns {addr = "host:port" (the first), addrs (every agent's), port, pid, log} with :output() and :stop().
 function M.start(opts)
   local host, wrap = opts.host or "127.0.0.1", opts.wrap or ""
   local log = os.tmpname()
@@ -56,19 +57,22 @@ function M.start(opts)
     :format(wrap, assert(opts.token, "agent.start: token"), opts.env or "", B, host, opts.args or "", log))
   local pid = tonumber(f:read("*l"))
   f:close()
-  local port
+  local ports, want = {}, opts.hosts or 1
   for _ = 1, 200 do
-    port = tonumber(slurp(log):match("listening on [^\n]-:(%d+)"))
-    if port then break end
+    ports = {}
+    for p in slurp(log):gmatch("listening on [^\n]-:(%d+)") do ports[#ports + 1] = tonumber(p) end
+    if #ports >= want then break end
     os.execute("sleep 0.025")
   end
-  local a = setmetatable({ pid = pid, log = log, wrap = wrap, port = port }, Agent)
-  if not port then
+  local a = setmetatable({ pid = pid, log = log, wrap = wrap, port = ports[1] }, Agent)
+  if #ports < want then
     local out = a:output()
     a:stop()
-    error("the host agent did not report its port; it said: " .. out, 2)
+    error(("the host agent reported %d of %d ports; it said: %s"):format(#ports, want, out), 2)
   end
-  a.addr = host .. ":" .. port
+  a.addr = host .. ":" .. ports[1]
+  a.addrs = {}
+  for i, p in ipairs(ports) do a.addrs[i] = host .. ":" .. p end
   return a
 end
 

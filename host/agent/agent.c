@@ -467,28 +467,20 @@ void mn__agent_stop(agent_t *a) {
   uv_stop(a->loop);
 }
 
+/* SIGTERM or SIGINT: every agent of this process stops (a simulated group shares one loop). */
 static void on_signal(uv_signal_t *s, int sig) {
   (void)sig;
-  mn__agent_stop(s->data);
+  agent_t *g = s->data;
+  for (int i = 0; i < (g->o->group > 0 ? g->o->group : 1); i++) mn__agent_stop(&g[i]);
 }
 
-int mn_agent_main(const mn_agent_opts_t *o) {
-  static agent_t A;
-  agent_t *a = &A;
-  char err[256];
+/* The listening socket on o's address; the i-th agent of a group takes the port after the (i-1)-th's
+ * (each agent has its own, as on its own host), or any free one with port 0. */
+static int agent_listen(agent_t *a, const mn_agent_opts_t *o, int i) {
   struct sockaddr_storage ss;
-  memset(a, 0, sizeof(*a));
-  a->o = o;
-  a->loop = uv_default_loop();
-  signal(SIGPIPE, SIG_IGN);
-  if (o->parent > 0 && (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || getppid() != o->parent)) return 3;
-  if (mn_auth_load(&a->auth, NULL, err, sizeof(err)) != 0) {
-    fprintf(stderr, "monarch-worker: %s\n", err);
-    return 2;
-  }
-  snprintf(a->host, sizeof(a->host), "%s", o->listen_host);
-  if (uv_ip4_addr(o->listen_host, o->listen_port, (struct sockaddr_in *)&ss) != 0 &&
-      uv_ip6_addr(o->listen_host, o->listen_port, (struct sockaddr_in6 *)&ss) != 0) {
+  int port = o->listen_port == 0 ? 0 : o->listen_port + i;
+  if (uv_ip4_addr(o->listen_host, port, (struct sockaddr_in *)&ss) != 0 &&
+      uv_ip6_addr(o->listen_host, port, (struct sockaddr_in6 *)&ss) != 0) {
     fprintf(stderr, "monarch-worker: --listen wants a numeric address, got '%s'\n", o->listen_host);
     return 2;
   }
@@ -497,24 +489,42 @@ int mn_agent_main(const mn_agent_opts_t *o) {
   int rc = uv_tcp_bind(&a->server, (struct sockaddr *)&ss, 0);
   if (rc == 0) rc = uv_listen((uv_stream_t *)&a->server, 128, on_connection);
   if (rc != 0) {
-    fprintf(stderr, "monarch-worker: cannot listen on %s:%d: %s\n", o->listen_host, o->listen_port,
-            uv_strerror(rc));
+    fprintf(stderr, "monarch-worker: cannot listen on %s:%d: %s\n", o->listen_host, port, uv_strerror(rc));
     return 2;
   }
   int len = sizeof(ss);
   uv_tcp_getsockname(&a->server, (struct sockaddr *)&ss, &len);
-  int port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
-                                            : ((struct sockaddr_in *)&ss)->sin_port);
+  a->port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                           : ((struct sockaddr_in *)&ss)->sin_port);
+  return 0;
+}
+
+/* Says where a listens: a line on --port-fd, or the banner. */
+static int agent_announce(const agent_t *a, const mn_agent_opts_t *o) {
   char line[64];
   if (o->port_fd >= 0) {
-    int n = snprintf(line, sizeof(line), "%d\n", port);
-    if (write(o->port_fd, line, (size_t)n) != n) return 2;
-    close(o->port_fd);
-  } else {
-    printf("monarch-worker: host agent listening on %s:%d%s\n", o->listen_host, port,
-           o->simulate ? " (simulated procs: a scale test)" : "");
-    fflush(stdout);
+    int n = snprintf(line, sizeof(line), "%d\n", a->port);
+    return write(o->port_fd, line, (size_t)n) == n ? 0 : 2;
   }
+  printf("monarch-worker: host agent listening on %s:%d%s\n", o->listen_host, a->port,
+         o->simulate ? " (simulated procs: a scale test)" : "");
+  return 0;
+}
+
+/* Starts agent a on loop: its socket, timers and (with --simulate, --join) their parts; 0, or an exit status. */
+static int agent_start(agent_t *a, const mn_agent_opts_t *o, uv_loop_t *loop, int i) {
+  char err[256];
+  memset(a, 0, sizeof(*a));
+  a->o = o;
+  a->loop = loop;
+  if (mn_auth_load(&a->auth, NULL, err, sizeof(err)) != 0) {
+    fprintf(stderr, "monarch-worker: %s\n", err);
+    return 2;
+  }
+  snprintf(a->host, sizeof(a->host), "%s", o->listen_host);
+  int rc = agent_listen(a, o, i);
+  if (rc == 0) rc = agent_announce(a, o);
+  if (rc != 0) return rc;
   const char *grace = getenv("MONARCH_AGENT_GRACE");
   a->grace_ms = grace ? (uint64_t)(atof(grace) * 1000) : MN_AGENT_GRACE_MS;
   a->started = uv_now(a->loop);
@@ -524,20 +534,14 @@ int mn_agent_main(const mn_agent_opts_t *o) {
   a->tick.data = a;
   uv_timer_start(&a->tick, on_tick, 1000, 1000);
   uv_unref((uv_handle_t *)&a->tick);
-  uv_signal_t sigterm, sigint;
-  uv_signal_init(a->loop, &sigterm);
-  uv_signal_init(a->loop, &sigint);
-  sigterm.data = sigint.data = a;
-  uv_signal_start(&sigterm, on_signal, SIGTERM);
-  uv_signal_start(&sigint, on_signal, SIGINT);
-  uv_unref((uv_handle_t *)&sigterm);
-  uv_unref((uv_handle_t *)&sigint);
-  a->port = port;
   if (o->simulate && mn__agent_sim_init(a) != 0) return 2;
   if (o->join != NULL && mn__agent_join_start(a) != 0) return 2;
-  uv_run(a->loop, UV_RUN_DEFAULT);
+  return 0;
+}
+
+/* Stopped: kills what is left of a and closes its handles (their callbacks run in the caller's uv_run). */
+static void agent_finish(agent_t *a) {
   mn__agent_join_close(a);
-  /* Stopped: kill what is left and let the close callbacks run. */
   for (aconn_t *c = a->conns; c; c = c->next) conn_close(c);
   while (a->sessions) session_end(a->sessions);
   uv_walk(a->loop, walk_kill_parked, NULL);
@@ -547,8 +551,33 @@ int mn_agent_main(const mn_agent_opts_t *o) {
   mn__agent_sim_close(a);
   if (a->hang_period != 0) uv_close((uv_handle_t *)&a->hang_timer, NULL);
   uv_close((uv_handle_t *)&a->server, NULL);
+}
+
+int mn_agent_main(const mn_agent_opts_t *o) {
+  int n = o->group > 0 ? o->group : 1, started = 0, rc = 0;
+  agent_t *g = calloc((size_t)n, sizeof(*g));
+  if (g == NULL) return 2;
+  uv_loop_t *loop = uv_default_loop();
+  signal(SIGPIPE, SIG_IGN);
+  if (o->parent > 0 && (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || getppid() != o->parent)) rc = 3;
+  for (; rc == 0 && started < n; started++) rc = agent_start(&g[started], o, loop, started);
+  if (o->port_fd >= 0) close(o->port_fd);
+  fflush(stdout);
+  if (rc != 0) return rc; /* as before any loop ran: the process exits, and its sockets with it */
+  uv_signal_t sigterm, sigint;
+  uv_signal_init(loop, &sigterm);
+  uv_signal_init(loop, &sigint);
+  sigterm.data = sigint.data = g;
+  uv_signal_start(&sigterm, on_signal, SIGTERM);
+  uv_signal_start(&sigint, on_signal, SIGINT);
+  uv_unref((uv_handle_t *)&sigterm);
+  uv_unref((uv_handle_t *)&sigint);
+  uv_run(loop, UV_RUN_DEFAULT);
+  for (int i = 0; i < started; i++) agent_finish(&g[i]);
   uv_close((uv_handle_t *)&sigterm, NULL);
   uv_close((uv_handle_t *)&sigint, NULL);
-  uv_run(a->loop, UV_RUN_DEFAULT);
-  return a->exit_code;
+  uv_run(loop, UV_RUN_DEFAULT);
+  rc = g[0].exit_code;
+  free(g);
+  return rc;
 }

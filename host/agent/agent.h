@@ -4,6 +4,8 @@
 
 #include <sys/types.h>
 
+#define MN_MAX_GROUP 4096 /* most simulated agents one process runs (--hosts); each holds a few sockets */
+
 typedef struct {
   const char *listen_host;
   int listen_port;
@@ -14,6 +16,8 @@ typedef struct {
   double orphan_timeout;  /* passed to procs */
   const char *join;       /* a controller's join port, "HOST:PORT", to ask to dial us (NULL: wait to be dialled) */
   int simulate;           /* --simulate: procs are virtual, emulated inside the agent (agent_sim.c); a scale test */
+  int group;              /* --hosts N with --simulate: N agents, each on its own port, share this process and
+                           * its one event loop (a scale test's thousands of hosts); 0 or 1: one agent */
 } mn_agent_opts_t;
 
 /*

@@ -169,7 +169,7 @@ static void walk_hang(uv_handle_t *h, void *arg) {
 static void on_hang_check(uv_timer_t *t) {
   agent_t *a = t->data;
   uint64_t now = uv_now(a->loop);
-  uv_walk(a->loop, walk_hang, &now);
+  if (a->nprocs > 0) uv_walk(a->loop, walk_hang, &now); /* only real procs are watched (and are handles) */
 }
 
 /* The interval of status lines (and of the check) for a hang timeout: a quarter of it, within bounds. */

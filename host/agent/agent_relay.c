@@ -100,7 +100,8 @@ void mn__agent_handle_cast(aconn_t *c, const msgpack_object *m) {
   memcpy(r->data, rest, rlen);
   /* A pid that is not one of this session's procs is skipped: it died, and the controller hears so. */
   walk_t w = {s, t, 3, relay_write, r};
-  uv_walk(c->a->loop, walk_targets, &w);
+  /* Only real procs are handles; a simulated group's loop holds thousands of other agents' handles. */
+  if (c->a->nprocs > 0) uv_walk(c->a->loop, walk_targets, &w);
   if (c->a->sim != NULL) mn__agent_sim_cast(s, t, r->data, r->len); /* virtual procs answer here */
   rest_unref(r);
 }
@@ -129,7 +130,7 @@ void mn__agent_handle_acks(aconn_t *c, const msgpack_object *m) {
   asession_t *s = c->relay_of != NULL ? c->relay_of : c->session;
   if (subs != NULL) mn__agent_tree_forward_acks(s, subs);
   walk_t w = {s, t, 2, ack_write, NULL};
-  if (t->via.array.size > 0) uv_walk(c->a->loop, walk_targets, &w);
+  if (t->via.array.size > 0 && c->a->nprocs > 0) uv_walk(c->a->loop, walk_targets, &w);
 }
 
 /* ---- results ------------------------------------------------------------------- */

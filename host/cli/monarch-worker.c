@@ -11,7 +11,7 @@
 #include <string.h>
 
 static const char usage[] =
-    "usage: monarch-worker [--listen HOST:PORT] [--join HOST:PORT] [--once] [--parent PID] [--port-fd FD] [--simulate]\n"
+    "usage: monarch-worker [--listen HOST:PORT] [--join HOST:PORT] [--once] [--parent PID] [--port-fd FD] [--simulate [--hosts N]]\n"
     "       monarch-worker --proc --rank R --world W --bind HOST [--parent PID] [--port-fd FD] [--relay-fd FD] [--device D]\n"
     "\n"
     "Runs a Monarch host agent: it authenticates controllers with the cluster\n"
@@ -25,6 +25,9 @@ static const char usage[] =
     "  --simulate           a scale test, not for real work: procs are virtual, emulated inside\n"
     "                       the agent (no process each; SPAWNED with port 0), and answer only\n"
     "                       the built-in kernels noop, echo, rank and sleep (docs/operations.md)\n"
+    "  --hosts N            with --simulate: N simulated host agents in this one process, on one\n"
+    "                       event loop, each on its own port (one banner line each; with a\n"
+    "                       --listen port P, ports P to P+N-1), so thousands fit on a machine\n"
     "  --version            print the version\n";
 
 /* Reads s, the value of option flag, into *out; 0, or MN_EINVAL (reported on stderr). */
@@ -42,7 +45,7 @@ static int parse_int(const char *s, const char *flag, int *out) {
 int main(int argc, char **argv) {
   static char prefix[PATH_MAX], exe[PATH_MAX + 32], host[256] = "127.0.0.1";
   int proc = 0, rank = 0, world = 1, parent = 0, port_fd = -1, relay_fd = -1, port = 0, once = 0, device = -1,
-      simulate = 0;
+      simulate = 0, group = 1;
   double orphan = 10.0;
   const char *bind = "127.0.0.1", *join = NULL;
   for (int i = 1; i < argc; i++) {
@@ -51,6 +54,7 @@ int main(int argc, char **argv) {
     if (strcmp(a, "--proc") == 0) proc = 1;
     else if (strcmp(a, "--once") == 0) once = 1;
     else if (strcmp(a, "--simulate") == 0) simulate = 1;
+    else if (strcmp(a, "--hosts") == 0) rc = parse_int(v, a, &group), i++;
     else if (strcmp(a, "--rank") == 0) rc = parse_int(v, a, &rank), i++;
     else if (strcmp(a, "--world") == 0) rc = parse_int(v, a, &world), i++;
     else if (strcmp(a, "--parent") == 0) rc = parse_int(v, a, &parent), i++;
@@ -99,6 +103,11 @@ int main(int argc, char **argv) {
     fprintf(stderr, "monarch-worker: --simulate is for a host agent, not with --proc\n");
     return 2;
   }
-  mn_agent_opts_t o = {host, port, port_fd, parent, once, exe, orphan, join, simulate};
+  if (group != 1 && (!simulate || group < 1 || group > MN_MAX_GROUP || once || join)) {
+    fprintf(stderr, "monarch-worker: --hosts N (1 to %d) is for simulated hosts: it needs --simulate, and neither"
+            " --once nor --join; got --hosts %d\n", MN_MAX_GROUP, group);
+    return 2;
+  }
+  mn_agent_opts_t o = {host, port, port_fd, parent, once, exe, orphan, join, simulate, group};
   return mn_agent_main(&o);
 }

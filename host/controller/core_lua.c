@@ -463,6 +463,26 @@ static int is_heartbeat(const msgpack_object *m) {
          id->type == MSGPACK_OBJECT_POSITIVE_INTEGER && id->via.u64 >= MN_HB_PING_BASE;
 }
 
+/* A scout reads a RESULTS frame ahead of the entry being taken, so that the procs it names come from
+ * memory meanwhile (through the tree one frame names thousands, scattered, each cold): SCOUT_FAR
+ * entries ahead a proc's conn, SCOUT_NEAR ahead (the conn loaded by then) its oldest call and agent. */
+#define SCOUT_FAR 16
+#define SCOUT_NEAR 8
+typedef struct {
+  mn_msg_results_reader_t r;
+  uint64_t tags[SCOUT_FAR]; /* the last SCOUT_FAR tags read, entry e at e % SCOUT_FAR */
+  uint32_t n;               /* entries read */
+  int live;                 /* 0 once it met an entry it cannot skip: prefetching stops there */
+} scout_t;
+
+static void scout_step(mn_ctl_t *ctl, scout_t *s) {
+  uint64_t t = 0;
+  if (s->live && mn_msg_results_skip(&s->r, &t) == 1) mn_ctl_prefetch(ctl, t, 0);
+  else s->live = 0, t = 0;
+  s->tags[s->n++ % SCOUT_FAR] = t;
+  if (s->n > SCOUT_FAR - SCOUT_NEAR) mn_ctl_prefetch(ctl, s->tags[(s->n - 1 - (SCOUT_FAR - SCOUT_NEAR)) % SCOUT_FAR], 2);
+}
+
 /* A RESULTS frame (body, len) from agent conn `agent`, read entry by entry: each of its procs' results
  * as if the proc had sent it. A malformed frame closes the agent's conn (MN_EPROTO), a malformed entry
  * only its proc's. */
@@ -471,10 +491,10 @@ static int take_results(lua_State *L, lctl_t *c, mn_conn_t *a, int agent, mn_msg
   uint64_t tag;
   mn_msg_result_t r;
   int rc;
-  uint64_t ahead;
+  scout_t s = {.r = *rr, .live = 1};
+  for (int i = 0; i < SCOUT_FAR; i++) scout_step(&c->ctl, &s);
   while ((rc = mn_msg_results_next(rr, &c->zone, &tag, &r, err, sizeof(err))) != 0) {
-    /* The next entry's proc is fetched from memory while this one is taken: thousands of them are cold. */
-    if (mn_msg_results_peek_tag(rr, &ahead) == 0) mn_ctl_prefetch(&c->ctl, ahead, 0);
+    scout_step(&c->ctl, &s);
     mn_conn_t *k = rc == 1 || rc == MN_EINVAL ? mn_ctl_relayed_conn(&c->ctl, agent, tag) : NULL;
     if (rc != 1 && rc != MN_EINVAL) {
       mn_ctl_refuse(&c->ctl, a, err);

@@ -48,11 +48,16 @@ mn_conn_t *mn_ctl_relayed_conn(mn_ctl_t *c, int agent, uint64_t tag) {
 void mn_ctl_prefetch(mn_ctl_t *c, uint64_t id, int deep) {
   mn_conn_t *k = id > 0 && id <= (uint64_t)c->nconns ? c->conns[id] : NULL;
   if (k == NULL) return;
-  if (!deep) {
+  if (deep == 0) {
     __builtin_prefetch(k);
     __builtin_prefetch((const char *)k + 64);
-  } else if (k->ring != NULL && k->rcount < k->rcap) {
+  } else if (k->ring == NULL) {
+    return;
+  } else if (deep == 1 && k->rcount < k->rcap) {
     __builtin_prefetch(&k->ring[(k->rhead + k->rcount) & (k->rcap - 1)], 1);
+  } else if (deep == 2) {
+    __builtin_prefetch(&k->ring[k->rhead], 1);
+    if (k->via > 0 && k->via <= c->nconns) __builtin_prefetch(c->conns[k->via]);
   }
 }
 

@@ -757,9 +757,13 @@ static int read_uint(mn_msg_results_reader_t *r, uint64_t *v) {
   return 0;
 }
 
-int mn_msg_results_peek_tag(const mn_msg_results_reader_t *r, uint64_t *tag) {
-  mn_msg_results_reader_t at = *r;
-  return r->left > 0 && read_uint(&at, tag) == 0 ? 0 : -1;
+static int quick_result(mn_msg_results_reader_t *r, mn_msg_result_t *out);
+
+int mn_msg_results_skip(mn_msg_results_reader_t *r, uint64_t *tag) {
+  mn_msg_result_t res;
+  if (r->left == 0 || read_uint(r, tag) != 0 || !quick_result(r, &res)) return 0;
+  r->left--;
+  return 1;
 }
 
 /* [RESULT, seq, ok, []] in the form procs write it, read in place: 1, or 0 (r->off unmoved) for any other form. */

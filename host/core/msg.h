@@ -330,9 +330,10 @@ int mn_msg_results_open(mn_msg_results_reader_t *r, const char *body, size_t len
  * or another MN_E* code with err (the frame is malformed from there on). */
 int mn_msg_results_next(mn_msg_results_reader_t *r, msgpack_zone *zone, uint64_t *tag, mn_msg_result_t *out,
                         char *err, size_t errlen);
-/* The tag of the entry next() will read, without reading it (so that the caller can prefetch what it
- * names): 0, or -1 when there is none or it is malformed (next() then says so). */
-int mn_msg_results_peek_tag(const mn_msg_results_reader_t *r, uint64_t *tag);
+/* Moves r past its next entry when that is a RESULT in the quick form (a kernel that returned nothing),
+ * with its tag in *tag: 1. Else 0, and r is left where it stopped: a scout reading ahead of next() (for
+ * the caller to prefetch what the tags name) gives up there; next() still checks every entry. */
+int mn_msg_results_skip(mn_msg_results_reader_t *r, uint64_t *tag);
 int mn_msg_parse_join(const msgpack_object *m, mn_msg_join_t *out, char *err, size_t errlen);
 /* JOINED: *mac and *mac_len (its length is checked by the MAC comparison). */
 int mn_msg_parse_joined(const msgpack_object *m, const uint8_t **mac, size_t *mac_len, char *err, size_t errlen);

@@ -196,6 +196,49 @@ describe("simulated hosts (monarch-worker --simulate)", function()
     assert.are.equal(4, #s:call("rank"):get(10):values())
   end)
 
+  it("runs a group of simulated hosts in one process (--hosts): each its own agent, a cast tree among them", function()
+    local group = agent.start{ token = runtime.token, args = "--simulate --hosts 5", hosts = 5 }
+    local m
+    finally(function() -- one for all: busted keeps only a test's last finally()
+      monarch.configure{ cast_min = 16, fanout = 16 }
+      if m then m:stop() end
+      group:stop()
+    end)
+    monarch.configure{ cast_min = 2, fanout = 2 } -- 5 agents past a fan-out of 2: a tree of three levels
+    local seen = {}
+    for _, a in ipairs(group.addrs) do seen[a] = true end
+    local n = 0
+    for _ in pairs(seen) do n = n + 1 end
+    assert.are.equal(5, n, "five agents, five ports")
+    m = mesh(group.addrs, 3)
+    local ranks
+    for _ = 1, 5 do ranks = m:call("rank"):get(10):values() end
+    for i = 1, 15 do assert.are.same({ i - 1, 15 }, ranks[i]) end
+    local st = core.cast_stats()
+    assert.is_true(st.links_up >= 3, "the agents' relay links to each other are up: " .. st.links_up)
+    assert.is_true(st.routed >= 1, "a cast went through a parent agent in the group")
+    assert.are.equal(9, m:slice{ hosts = 4, procs = 2 }:call_one("echo", 9):get(10))
+    -- SIGTERM stops the whole group.
+    m:stop()
+    m = nil
+    local pid = group.pid
+    group:stop()
+    local deadline = monarch.now() + 5
+    while monarch.now() < deadline and os.execute("kill -0 " .. pid .. " 2>/dev/null") == 0 do monarch.sleep(0.05) end
+    assert.are_not.equal(0, os.execute("kill -0 " .. pid .. " 2>/dev/null"), "the group's process exited")
+  end)
+
+  it("refuses --hosts without --simulate, with --once, or out of range, naming the option", function()
+    for _, args in ipairs{ "--hosts 3", "--simulate --hosts 3 --once", "--simulate --hosts 0", "--simulate --hosts x" } do
+      local f = io.popen((os.getenv("MONARCH_BUILD") or "build") .. "/bin/monarch-worker --listen 127.0.0.1:0 " ..
+        args .. " 2>&1; echo rc=$?")
+      local out = f:read("*a")
+      f:close()
+      assert.matches("rc=2", out, 1, true)
+      assert.matches("--hosts", out, 1, true)
+    end
+  end)
+
   it("mixes real and simulated hosts in one mesh", function()
     real = real or agent.start{ token = runtime.token }
     local m = mesh{ real.addr, sims[2].addr }
