@@ -67,6 +67,8 @@ typedef struct {
   } collect[MN_COLLECT_SLOTS];
   double run_call;
   int run_n;
+  int *ids;      /* a call's targets, read out of their Lua array once (core.call) */
+  size_t ids_cap;
 } lctl_t;
 
 static lctl_t *get_ctl(lua_State *L) {
@@ -103,6 +105,7 @@ static int l_gc(lua_State *L) {
     msgpack_zone_destroy(&c->zone);
     free(c->dests);
     free(c->holds); /* their references go with the Lua state */
+    free(c->ids);
   }
   return 0;
 }
@@ -268,6 +271,26 @@ static void encode_call(lua_State *L, lctl_t *c, const char *kernel, size_t kl, 
  * to each connection in targets (a number, or an array of numbers); slot i
  * of the call is targets[i]. The body is encoded once and copied per target.
  */
+/* core.call's targets at stack index 2 (a number, or an array of numbers) into c->ids: read once, so
+ * that the loop over them can fetch the procs ahead from a C array. Returns their count. */
+static int target_ids(lua_State *L, lctl_t *c) {
+  int single = lua_type(L, 2) == LUA_TNUMBER;
+  size_t n = single ? 1 : lua_objlen(L, 2);
+  if (n > c->ids_cap) {
+    int *ids = realloc(c->ids, n * sizeof(*ids));
+    if (ids == NULL) luaL_error(L, "out of memory queueing a call");
+    c->ids = ids;
+    c->ids_cap = n;
+  }
+  if (single) c->ids[0] = (int)lua_tointeger(L, 2);
+  for (size_t i = 0; !single && i < n; i++) {
+    lua_rawgeti(L, 2, (int)i + 1);
+    c->ids[i] = (int)lua_tointeger(L, -1);
+    lua_pop(L, 1);
+  }
+  return (int)n;
+}
+
 static int l_call(lua_State *L) {
   lctl_t *c = get_ctl(L);
   double call = luaL_checknumber(L, 1);
@@ -276,29 +299,15 @@ static int l_call(lua_State *L) {
   encode_call(L, c, kernel, kl, 4);
   mn_buf_t *b = &c->scratch;
   size_t deepest = 0;
-  int single = lua_type(L, 2) == LUA_TNUMBER;
-  int n = single ? 1 : (int)lua_objlen(L, 2);
-  for (int i = 1; i <= n; i++) {
-    int id;
-    if (single) id = (int)lua_tointeger(L, 2);
-    else {
-      if (i + 8 <= n) {
-        lua_rawgeti(L, 2, i + 8);
-        mn_ctl_prefetch(&c->ctl, (uint64_t)lua_tointeger(L, -1), 0);
-        lua_pop(L, 1);
-      }
-      if (i + 4 <= n) {
-        lua_rawgeti(L, 2, i + 4);
-        mn_ctl_prefetch(&c->ctl, (uint64_t)lua_tointeger(L, -1), 1);
-        lua_pop(L, 1);
-      }
-      lua_rawgeti(L, 2, i);
-      id = (int)lua_tointeger(L, -1);
-      lua_pop(L, 1);
-    }
-    mn_conn_t *k = ready_conn(L, c, id, 1);
+  int n = target_ids(L, c);
+  const int *ids = c->ids;
+  for (int i = 0; i < n; i++) {
+    /* Thousands of procs are cold: their conns are fetched 8 targets ahead, their pending rings 4. */
+    if (i + 8 < n) mn_ctl_prefetch(&c->ctl, (uint64_t)ids[i + 8], 0);
+    if (i + 4 < n) mn_ctl_prefetch(&c->ctl, (uint64_t)ids[i + 4], 1);
+    mn_conn_t *k = ready_conn(L, c, ids[i], 1);
     /* A mesh-wide call goes through the host agents, one frame per host (ctl_cast.c). */
-    if (mn_ctl_cast_add(&c->ctl, k, b->data, b->len, call, i, n >= c->ctl.cast_min) != 0)
+    if (mn_ctl_cast_add(&c->ctl, k, b->data, b->len, call, i + 1, n >= c->ctl.cast_min) != 0)
       return luaL_error(L, "out of memory queueing a call");
     if (mn_ctl_inflight(k) > deepest) deepest = mn_ctl_inflight(k);
   }
@@ -407,6 +416,8 @@ static int flush_run(lua_State *L, lctl_t *c, int ev, int n) {
 static int collected(lua_State *L, lctl_t *c, mn_pending_t p, const mn_msg_result_t *r) {
   int i = collect_slot(p.call);
   if (!r->ok || c->collect[i].ref == LUA_NOREF || c->collect[i].call != p.call || c->ndests > 0) return 0;
+  /* The kernel returned nothing: its slot stays nil, as a new values table has it (no Lua touched). */
+  if (r->value->type == MSGPACK_OBJECT_ARRAY && r->value->via.array.size == 0) return 1;
   lua_rawgeti(L, LUA_REGISTRYINDEX, c->collect[i].ref);
   push_result_value(L, c, p, r);
   lua_rawseti(L, -2, p.slot);
@@ -468,6 +479,7 @@ static int is_heartbeat(const msgpack_object *m) {
  * entries ahead a proc's conn, SCOUT_NEAR ahead (the conn loaded by then) its oldest call and agent. */
 #define SCOUT_FAR 16
 #define SCOUT_NEAR 8
+#define SCOUT_LAST 4 /* and its agent's own part (the answer comes off its route's count) */
 typedef struct {
   mn_msg_results_reader_t r;
   uint64_t tags[SCOUT_FAR]; /* the last SCOUT_FAR tags read, entry e at e % SCOUT_FAR */
@@ -481,6 +493,7 @@ static void scout_step(mn_ctl_t *ctl, scout_t *s) {
   else s->live = 0, t = 0;
   s->tags[s->n++ % SCOUT_FAR] = t;
   if (s->n > SCOUT_FAR - SCOUT_NEAR) mn_ctl_prefetch(ctl, s->tags[(s->n - 1 - (SCOUT_FAR - SCOUT_NEAR)) % SCOUT_FAR], 2);
+  if (s->n > SCOUT_FAR - SCOUT_LAST) mn_ctl_prefetch(ctl, s->tags[(s->n - 1 - (SCOUT_FAR - SCOUT_LAST)) % SCOUT_FAR], 3);
 }
 
 /* A RESULTS frame (body, len) from agent conn `agent`, read entry by entry: each of its procs' results

@@ -192,7 +192,7 @@ int mn_ctl_take_pending(mn_conn_t *conn, mn_pending_t *out);
 /* LINKED from agent conn a: its link to a child came up or went. 0 or MN_EPROTO (err says why). */
 int mn_ctl_take_linked(mn_ctl_t *c, mn_conn_t *a, const msgpack_object *m, char *err, size_t errlen);
 /* Starts loading conn id's hot fields (deep 0), or, once they are loaded, its next free pending entry
- * (deep 1: a call to send) or its oldest one and its agent (deep 2: an answer to take): a cast's targets
+ * (deep 1: a call to send) or its oldest one and its agent (deep 2: an answer to take), then that proc's agent's own part (deep 3): a cast's targets
  * and its answers touch thousands of conns, each a cache miss otherwise. */
 void mn_ctl_prefetch(mn_ctl_t *c, uint64_t id, int deep);
 /* The tree now: whether casts use it, agents whose parent link is up, agents cast to through their parent. */

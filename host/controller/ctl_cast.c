@@ -53,11 +53,14 @@ void mn_ctl_prefetch(mn_ctl_t *c, uint64_t id, int deep) {
     __builtin_prefetch((const char *)k + 64);
   } else if (k->ring == NULL) {
     return;
-  } else if (deep == 1 && k->rcount < k->rcap) {
-    __builtin_prefetch(&k->ring[(k->rhead + k->rcount) & (k->rcap - 1)], 1);
+  } else if (deep == 1) {
+    if (k->rcount < k->rcap) __builtin_prefetch(&k->ring[(k->rhead + k->rcount) & (k->rcap - 1)], 1);
+    if (k->via > 0 && k->via <= c->nconns) __builtin_prefetch(c->conns[k->via]);
   } else if (deep == 2) {
     __builtin_prefetch(&k->ring[k->rhead], 1);
     if (k->via > 0 && k->via <= c->nconns) __builtin_prefetch(c->conns[k->via]);
+  } else if (deep == 3 && k->via > 0 && k->via <= c->nconns && c->conns[k->via]->ag != NULL) {
+    __builtin_prefetch(c->conns[k->via]->ag, 1);
   }
 }
 

@@ -119,6 +119,11 @@ local function slot_done(rec, slot, ok, v)
       for _, q in ipairs(rec.choose_from) do
         if q ~= rec.procs[slot] and (q.state == "ready" or q.state == "reconnecting") then
           rec.tries[slot] = tries + 1
+          if not rec.own_procs then -- rec.procs is the caller's list until a slot is re-routed
+            local own = {}
+            for i, x in ipairs(rec.procs) do own[i] = x end
+            rec.procs, rec.own_procs = own, true
+          end
           rec.procs[slot] = q
           send_slot(rec, slot)
           return
@@ -184,6 +189,9 @@ local SENDABLE = { ready = true, reconnecting = true }
 local COLLECT_MIN = 4 -- below this many procs, a call's answers come per slot (collecting costs a registry ref)
 local CONNS_KEPT_MIN = 16 -- from this many procs, a list's conns are kept for its next call (a smaller list is often made per call)
 local conns_of = setmetatable({}, { __mode = "k" }) -- procs list -> its conns, for core.call
+-- Bumped whenever any proc's state, conn or in_hooks changes (procs.lua): a kept conns list whose
+-- epoch is current needs no look at its procs (at tens of thousands, each a cache miss).
+M.epoch = 0
 local COMING_BACK = { restarting = true, initializing = true }
 
 --- Sends slot `slot` of rec to its proc (or queues it until the proc is back).
@@ -305,30 +313,34 @@ function M.submit(procs, kernel, args, nargs, opts)
   next_call = next_call + 1
   local id = next_call
   local rec = {
-    id = id, kernel = kernel, n = #procs, remaining = #procs, values = {}, procs = {}, tries = {},
+    id = id, kernel = kernel, n = #procs, remaining = #procs, values = {}, procs = procs, tries = {},
     mode = opts.mode or "mesh", make_result = opts.make_result, on_slot = opts.on_slot,
     args = args, nargs = nargs, retries = opts.retries, backoff = opts.backoff or 0.1,
     choose_from = opts.choose_from, bypass = opts.bypass, grace = opts.cancel_grace or M.CANCEL_GRACE,
   }
-  for i, p in ipairs(procs) do rec.procs[i] = p end
   if rec.mode ~= "broadcast" then
     rec.future = future.new(opts.what or ("call '" .. kernel .. "'"))
     rec.future.call = rec -- so that fut:cancel() reaches the call
   end
   calls[id] = rec
   -- The common case: every proc takes calls now; one encoding, copied to every connection.
-  -- The conns list is kept per procs list and refreshed in place: no garbage per call.
+  -- The conns list is kept per procs list and refreshed in place: no garbage per call; while no proc
+  -- changed since (its epoch), it is used as it is.
   local targets, all_sendable = #procs >= CONNS_KEPT_MIN and conns_of[procs], true
   if not targets or #targets ~= #procs then
     targets = {}
     if #procs >= CONNS_KEPT_MIN then conns_of[procs] = targets end
   end
-  for i, p in ipairs(procs) do
-    if not SENDABLE[p.state] and not ((rec.bypass or p.in_hooks) and p.state == "initializing") then
-      all_sendable = false
-      break
+  if targets.epoch ~= M.epoch or rec.bypass then
+    targets.epoch = nil
+    for i, p in ipairs(procs) do
+      if not SENDABLE[p.state] and not ((rec.bypass or p.in_hooks) and p.state == "initializing") then
+        all_sendable = false
+        break
+      end
+      targets[i] = p.conn
     end
-    targets[i] = p.conn
+    if all_sendable and not rec.bypass then targets.epoch = M.epoch end
   end
   if all_sendable and #procs > 0 then
     -- Successes land in rec.values from C; only failures come per slot (no on_slot to tell).
@@ -358,10 +370,9 @@ function M.submit_custom(procs, kernel, send, opts)
   next_call = next_call + 1
   local id = next_call
   local rec = {
-    id = id, kernel = kernel, n = #procs, remaining = #procs, values = {}, procs = {}, tries = {},
+    id = id, kernel = kernel, n = #procs, remaining = #procs, values = {}, procs = procs, tries = {},
     mode = "mesh", make_result = function(v) return v end, args = {}, nargs = 0, grace = M.CANCEL_GRACE,
   }
-  for i, p in ipairs(procs) do rec.procs[i] = p end
   rec.future = future.new(opts.what or ("call '" .. kernel .. "'"))
   rec.future.call = rec
   calls[id] = rec

@@ -297,7 +297,7 @@ function M.attach(name)
       device = d.device, persistent = name, agent = a or found[1].agent }
     p.addr = p.agent.addr
     if a then
-      p.state = "connecting"
+      procs_mod.set(p, "state", "connecting")
       a.procs[p.pid] = p
       procs_mod.connect(p)
     else

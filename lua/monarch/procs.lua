@@ -15,6 +15,15 @@ local trace = require "monarch.trace"
 
 local M = {}
 local log = require "monarch.log"
+local calls = require "monarch.calls"
+
+-- Sets a proc's state, conn or in_hooks: what decides where its calls go. A mesh's targets, checked
+-- once and kept for its next calls (calls.lua), are checked again after any such change.
+local function set(p, field, v)
+  p[field] = v
+  calls.epoch = calls.epoch + 1
+end
+M.set = set
 
 local MSG = core.MSG -- message types, from host/core/msg.h
 M.CONNECT_TIMEOUT = 10 -- seconds to reach and authenticate a host agent
@@ -64,10 +73,10 @@ function M.finalize_death(p)
   p.cause = p.stopping and "stopped by the script" or describe_exit(p)
   p.death_heard = nil
   local will_restart = p.restart and not p.stopping and not M.shutting_down and p.agent.state == "ready"
-  p.state = p.stopping and "stopped" or (will_restart and "restarting" or "dead")
+  set(p, "state", p.stopping and "stopped" or (will_restart and "restarting" or "dead"))
   local pending = core.take_pending(p.conn)
   core.disconnect(p.conn, "proc died")
-  p.conn = nil -- events still queued for the old connection are stale now
+  set(p, "conn", nil) -- events still queued for the old connection are stale now
   local kind = p.unresponsive and "unresponsive" or "proc_failed"
   local first_kernel
   local script_calls = 0 -- pending calls the script made (not the runtime's own, like the bulk probe)
@@ -115,7 +124,7 @@ end
 
 local function mark_dying(p, reason)
   if p.state == "dying" or p.state == "dead" or p.state == "stopped" or p.state == "restarting" then return end
-  p.state = "dying"
+  set(p, "state", "dying")
   p.closed_at = runtime.now()
   p.close_reason = p.close_reason or reason
   dying[p] = true
@@ -229,11 +238,11 @@ local PROC_EVENTS = {
     local p = current_proc(conn)
     if not p then return end
     if p.state == "connecting" then
-      p.state = "ready"
+      set(p, "state", "ready")
       if trace.on then trace.proc_up(p) end -- first, so that it records every call
       bulk.probe(p) -- its first call: can it copy our memory itself?
     elseif p.state == "restarting" then
-      p.state = "initializing"
+      set(p, "state", "initializing")
       if trace.on then trace.proc_up(p) end
       bulk.probe(p)
       p.on_back()
@@ -243,10 +252,10 @@ local PROC_EVENTS = {
     local p = current_proc(conn)
     if not p then return end
     if p.state == "connecting" then
-      p.state = "dead"
+      set(p, "state", "dead")
       p.cause = "could not connect: " .. tostring(reason)
     elseif p.state == "restarting" or p.state == "initializing" then
-      p.state = "dead"
+      set(p, "state", "dead")
       p.cause = "restart failed: could not connect: " .. tostring(reason)
       runtime.flush_queue(p)
     else
@@ -256,7 +265,7 @@ local PROC_EVENTS = {
   on_reconnecting = function(reason, conn)
     local p = current_proc(conn)
     if not p or p.state ~= "ready" then return end
-    p.state = "reconnecting"
+    set(p, "state", "reconnecting")
     if trace.on then trace.instant("link lost", p, { reason = tostring(reason) }) end
     -- Silence while the agent on that host still answers: the network is
     -- fine, so the proc is hung (stopped, or stuck with its I/O thread).
@@ -267,7 +276,7 @@ local PROC_EVENTS = {
   on_reconnected = function(_, conn)
     local p = current_proc(conn)
     if p and p.state == "reconnecting" then
-      p.state = "ready"
+      set(p, "state", "ready")
       if trace.on then trace.instant("link back", p, {}) end
     end
   end,
@@ -294,7 +303,7 @@ function M.connect(p)
     -- Mesh-wide calls reach it through the agent that spawned it (one frame per host).
     if p.agent and p.agent.conn and p.pid then core.relay(conn, p.agent.conn, p.pid) end
   end
-  p.conn = conn
+  set(p, "conn", conn)
   proc_at[conn] = p
   runtime.handle(conn, PROC_EVENTS)
 end
@@ -367,7 +376,7 @@ local function agent_handler(a)
       local lost = {}
       for _, p in pairs(a.procs) do
         if p.state == "restarting" then
-          p.state = "dead"
+          set(p, "state", "dead")
           p.cause = "host agent lost while restarting: " .. tostring(reason)
           runtime.flush_queue(p)
         elseif (p.state == "ready" or p.state == "reconnecting" or p.state == "dying" or p.state == "initializing")
@@ -393,7 +402,7 @@ local function agent_handler(a)
     on_reconnected = function()
       a.state = "ready"
       for _, p in pairs(a.procs) do
-        if p.host_away and p.state == "reconnecting" and p.conn and core.info(p.conn) == "ready" then p.state = "ready" end
+        if p.host_away and p.state == "reconnecting" and p.conn and core.info(p.conn) == "ready" then set(p, "state", "ready") end
         p.host_away = nil
       end
     end,
@@ -439,9 +448,9 @@ local function restore(p)
     call("__tensor_new", id, spec.dtype, spec.shape)
   end
   -- The hooks use the ordinary verbs; their calls go through while others wait.
-  p.in_hooks = true
+  set(p, "in_hooks", true)
   for _, fn in ipairs(p.init_hooks or {}) do fn(single, p.rank) end
-  p.in_hooks = false
+  set(p, "in_hooks", false)
 end
 
 restart_proc = function(p)
@@ -452,17 +461,17 @@ restart_proc = function(p)
   p.on_back = function()
     runtime.spawn(function()
       local ok, err = xpcall(restore, debug.traceback, p)
-      p.in_hooks = false
+      set(p, "in_hooks", false)
       if ok then
         p.cause = nil
-        p.state = "ready"
+        set(p, "state", "ready")
         p.restart_time = runtime.now() - p.t_restart
         if trace.on then
           trace.instant("proc restarted", p, { pid = p.pid, restarts = p.restarts, seconds = p.restart_time })
         end
         runtime.flush_queue(p)
       else
-        p.state = "dead"
+        set(p, "state", "dead")
         p.cause = "restart failed: " .. tostring(err)
         if trace.on then trace.instant("restart failed", p, { cause = p.cause }) end
         runtime.flush_queue(p)
@@ -474,7 +483,7 @@ restart_proc = function(p)
     local r = req.results[1]
     a.requests[req.id] = nil
     if not r or not r.port then
-      p.state = "dead"
+      set(p, "state", "dead")
       p.cause = "restart failed: " .. tostring(r and r.error or "no answer from the host agent")
       runtime.flush_queue(p)
       return
