@@ -302,9 +302,9 @@ static int l_call(lua_State *L) {
   int n = target_ids(L, c);
   const int *ids = c->ids;
   for (int i = 0; i < n; i++) {
-    /* Thousands of procs are cold: their conns are fetched 8 targets ahead, their pending rings 4. */
-    if (i + 8 < n) mn_ctl_prefetch(&c->ctl, (uint64_t)ids[i + 8], 0);
-    if (i + 4 < n) mn_ctl_prefetch(&c->ctl, (uint64_t)ids[i + 4], 1);
+    /* Thousands of procs are cold: each is fetched in stages ahead of its turn (mn_ctl_prefetch). */
+    if (i + 8 < n) mn_ctl_prefetch(&c->ctl, (uint64_t)ids[i + 8], MN_PF_CONN);
+    if (i + 4 < n) mn_ctl_prefetch(&c->ctl, (uint64_t)ids[i + 4], MN_PF_SEND);
     mn_conn_t *k = ready_conn(L, c, ids[i], 1);
     /* A mesh-wide call goes through the host agents, one frame per host (ctl_cast.c). */
     if (mn_ctl_cast_add(&c->ctl, k, b->data, b->len, call, i + 1, n >= c->ctl.cast_min) != 0)
@@ -475,11 +475,14 @@ static int is_heartbeat(const msgpack_object *m) {
 }
 
 /* A scout reads a RESULTS frame ahead of the entry being taken, so that the procs it names come from
- * memory meanwhile (through the tree one frame names thousands, scattered, each cold): SCOUT_FAR
- * entries ahead a proc's conn, SCOUT_NEAR ahead (the conn loaded by then) its oldest call and agent. */
+ * memory meanwhile (through the tree one frame names thousands, scattered, each cold), in the stages
+ * of mn_ctl_prefetch: SCOUT_FAR entries ahead a proc's table entry, then nearer its conn, its oldest
+ * call and agent, and its agent's own part (the answer comes off its route's count). */
 #define SCOUT_FAR 16
-#define SCOUT_NEAR 8
-#define SCOUT_LAST 4 /* and its agent's own part (the answer comes off its route's count) */
+static const struct {
+  int ahead;
+  mn_prefetch_t what;
+} scout_stages[] = {{16, MN_PF_CONN}, {8, MN_PF_ANSWER}, {4, MN_PF_AGENT}};
 typedef struct {
   mn_msg_results_reader_t r;
   uint64_t tags[SCOUT_FAR]; /* the last SCOUT_FAR tags read, entry e at e % SCOUT_FAR */
@@ -489,11 +492,14 @@ typedef struct {
 
 static void scout_step(mn_ctl_t *ctl, scout_t *s) {
   uint64_t t = 0;
-  if (s->live && mn_msg_results_skip(&s->r, &t) == 1) mn_ctl_prefetch(ctl, t, 0);
-  else s->live = 0, t = 0;
+  if (s->live && mn_msg_results_skip(&s->r, &t) != 1) s->live = 0, t = 0;
   s->tags[s->n++ % SCOUT_FAR] = t;
-  if (s->n > SCOUT_FAR - SCOUT_NEAR) mn_ctl_prefetch(ctl, s->tags[(s->n - 1 - (SCOUT_FAR - SCOUT_NEAR)) % SCOUT_FAR], 2);
-  if (s->n > SCOUT_FAR - SCOUT_LAST) mn_ctl_prefetch(ctl, s->tags[(s->n - 1 - (SCOUT_FAR - SCOUT_LAST)) % SCOUT_FAR], 3);
+  /* The scout is at entry n-1, SCOUT_FAR ahead of the one being taken: a stage `ahead` of that is
+   * SCOUT_FAR - ahead behind the scout. */
+  for (size_t i = 0; i < sizeof(scout_stages) / sizeof(scout_stages[0]); i++) {
+    uint32_t back = (uint32_t)(SCOUT_FAR - scout_stages[i].ahead);
+    if (s->n > back) mn_ctl_prefetch(ctl, s->tags[(s->n - 1 - back) % SCOUT_FAR], scout_stages[i].what);
+  }
 }
 
 /* A RESULTS frame (body, len) from agent conn `agent`, read entry by entry: each of its procs' results

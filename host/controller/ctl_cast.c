@@ -45,22 +45,25 @@ mn_conn_t *mn_ctl_relayed_conn(mn_ctl_t *c, int agent, uint64_t tag) {
   return k != NULL && k->kind == MN_CONN_PROC && k->via > 0 && k->state != MN_CS_CLOSED ? k : NULL;
 }
 
-void mn_ctl_prefetch(mn_ctl_t *c, uint64_t id, int deep) {
-  mn_conn_t *k = id > 0 && id <= (uint64_t)c->nconns ? c->conns[id] : NULL;
-  if (k == NULL) return;
-  if (deep == 0) {
+void mn_ctl_prefetch(mn_ctl_t *c, uint64_t id, mn_prefetch_t what) {
+  if (id == 0 || id > (uint64_t)c->nconns) return;
+  if (what == MN_PF_SLOT) {
+    __builtin_prefetch(&c->conns[id]);
+    return;
+  }
+  mn_conn_t *k = c->conns[id];
+  if (what == MN_PF_CONN) { /* k itself is not loaded yet: nothing of it may be read here */
     __builtin_prefetch(k);
     __builtin_prefetch((const char *)k + 64);
-  } else if (k->ring == NULL) {
     return;
-  } else if (deep == 1) {
-    if (k->rcount < k->rcap) __builtin_prefetch(&k->ring[(k->rhead + k->rcount) & (k->rcap - 1)], 1);
-    if (k->via > 0 && k->via <= c->nconns) __builtin_prefetch(c->conns[k->via]);
-  } else if (deep == 2) {
-    __builtin_prefetch(&k->ring[k->rhead], 1);
-    if (k->via > 0 && k->via <= c->nconns) __builtin_prefetch(c->conns[k->via]);
-  } else if (deep == 3 && k->via > 0 && k->via <= c->nconns && c->conns[k->via]->ag != NULL) {
-    __builtin_prefetch(c->conns[k->via]->ag, 1);
+  }
+  mn_conn_t *a = k->via > 0 && k->via <= c->nconns ? c->conns[k->via] : NULL;
+  if (what == MN_PF_AGENT) {
+    if (a != NULL && a->ag != NULL) __builtin_prefetch(a->ag, 1);
+  } else if (k->ring != NULL) {
+    size_t at = what == MN_PF_SEND ? k->rhead + k->rcount : k->rhead;
+    __builtin_prefetch(&k->ring[at & (k->rcap - 1)], 1);
+    if (a != NULL) __builtin_prefetch(a);
   }
 }
 
