@@ -230,6 +230,7 @@ mn_conn_t *mn_ctl_relayed_conn(mn_ctl_t *c, int agent, uint64_t tag);
 #define MN_DIRECT_MAX 256        /* default most pooled links open at once (monarch.configure{direct_max = n}) */
 #define MN_DIRECT_IDLE_MS 30000  /* default idle time after which a pooled link closes (direct_idle = s) */
 #define MN_POOL_HOLD_MS 1000     /* a link used this recently is not closed for a call's want (at most direct_idle / 2) */
+#define MN_POOL_RETRY_MS 100     /* a pooled link that failed is not dialled again sooner */
 
 /*
  * A proc of a large mesh: like mn_ctl_connect, but its link is one of a

@@ -60,7 +60,7 @@ struct mn_conn_s {
   uint64_t session;  /* random id; the same across reconnects */
   uint64_t ack_sent; /* highest seq announced in an ACK */
   uint64_t last_rx;  /* uv_now of the last bytes received */
-  uint64_t lost_at;  /* uv_now when reconnecting began */
+  uint64_t lost_at;  /* uv_now when reconnecting began; a pooled proc: when its link last failed */
   uint64_t reconnect_ms;
   int attempt;
   uv_timer_t *retry; /* pending reconnect attempt */

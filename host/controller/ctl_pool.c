@@ -110,6 +110,7 @@ void mn__ctl_pool_want(mn_ctl_t *c, mn_conn_t *k, int must) {
   uint64_t now = uv_now(&c->loop);
   if (!k->spawn_link) k->used_at = now;
   if (!still_wants(k)) return;
+  if (k->lost_at != 0 && now - k->lost_at < MN_POOL_RETRY_MS) return; /* the next want, or the heartbeat, tries again */
   if (c->nwaitq > c->waitq_at && must) { /* behind those waiting already */
     enqueue(c, k);
     return;
@@ -157,10 +158,12 @@ void mn__ctl_pool_lost(mn_conn_t *k, const char *why) {
   k->direct = 0;
   k->spawn_link = 0;
   k->out.len = 0;
+  uv_update_time(&c->loop);
+  k->lost_at = uv_now(&c->loop);
   c->pool_closed++;
-  /* Its direct calls go again through the agent; one the proc ran already is answered from its replay cache. */
+  /* Its direct calls go again through the agent; one the proc ran already is answered from its replay cache.
+   * What waits for the link (a CANCEL, a PING) is tried again by the heartbeat (mn__ctl_pool_tick's caller). */
   if (k->rcount > k->on_relay) mn__ctl_unrelay_resend(c, k);
-  if (k->waiting.len > 0) enqueue(c, k); /* a frame still waits: another try once room frees */
 }
 
 void mn__ctl_pool_tick(mn_ctl_t *c, uint64_t now) {

@@ -142,6 +142,20 @@ describe("direct links to the procs of a large mesh", function()
     assert.are.same({}, events)
   end)
 
+  it("probes its procs for same-host copies at the first transfer, all in one call", function()
+    local m, events = mesh()
+    local bulk = require "monarch.bulk"
+    local puts = bulk.stats.local_puts
+    for _, p in ipairs(m._procs) do assert.is_nil(p.bulk, "probed before any transfer") end
+    local t = m:tensor("f32", { 256 })
+    t:put(string.rep("\0\0\128\63", 256)):get(20)
+    assert.is_true(bulk.stats.local_puts > puts, "the put did not copy on this host")
+    for _, p in ipairs(m._procs) do assert.is_true(p.bulk, "a proc was not probed: " .. tostring(p.bulk_why)) end
+    assert.is_true(stats().direct_links <= CAP)
+    for _, v in ipairs(m:call("sum", t):get(10):values()) do assert.are.equal(256, v) end
+    assert.are.same({}, events)
+  end)
+
   it("cancels a running cast on procs without a link: each CANCEL waits for one", function()
     local m, events = mesh()
     local pids = {}
