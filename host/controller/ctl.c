@@ -599,11 +599,10 @@ static int welcomed(mn_ctl_t *c, mn_conn_t *k, const mn_msg_welcome_t *w, char *
   k->ever_ready = 1;
   k->attempt = 0;
   int rc = open_session(c, k);
-  if (k->lazy) { /* its spawn's link: it carried the SESSION, and no use keeps it (ctl_pool.c) */
+  if (k->lazy) { /* its spawn's link: it carried the SESSION, and is the first to close (ctl_pool.c) */
     k->link->phase = MN_CS_READY;
     k->used_at = 0;
     k->direct = 1;
-    k->spawn_link = 1;
     c->pool_opened++;
   }
   if (rc == 0 && again && k->kind == MN_CONN_AGENT) mn__ctl_relayed_back(c, k->id);

@@ -67,11 +67,10 @@ struct mn_conn_s {
   void *data;
   mn_agent_part_t *ag; /* an agent's own fields (NULL for a proc: tens of thousands need none of them) */
   /* A pooled proc's place in the pool (ctl_pool.c). */
-  uint64_t used_at;  /* uv_now of its link's last use; 0: the spawn's link, kept for no use */
+  uint64_t used_at;  /* uv_now of its link's last use; 0: none since its spawn's link opened */
   mn_buf_t waiting;  /* frames (CANCEL, PING) for its link, queued while it opens */
   int pool_at;       /* its index + 1 in c->pool; 0: no link counted */
   uint8_t pool_wait; /* on c->pool_waitq */
-  uint8_t spawn_link; /* its link is the one its spawn opened: no use keeps it */
   /* Cold: the names and texts, last. On the heap (NULL for a relay-only proc, which goes by its agent's
    * names): a proc costs no more than it uses. */
   int port;

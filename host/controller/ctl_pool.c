@@ -6,7 +6,8 @@
  * actor's endpoint: one hop less), CANCEL, messages (PING) and bulk puts.
  *
  * A pooled proc's first link carries its SESSION (the proc then takes
- * casts of that session) and closes at the next heartbeat once idle. Later
+ * casts of that session) and, unless used, closes at the next heartbeat
+ * once idle, or sooner for another proc's first link. Later
  * links open on demand, at most c->direct_max at once: one more closes the
  * least recently used idle one, or, if none is, a call goes through the
  * agent and a frame that needs the link waits for one to free. A link
@@ -45,17 +46,19 @@ static void close_link(mn_ctl_t *c, mn_conn_t *k) {
   mn__ctl_drop_link(k);
   pool_remove(c, k);
   k->direct = 0;
-  k->spawn_link = 0;
   k->in.len = k->in_off = 0;
   c->pool_closed++;
 }
+
+/* Milliseconds from t to now; 0 if t is later (a want after the loop's clock moved on). */
+static uint64_t since(uint64_t now, uint64_t t) { return now > t ? now - t : 0; }
 
 /* Closes the least recently used idle link unused for `hold` ms; 1 if one was closed. */
 static int evict_one(mn_ctl_t *c, uint64_t now, uint64_t hold) {
   mn_conn_t *lru = NULL;
   for (int i = 0; i < c->npool; i++) {
     mn_conn_t *k = c->conns[c->pool[i]];
-    if (idle(k) && now - k->used_at >= hold && (lru == NULL || k->used_at < lru->used_at)) lru = k;
+    if (idle(k) && since(now, k->used_at) >= hold && (lru == NULL || k->used_at < lru->used_at)) lru = k;
   }
   if (lru == NULL) return 0;
   close_link(c, lru);
@@ -108,9 +111,9 @@ static int still_wants(const mn_conn_t *k) {
 
 void mn__ctl_pool_want(mn_ctl_t *c, mn_conn_t *k, int must) {
   uint64_t now = uv_now(&c->loop);
-  if (!k->spawn_link) k->used_at = now;
+  k->used_at = now;
   if (!still_wants(k)) return;
-  if (k->lost_at != 0 && now - k->lost_at < MN_POOL_RETRY_MS) return; /* the next want, or the heartbeat, tries again */
+  if (k->lost_at != 0 && since(now, k->lost_at) < MN_POOL_RETRY_MS) return; /* the next want, or the heartbeat, tries again */
   if (c->nwaitq > c->waitq_at && must) { /* behind those waiting already */
     enqueue(c, k);
     return;
@@ -156,7 +159,6 @@ void mn__ctl_pool_lost(mn_conn_t *k, const char *why) {
   mn__ctl_drop_link(k);
   pool_remove(c, k);
   k->direct = 0;
-  k->spawn_link = 0;
   k->out.len = 0;
   uv_update_time(&c->loop);
   k->lost_at = uv_now(&c->loop);
@@ -169,7 +171,7 @@ void mn__ctl_pool_lost(mn_conn_t *k, const char *why) {
 void mn__ctl_pool_tick(mn_ctl_t *c, uint64_t now) {
   for (int i = 0; i < c->npool;) {
     mn_conn_t *k = c->conns[c->pool[i]];
-    if (idle(k) && (now - k->used_at >= c->direct_idle_ms || c->npool > c->direct_max)) close_link(c, k);
+    if (idle(k) && (since(now, k->used_at) >= c->direct_idle_ms || c->npool > c->direct_max)) close_link(c, k);
     else i++;
   }
   if (c->nwaitq > c->waitq_at) mn__ctl_pool_serve(c);
