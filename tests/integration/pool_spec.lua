@@ -88,6 +88,10 @@ describe("direct links to the procs of a large mesh", function()
       end
       assert.are.equal(2 * PER, #m:call("rank"):get(10):values()) -- and mesh-wide, through the agents
     end
+    local chosen = {}
+    for _ = 1, 3 * PER do chosen[m:choose("rank"):get(10)[1]] = true end -- round robin over every proc
+    for rank = 0, 2 * PER - 1 do assert.is_true(chosen[rank], "choose never reached rank " .. rank) end
+    assert.is_true(stats().direct_links <= CAP)
     assert.is_true(most >= 1 and most <= CAP, "links open at once: " .. most)
     assert.are.same({}, events)
   end)
@@ -173,15 +177,25 @@ describe("direct links to the procs of a large mesh", function()
     assert.are.same({}, events)
   end)
 
-  it("hears of a killed proc from its agent and restarts it", function()
+  it("hears of a killed proc from its agent, fails its calls in flight, and restarts it", function()
     local m, events = mesh()
     local r = m:options{ restart = true }
-    local p = r._procs[5]
+    local p, q = r._procs[5], r._procs[6]
     local old = p.pid
     assert.is_false(linked(p))
-    sh("kill -9 " .. old)
-    assert.is_true(wait_for(function() return #events > 0 end, 5), "the death was not reported")
+    -- Another proc with a call in flight on its link, killed too: the lost link is no answer, its agent's report is.
+    assert.are.equal(1, one(r, 5):call_one("echo", 1):get(10))
+    assert.is_true(wait_for(function() return linked(q) end, 3), "call_one opened no link")
+    local busy = one(r, 5):call_one("sleep", 5)
+    monarch.sleep(0.2)
+    sh("kill -9 " .. old .. " " .. q.pid)
+    local ok, err = pcall(busy.get, busy, 5)
+    assert.is_false(ok, "a call on a killed proc was answered")
+    assert.are.equal("proc_failed", err.kind)
+    assert.is_true(wait_for(function() return #events >= 2 end, 5), "the deaths were not reported")
+    table.sort(events, function(x, y) return x.rank < y.rank end)
     assert.are.equal(4, events[1].rank)
+    assert.are.equal(5, events[2].rank)
     assert.is_true(wait_for(function() return p.state == "ready" and p.pid ~= old end, 10), "no restart")
     assert.are.equal(4, one(r, 4):call_one("rank"):get(10)[1])
     assert.are.equal(2 * PER, #r:call("rank"):get(10):values())
