@@ -136,7 +136,8 @@ void mn_ctl_configure(mn_ctl_t *c, uint64_t hb_ms, uint64_t hb_timeout_ms, uint6
 void mn_ctl_disconnect(mn_ctl_t *c, int id, const char *reason);
 mn_conn_t *mn_ctl_conn(mn_ctl_t *c, int id);
 
-/* Queues a whole frame (copied) and marks the connection dirty; 0 or MN_ENOMEM. */
+/* Queues a whole frame (copied) and marks the connection dirty; for a pooled proc whose link is not up, it
+ * waits for the link, which is asked for (ctl_pool.c). 0 or MN_ENOMEM. */
 int mn_ctl_send(mn_ctl_t *c, mn_conn_t *conn, const char *frame, size_t n);
 /*
  * Queues a CALL frame for a proc (built by mn_msg_call_head): gives it the
@@ -152,7 +153,8 @@ int mn_ctl_call(mn_ctl_t *c, mn_conn_t *conn, char *frame, size_t n, double call
  * `ref` is reported by mn_ctl_take_released(). Needs a ready connection.
  * A reconnect cannot resend the payload: its CALL is replaced by one that
  * fails with kind "lost" unless the proc already ran it. Returns 0, or
- * MN_ECLOSED (conn is not ready) or MN_ENOMEM.
+ * MN_ECLOSED (conn is not ready, or is a pooled proc whose link is not up:
+ * it is asked for, mn_ctl_pool_linked) or MN_ENOMEM.
  */
 int mn_ctl_call_bulk(mn_ctl_t *c, mn_conn_t *conn, char *head, size_t n, const char *payload, size_t plen,
                      int ref, double call, int32_t slot);
