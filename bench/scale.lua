@@ -110,3 +110,17 @@ print(string.format("ctl_peak_rss_mib %.1f", status_kib("VmHWM") / 1024))
 local fds = io.popen("ls /proc/" .. ffi.C.getpid() .. "/fd | wc -l")
 print(string.format("ctl_open_fds %d", tonumber(fds:read("*a"))))
 fds:close()
+
+-- Direct links (issue 14): pooled ones open now, and call_one on one proc of the mesh (its first call
+-- goes through its agent while its link opens; once the link is up, calls take it).
+print(string.format("ctl_direct_links %d", require("monarch.core").cast_stats().direct_links))
+local one = procs:slice{ hosts = 0, procs = 0 }
+one:call_one("noop"):get()
+monarch.sleep(0.05)
+local rtt = {}
+for b = 1, 5 do
+  local w1 = monarch.now()
+  for _ = 1, 200 do one:call_one("noop"):get() end
+  rtt[b] = (monarch.now() - w1) / 200 * 1e6
+end
+print(string.format("call_one_us %.1f", median(rtt)))

@@ -183,13 +183,40 @@ static int l_connect_relayed(lua_State *L) {
   return 1;
 }
 
+/* core.connect_pooled(host, port, agent_conn, pid) -> id: a proc of a large mesh, its link one of a capped
+ * pool (ctl_pool.c): "connected" once its first link carried its SESSION, then reached through its agent
+ * but for what a direct link pays for. */
+static int l_connect_pooled(lua_State *L) {
+  lctl_t *c = get_ctl(L);
+  int id = mn_ctl_connect_pooled(&c->ctl, luaL_checkstring(L, 1), (int)luaL_checkinteger(L, 2),
+                                 (int)luaL_checkinteger(L, 3), (int64_t)luaL_checknumber(L, 4));
+  if (id < 0) return luaL_error(L, "cannot open a connection: %s", mn_strerror(id));
+  lua_pushinteger(L, id);
+  return 1;
+}
+
+/* core.unlinked(conns) -> how many of these conns have no direct link up yet (each is then wanted). */
+static int l_unlinked(lua_State *L) {
+  lctl_t *c = get_ctl(L);
+  luaL_checktype(L, 1, LUA_TTABLE);
+  int missing = 0;
+  for (int i = 1, n = (int)lua_objlen(L, 1); i <= n; i++) {
+    lua_rawgeti(L, 1, i);
+    mn_conn_t *k = mn_ctl_conn(&c->ctl, (int)lua_tointeger(L, -1));
+    lua_pop(L, 1);
+    if (k != NULL && !mn_ctl_pool_linked(&c->ctl, k)) missing++;
+  }
+  lua_pushinteger(L, missing);
+  return 1;
+}
+
 static int l_disconnect(lua_State *L) {
   lctl_t *c = get_ctl(L);
   mn_ctl_disconnect(&c->ctl, (int)luaL_checkinteger(L, 1), luaL_optstring(L, 2, "closed by the script"));
   return 0;
 }
 
-/* core.info(id) -> state, host, pid, reason, inflight */
+/* core.info(id) -> state, host, pid, reason, inflight, direct (a pooled proc: whether its link is up; else nil) */
 static int l_info(lua_State *L) {
   lctl_t *c = get_ctl(L);
   mn_conn_info_t i;
@@ -199,7 +226,9 @@ static int l_info(lua_State *L) {
   lua_pushnumber(L, (lua_Number)i.pid);
   lua_pushstring(L, i.reason);
   lua_pushnumber(L, (lua_Number)i.inflight);
-  return 5;
+  if (i.direct < 0) lua_pushnil(L);
+  else lua_pushboolean(L, i.direct);
+  return 6;
 }
 
 /* A connection that can take frames now (or, for calls, once it is back). */
@@ -722,12 +751,14 @@ static void set_number(lua_State *L, const char *k, lua_Number v) {
 /* core.cast_stats() -> {casts = CAST frames sent, calls = the proc calls they carried, tree = whether casts
  * go through the tree, links_up = agents whose parent link is up, routed = agents cast to through their
  * parent, vouched = agents their parent watches (not PINGed), agent_pings = PINGs written to agents,
- * tree_agents = agents in the tree} */
+ * tree_agents = agents in the tree, cast_min, and the pool of direct links to pooled procs (ctl_pool.c):
+ * direct_links = open or opening now, direct_max, direct_opened and direct_closed since the start,
+ * direct_waiting = procs waiting for one} */
 static int l_cast_stats(lua_State *L) {
   lctl_t *c = get_ctl(L);
   int active, up, routed, vouched;
   mn_ctl_tree_stats(&c->ctl, &active, &up, &routed, &vouched);
-  lua_createtable(L, 0, 8);
+  lua_createtable(L, 0, 14);
   set_number(L, "casts", (lua_Number)c->ctl.casts);
   set_number(L, "vouched", vouched);
   set_number(L, "agent_pings", (lua_Number)c->ctl.agent_pings);
@@ -737,6 +768,12 @@ static int l_cast_stats(lua_State *L) {
   set_number(L, "links_up", up);
   set_number(L, "routed", routed);
   set_number(L, "tree_agents", c->ctl.ntree);
+  set_number(L, "cast_min", c->ctl.cast_min);
+  set_number(L, "direct_links", c->ctl.npool);
+  set_number(L, "direct_max", c->ctl.direct_max);
+  set_number(L, "direct_opened", (lua_Number)c->ctl.pool_opened);
+  set_number(L, "direct_closed", (lua_Number)c->ctl.pool_closed);
+  set_number(L, "direct_waiting", c->ctl.nwaitq - c->ctl.waitq_at);
   return 1;
 }
 
@@ -785,7 +822,32 @@ static int l_cancel(lua_State *L) {
   return 1;
 }
 
-/* core.configure{heartbeat = s, heartbeat_timeout = s, reconnect = s} */
+/* core.configure's direct_max = n (most pooled links open at once) and direct_idle = s (an unused one closes). */
+static int configure_pool(lua_State *L, lctl_t *c) {
+  int max = 0;
+  uint64_t idle = 0;
+  lua_getfield(L, 1, "direct_max");
+  if (!lua_isnil(L, -1)) {
+    lua_Number n = luaL_checknumber(L, -1);
+    if (n < 1 || n > MN_MAX_CONNS || n != (lua_Number)(int)n)
+      return luaL_error(L, "core.configure: direct_max must be an integer in 1..%d", MN_MAX_CONNS);
+    max = (int)n;
+  }
+  lua_pop(L, 1);
+  lua_getfield(L, 1, "direct_idle");
+  if (!lua_isnil(L, -1)) {
+    double d = luaL_checknumber(L, -1);
+    if (d <= 0 || d > 86400) return luaL_error(L, "core.configure: direct_idle must be in (0, 86400] seconds");
+    idle = (uint64_t)(d * 1000 + 0.5);
+    if (idle == 0) idle = 1;
+  }
+  lua_pop(L, 1);
+  mn_ctl_pool_configure(&c->ctl, max, idle);
+  return 0;
+}
+
+/* core.configure{heartbeat = s, heartbeat_timeout = s, reconnect = s, cast_min = n, fanout = k,
+ * direct_max = n, direct_idle = s} */
 static int l_configure(lua_State *L) {
   lctl_t *c = get_ctl(L);
   luaL_checktype(L, 1, LUA_TTABLE);
@@ -818,7 +880,7 @@ static int l_configure(lua_State *L) {
     c->ctl.tree_dirty = 1; /* the next cast rebuilds the tree for it */
   }
   lua_pop(L, 1);
-  return 0;
+  return configure_pool(L, c);
 }
 
 static int l_now(lua_State *L) {
@@ -920,6 +982,8 @@ static int l_put_chunk(lua_State *L) {
     int rc = mn_ctl_call_bulk(&c->ctl, k, head, h, src + soff, len, ref, call, i);
     if (rc == MN_EAGAIN) return luaL_error(L, "a bulk put on connection %d would overtake calls still going through its host agent (core.relayed)", conn);
     if (rc == MN_EINVAL) return luaL_error(L, "a bulk put needs a proc's own link; connection %d is a proc reached only through its host agent (port 0: a simulated proc)", conn);
+    if (rc == MN_ECLOSED && mn_ctl_conn_state(k) == MN_CS_READY)
+      return luaL_error(L, "a bulk put on connection %d needs its direct link, not open yet (core.unlinked waits for it)", conn);
     if (rc != 0) return luaL_error(L, "cannot queue a bulk put on connection %d", conn);
     if (mn_ctl_inflight(k) > deepest) deepest = mn_ctl_inflight(k);
   }
@@ -1053,7 +1117,7 @@ static void set_msg_type(void *data, int type, const char *name) {
 int luaopen_monarch_core(lua_State *L) {
   static const luaL_Reg fns[] = {
       {"init", l_init},           {"shutdown", l_shutdown},   {"start_agent", l_start_agent},
-      {"connect", l_connect},     {"connect_relayed", l_connect_relayed}, {"disconnect", l_disconnect}, {"info", l_info},
+      {"connect", l_connect},     {"connect_relayed", l_connect_relayed}, {"connect_pooled", l_connect_pooled}, {"unlinked", l_unlinked}, {"disconnect", l_disconnect}, {"info", l_info},
       {"send", l_send},           {"call", l_call},           {"call_as", l_call_as}, {"put_chunk", l_put_chunk}, {"fetch_into", l_fetch_into},           {"poll", l_poll},
       {"take_pending", l_take_pending}, {"inflight", l_inflight}, {"cancel", l_cancel}, {"oldest", l_oldest},
       {"relay", l_relay}, {"relayed", l_relayed}, {"cast_stats", l_cast_stats}, {"collect", l_collect},

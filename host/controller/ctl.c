@@ -66,6 +66,8 @@ int mn_ctl_init(mn_ctl_t *c, const char *token, size_t toklen) {
   c->reconnect_ms = MN_RECONNECT_MS;
   c->cast_min = MN_CAST_MIN_TARGETS;
   c->fanout = MN_TREE_FANOUT;
+  c->direct_max = MN_DIRECT_MAX;
+  c->direct_idle_ms = MN_DIRECT_IDLE_MS;
   /* MONARCH_PROC_HEARTBEAT=1: PING every proc too, as before agents watched them (to measure the difference). */
   const char *phb = getenv("MONARCH_PROC_HEARTBEAT");
   c->proc_heartbeats = phb && strcmp(phb, "1") == 0;
@@ -137,8 +139,10 @@ void mn_ctl_disconnect(mn_ctl_t *c, int id, const char *reason) {
   k->state = MN_CS_CLOSED;
   mn__ctl_set_text(&k->reason, "%s", reason);
   mn__ctl_drop_link(k);
+  mn__ctl_pool_forget(c, k);
   stop_retry(k);
   k->out.len = 0;
+  mn_buf_free(&k->waiting);
   mn_buf_free(&k->unacked);
   k->unacked_off = 0;
   /* Closing: every connection goes anyway, and a walk of them all per agent would cost agents x procs. */
@@ -155,6 +159,7 @@ static void free_conn(mn_conn_t *k) {
   mn_buf_free(&k->in);
   mn_buf_free(&k->out);
   mn_buf_free(&k->unacked);
+  mn_buf_free(&k->waiting);
   if (k->ag != NULL) mn_buf_free(&k->ag->cast);
   free(k->ag);
   free(k->ring);
@@ -215,6 +220,8 @@ void mn_ctl_close(mn_ctl_t *c) {
   free(c->agent_ids);
   free(c->tree);
   free(c->touched);
+  free(c->pool);
+  free(c->pool_waitq);
 }
 
 /* ---- writing ------------------------------------------------------------------ */
@@ -226,11 +233,21 @@ void mn__ctl_set_dirty(mn_ctl_t *c, mn_conn_t *k) {
   }
 }
 
-int mn_ctl_send(mn_ctl_t *c, mn_conn_t *k, const char *frame, size_t n) {
-  if (k->relay_only) return 0; /* no link to write to: only casts reach it, through its agent */
+int mn__ctl_queue_out(mn_ctl_t *c, mn_conn_t *k, const char *frame, size_t n) {
   if (mn_buf_append(&k->out, frame, n) != 0) return MN_ENOMEM;
   mn__ctl_set_dirty(c, k);
   return 0;
+}
+
+int mn_ctl_send(mn_ctl_t *c, mn_conn_t *k, const char *frame, size_t n) {
+  if (k->relay_only) return 0; /* no link to write to: only casts reach it, through its agent */
+  if (k->lazy && !k->direct && k->state == MN_CS_READY) {
+    /* A pooled proc's link is closed or opening: the frame waits for it (mn__ctl_pool_up). */
+    if (mn_buf_append(&k->waiting, frame, n) != 0) return MN_ENOMEM;
+    mn__ctl_pool_want(c, k, 1);
+    return 0;
+  }
+  return mn__ctl_queue_out(c, k, frame, n);
 }
 
 int mn_ctl_cancel(mn_ctl_t *c, mn_conn_t *k, double call) {
@@ -289,7 +306,8 @@ int mn__ctl_call_direct(mn_ctl_t *c, mn_conn_t *k, char *frame, size_t n, double
 
 int mn_ctl_call(mn_ctl_t *c, mn_conn_t *k, char *frame, size_t n, double call, int32_t slot) {
   /* Behind calls in flight through the agent, the same way; a relay-only proc has no other way. */
-  if (k->on_relay > 0 || k->relay_only) return mn_ctl_cast_add(c, k, frame, n, call, slot, 0);
+  if (k->on_relay > 0 || mn__ctl_no_link(k)) return mn_ctl_cast_add(c, k, frame, n, call, slot, 0);
+  if (k->lazy) mn__ctl_pool_want(c, k, 0); /* its link is up: this use keeps it */
   return mn__ctl_call_direct(c, k, frame, n, call, slot);
 }
 
@@ -383,9 +401,15 @@ static int start_write(mn_conn_t *k, uv_buf_t *bufs, unsigned nbufs, char *own, 
   return 0;
 }
 
+/* Where k's handshake stands: a pooled proc's reopened link has its own (k itself stays ready). */
+static mn_conn_state_t *phase_of(mn_conn_t *k) {
+  return k->lazy && k->state == MN_CS_READY && k->link != NULL ? &k->link->phase : &k->state;
+}
+
 static void flush_conn(mn_conn_t *k) {
   mn_link_t *l = k->link;
-  if (l == NULL || k->state == MN_CS_CLOSED || k->state == MN_CS_CONNECTING || k->state == MN_CS_RECONNECTING) return;
+  mn_conn_state_t ph = *phase_of(k);
+  if (l == NULL || ph == MN_CS_CLOSED || ph == MN_CS_CONNECTING || ph == MN_CS_RECONNECTING) return;
   if (k->out.len == 0) return;
   uv_buf_t b = uv_buf_init(k->out.data, (unsigned)k->out.len);
   /* Try the syscall now only when nothing is queued ahead, to keep the order. */
@@ -415,10 +439,12 @@ int mn_ctl_call_bulk(mn_ctl_t *c, mn_conn_t *k, char *head, size_t n, const char
     release_ref(c, ref);
     return MN_EINVAL;
   }
-  if (k->state != MN_CS_READY || k->link == NULL) {
+  if (k->state != MN_CS_READY || k->link == NULL || (k->lazy && !k->direct)) {
+    if (k->lazy && k->state == MN_CS_READY) mn__ctl_pool_want(c, k, 1); /* the caller waits for it (mn_ctl_pool_linked) */
     release_ref(c, ref);
     return MN_ECLOSED;
   }
+  if (k->lazy) mn__ctl_pool_want(c, k, 0);
   if (k->on_relay > 0) { /* it would overtake calls still on their way through the agent */
     release_ref(c, ref);
     return MN_EAGAIN;
@@ -460,16 +486,15 @@ void mn_ctl_flush(mn_ctl_t *c) {
     if (k->state == MN_CS_READY) flush_conn(k);
   }
   c->ndirty = 0;
+  if (c->nwaitq > c->waitq_at) mn__ctl_pool_serve(c);
 }
 
 /* ---- reconnecting -------------------------------------------------------------- */
 
-static void start_link(mn_conn_t *k);
-
 static void on_retry(uv_timer_t *t) {
   mn_conn_t *k = t->data;
   stop_retry(k);
-  if (k->state == MN_CS_RECONNECTING) start_link(k);
+  if (k->state == MN_CS_RECONNECTING) mn__ctl_start_link(k);
 }
 
 /* Schedules the next attempt, or gives up once the window is spent. */
@@ -498,6 +523,10 @@ void mn__ctl_schedule_retry(mn_conn_t *k, const char *why) {
 void mn__ctl_conn_lost(mn_conn_t *k, const char *why) {
   mn_ctl_t *c = k->ctl;
   if (k->state == MN_CS_CLOSED || k->state == MN_CS_RECONNECTING) return;
+  if (k->lazy && k->state == MN_CS_READY) {
+    mn__ctl_pool_lost(k, why); /* only its link: its agent reports the proc's death */
+    return;
+  }
   mn__ctl_drop_link(k);
   k->out.len = 0;
   if (!k->ever_ready || k->reconnect_ms == 0 || c->closing) {
@@ -540,14 +569,45 @@ static int open_session(mn_ctl_t *c, mn_conn_t *k) {
   /* Whatever was queued for the old link is superseded by this order. */
   k->out.len = 0;
   mn__ctl_unrelay(k); /* everything unanswered goes this way now */
-  if (rc == 0) rc = mn_ctl_send(c, k, b.data, b.len);
+  if (rc == 0) rc = mn__ctl_queue_out(c, k, b.data, b.len);
   if (rc == 0) rc = mn__ctl_resend_unacked(c, k);
   return rc;
 }
 
 int mn__ctl_resend_unacked(mn_ctl_t *c, mn_conn_t *k) {
   if (k->unacked.len <= k->unacked_off) return 0;
-  return mn_ctl_send(c, k, k->unacked.data + k->unacked_off, k->unacked.len - k->unacked_off);
+  return mn__ctl_queue_out(c, k, k->unacked.data + k->unacked_off, k->unacked.len - k->unacked_off);
+}
+
+/* A checked WELCOME w on k's link: k is ready (or, a pooled proc's reopened link, that link is up), its
+ * session opened. 0, MN_ENOMEM, or MN_EPEER with err (another process answers at k's address). */
+static int welcomed(mn_ctl_t *c, mn_conn_t *k, const mn_msg_welcome_t *w, char *err, size_t errlen) {
+  if (k->ever_ready && w->pid != k->info_pid) {
+    /* The port was taken over by another process: ours is gone, and
+     * resending its calls to a stranger would run them on the wrong proc. */
+    snprintf(err, errlen, "the process behind %.200s:%d is gone (pid %lld answers there, not %lld)", k->host,
+             k->port, (long long)w->pid, (long long)k->info_pid);
+    return MN_EPEER;
+  }
+  if (w->host != NULL) mn__ctl_set_text(&k->info_host, "%.*s", (int)w->host_len, w->host);
+  if (k->lazy && k->state == MN_CS_READY) return mn__ctl_pool_up(c, k); /* no event: the proc never left */
+  k->info_pid = w->pid;
+  int again = k->ever_ready;
+  k->state = MN_CS_READY;
+  if (k->kind == MN_CONN_AGENT) mn__ctl_tree_changed(c);
+  k->peer_closed = 0;
+  k->ever_ready = 1;
+  k->attempt = 0;
+  int rc = open_session(c, k);
+  if (k->lazy) { /* its spawn's link: it carried the SESSION, and is the first to close (ctl_pool.c) */
+    k->link->phase = MN_CS_READY;
+    k->used_at = 0;
+    k->direct = 1;
+    c->pool_opened++;
+  }
+  if (rc == 0 && again && k->kind == MN_CONN_AGENT) mn__ctl_relayed_back(c, k->id);
+  mn__ctl_push_event(c, again ? MN_EV_RECONNECTED : MN_EV_CONNECTED, k->id, k->info_pid, 0);
+  return rc;
 }
 
 /*
@@ -556,7 +616,8 @@ int mn__ctl_resend_unacked(mn_ctl_t *c, mn_conn_t *k) {
  * different process answers at k's address), or the handshake's code.
  */
 static int handshake_step(mn_ctl_t *c, mn_conn_t *k) {
-  while (k->state == MN_CS_HELLO || k->state == MN_CS_WELCOME) {
+  mn_conn_state_t *ph = phase_of(k);
+  while (*ph == MN_CS_HELLO || *ph == MN_CS_WELCOME) {
     const char *body;
     char err[300];
     msgpack_zone zone;
@@ -569,13 +630,12 @@ static int handshake_step(mn_ctl_t *c, mn_conn_t *k) {
     }
     if (!msgpack_zone_init(&zone, 1024)) return MN_ENOMEM;
     int rc = mn_decode(body, (size_t)n, &zone, &m, err, sizeof(err));
-    if (rc == 0 && k->state == MN_CS_HELLO) {
+    if (rc == 0 && *ph == MN_CS_HELLO) {
       mn_buf_t out;
       mn_buf_init(&out);
       rc = mn_hs_answer(&out, &c->auth, &m, k->link->ns, k->link->nc, err, sizeof(err));
-      if (rc == 0) {
-        mn_ctl_send(c, k, out.data, out.len);
-        k->state = MN_CS_WELCOME;
+      if (rc == 0 && (rc = mn__ctl_queue_out(c, k, out.data, out.len)) == 0) {
+        *ph = MN_CS_WELCOME;
         flush_conn(k);
       }
       mn_buf_free(&out);
@@ -583,29 +643,12 @@ static int handshake_step(mn_ctl_t *c, mn_conn_t *k) {
       mn_msg_welcome_t w;
       rc = mn_hs_check_welcome(&c->auth, &m, k->link->ns, k->link->nc, err, sizeof(err));
       if (rc == 0) rc = mn_msg_parse_welcome(&m, &w, err, sizeof(err)); /* checked already: cannot fail */
-      if (rc == 0) {
-        int64_t new_pid = w.pid;
-        if (k->ever_ready && new_pid != k->info_pid) {
-          /* The port was taken over by another process: ours is gone, and
-           * resending its calls to a stranger would run them on the wrong proc. */
-          snprintf(err, sizeof(err), "the process behind %.200s:%d is gone (pid %lld answers there, not %lld)",
-                   k->host, k->port, (long long)new_pid, (long long)k->info_pid);
-          msgpack_zone_destroy(&zone);
-          mn_ctl_disconnect(c, k->id, err);
-          return MN_EPEER;
-        }
-        if (w.host != NULL) mn__ctl_set_text(&k->info_host, "%.*s", (int)w.host_len, w.host);
-        k->info_pid = new_pid;
-        int again = k->ever_ready;
-        k->state = MN_CS_READY;
-        if (k->kind == MN_CONN_AGENT) mn__ctl_tree_changed(c);
-        k->peer_closed = 0;
-        k->ever_ready = 1;
-        k->attempt = 0;
-        rc = open_session(c, k);
-        if (rc == 0 && again && k->kind == MN_CONN_AGENT) mn__ctl_relayed_back(c, k->id);
-        mn__ctl_push_event(c, again ? MN_EV_RECONNECTED : MN_EV_CONNECTED, k->id, k->info_pid, 0);
+      if (rc == 0 && (rc = welcomed(c, k, &w, err, sizeof(err))) == MN_EPEER) {
+        msgpack_zone_destroy(&zone);
+        mn_ctl_disconnect(c, k->id, err);
+        return MN_EPEER;
       }
+      if (rc == MN_ENOMEM) snprintf(err, sizeof(err), "out of memory opening the session");
     }
     msgpack_zone_destroy(&zone);
     mn_buf_consume(&k->in, MN_FRAME_HEADER + (size_t)n);
@@ -644,8 +687,8 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
   k->last_rx = uv_now(&c->loop);
   k->in.len += (size_t)n;
   if ((size_t)n == l->offered && l->chunk < MN_READ_CHUNK) l->chunk *= 2; /* a stream: read it in bigger pieces */
-  if (k->state != MN_CS_READY && handshake_step(c, k) != 0) return;
-  if (k->state == MN_CS_READY && k->in.len > 0 && !k->readable) {
+  if (*phase_of(k) != MN_CS_READY && handshake_step(c, k) != 0) return;
+  if (*phase_of(k) == MN_CS_READY && k->in.len > 0 && !k->readable) {
     k->readable = 1;
     mark(&c->readable, &c->nreadable, k->id);
   }
@@ -668,6 +711,10 @@ static void on_connect(uv_connect_t *req, int status) {
   if (status != 0) {
     char msg[400];
     snprintf(msg, sizeof(msg), "cannot connect to %s:%d: %s", k->host, k->port, uv_strerror(status));
+    if (k->lazy && k->state == MN_CS_READY) {
+      mn__ctl_pool_lost(k, msg); /* a closed port is for its agent to explain (PROC_EXIT) */
+      return;
+    }
     mn__ctl_drop_link(k);
     if (k->ever_ready && agent_gone(k, status)) {
       char why[340];
@@ -682,14 +729,14 @@ static void on_connect(uv_connect_t *req, int status) {
   }
   uv_tcp_nodelay(&l->tcp, 1);
   keep_alive(k);
-  k->state = MN_CS_HELLO;
+  *phase_of(k) = MN_CS_HELLO;
   k->in.len = 0;
   k->in_off = 0;
   k->last_rx = uv_now(&k->ctl->loop);
   uv_read_start((uv_stream_t *)&l->tcp, on_alloc, on_read);
 }
 
-static void start_link(mn_conn_t *k) {
+void mn__ctl_start_link(mn_conn_t *k) {
   mn_ctl_t *c = k->ctl;
   struct addrinfo hints, *res = NULL;
   char service[16], msg[400];
@@ -720,6 +767,10 @@ static void start_link(mn_conn_t *k) {
     freeaddrinfo(res);
     if (rc == 0) return;
     snprintf(msg, sizeof(msg), "cannot connect to %s:%d: %s", k->host, k->port, uv_strerror(rc));
+  }
+  if (k->lazy && k->state == MN_CS_READY) {
+    mn__ctl_pool_lost(k, msg);
+    return;
   }
   mn__ctl_drop_link(k);
   if (k->ever_ready) mn__ctl_schedule_retry(k, msg);
@@ -756,7 +807,7 @@ int mn__ctl_new_conn(mn_ctl_t *c, mn_conn_kind_t kind, mn_conn_t **out) {
   return 0;
 }
 
-int mn_ctl_connect(mn_ctl_t *c, const char *host, int port, mn_conn_kind_t kind) {
+int mn__ctl_new_dialled(mn_ctl_t *c, const char *host, int port, mn_conn_kind_t kind, mn_conn_t **out) {
   char *h = strdup(host), *ih = strdup(host);
   mn_conn_t *k;
   int rc = h != NULL && ih != NULL ? mn__ctl_new_conn(c, kind, &k) : MN_ENOMEM;
@@ -771,7 +822,15 @@ int mn_ctl_connect(mn_ctl_t *c, const char *host, int port, mn_conn_kind_t kind)
   k->reconnect_ms = c->reconnect_ms;
   randombytes_buf(&k->session, sizeof(k->session));
   k->session |= 1; /* never 0: 0 means "no session" on the proc */
-  start_link(k);
+  *out = k;
+  return 0;
+}
+
+int mn_ctl_connect(mn_ctl_t *c, const char *host, int port, mn_conn_kind_t kind) {
+  mn_conn_t *k;
+  int rc = mn__ctl_new_dialled(c, host, port, kind, &k);
+  if (rc != 0) return rc;
+  mn__ctl_start_link(k);
   return k->id;
 }
 
@@ -785,7 +844,8 @@ int mn_ctl_info(mn_ctl_t *c, int id, mn_conn_info_t *out) {
   /* A relay-only proc goes by its agent's name. */
   const mn_conn_t *named = k->relay_only && mn_ctl_conn(c, k->via) ? mn_ctl_conn(c, k->via) : k;
   const char *host = named->info_host ? named->info_host : "";
-  *out = (mn_conn_info_t){k->kind, k->state, state_names[k->state], host, k->info_pid, reason_of(k), k->rcount};
+  *out = (mn_conn_info_t){k->kind, k->state, state_names[k->state], host, k->info_pid, reason_of(k), k->rcount,
+                          k->lazy ? k->direct : -1};
   return 0;
 }
 

@@ -74,6 +74,7 @@ typedef struct {
   int64_t pid;            /* WELCOME's pid */
   const char *reason;     /* why it closed or is reconnecting */
   size_t inflight;        /* calls sent and not answered */
+  int direct;             /* a pooled proc (ctl_pool.c): 1 while its link is up, else 0; -1: not pooled */
 } mn_conn_info_t;
 
 struct mn_ctl_s {
@@ -115,6 +116,11 @@ struct mn_ctl_s {
   int ans_via;            /* answers through the tree not yet taken off their route's counts: their agent, */
   uint32_t ans_n;         /* and how many (a RESULTS frame brings each agent's procs together) */
   mn_cast_rest_t *cur_rest; /* the cast being gathered: its bytes after the seq, shared by its relayed calls */
+  int direct_max;           /* most pooled procs' links open at once (ctl_pool.c; MN_DIRECT_MAX) */
+  uint64_t direct_idle_ms;  /* a pooled link unused this long closes (MN_DIRECT_IDLE_MS) */
+  int *pool, npool, pool_cap; /* pooled procs with a link open or opening, by conn id */
+  int *pool_waitq, nwaitq, waitq_at, waitq_cap; /* pooled procs waiting for a link, oldest first */
+  uint64_t pool_opened, pool_closed; /* pooled links opened and closed since the start (core.cast_stats) */
 };
 
 /* 0, or MN_EAUTH (a bad token) or MN_ENOMEM. */
@@ -130,7 +136,8 @@ void mn_ctl_configure(mn_ctl_t *c, uint64_t hb_ms, uint64_t hb_timeout_ms, uint6
 void mn_ctl_disconnect(mn_ctl_t *c, int id, const char *reason);
 mn_conn_t *mn_ctl_conn(mn_ctl_t *c, int id);
 
-/* Queues a whole frame (copied) and marks the connection dirty; 0 or MN_ENOMEM. */
+/* Queues a whole frame (copied) and marks the connection dirty; for a pooled proc whose link is not up, it
+ * waits for the link, which is asked for (ctl_pool.c). 0 or MN_ENOMEM. */
 int mn_ctl_send(mn_ctl_t *c, mn_conn_t *conn, const char *frame, size_t n);
 /*
  * Queues a CALL frame for a proc (built by mn_msg_call_head): gives it the
@@ -146,7 +153,8 @@ int mn_ctl_call(mn_ctl_t *c, mn_conn_t *conn, char *frame, size_t n, double call
  * `ref` is reported by mn_ctl_take_released(). Needs a ready connection.
  * A reconnect cannot resend the payload: its CALL is replaced by one that
  * fails with kind "lost" unless the proc already ran it. Returns 0, or
- * MN_ECLOSED (conn is not ready) or MN_ENOMEM.
+ * MN_ECLOSED (conn is not ready, or is a pooled proc whose link is not up:
+ * it is asked for, mn_ctl_pool_linked) or MN_ENOMEM.
  */
 int mn_ctl_call_bulk(mn_ctl_t *c, mn_conn_t *conn, char *head, size_t n, const char *payload, size_t plen,
                      int ref, double call, int32_t slot);
@@ -222,6 +230,29 @@ int mn_ctl_cast_end(mn_ctl_t *c, const char *frame, size_t n);
 size_t mn_ctl_relayed(const mn_conn_t *conn);
 /* The proc conn that agent conn `agent` names `tag` in a RESULTS frame, or NULL if it relays no such proc. */
 mn_conn_t *mn_ctl_relayed_conn(mn_ctl_t *c, int agent, uint64_t tag);
+
+/* ---- pooled procs (ctl_pool.c) ---- */
+
+#define MN_DIRECT_MAX 256        /* default most pooled links open at once (monarch.configure{direct_max = n}) */
+#define MN_DIRECT_IDLE_MS 30000  /* default idle time after which a pooled link closes (direct_idle = s) */
+#define MN_POOL_HOLD_MS 1000     /* a link used this recently is not closed for a call's want (at most direct_idle / 2) */
+#define MN_POOL_RETRY_MS 100     /* a pooled link that failed is not dialled again sooner */
+
+/*
+ * A proc of a large mesh: like mn_ctl_connect, but its link is one of a
+ * capped pool. Its first link opens when the pool has room and carries its
+ * SESSION; it then closes once idle, and opens again on demand: calls to
+ * fewer than cast_min procs want it (they go through agent conn `agent`,
+ * which knows the proc as `pid`, while it opens), CANCEL, messages and bulk
+ * puts wait for it. Losing that link is no loss of the proc (its agent
+ * reports deaths): its calls go through the agent. Without casts
+ * (MONARCH_RELAY=0) it is a plain connection. Returns the id or a negative code.
+ */
+int mn_ctl_connect_pooled(mn_ctl_t *c, const char *host, int port, int agent, int64_t pid);
+/* Pooled conn k's link is up: 1 (a plain conn: always 1); else 0, and the link is wanted (`must`). */
+int mn_ctl_pool_linked(mn_ctl_t *c, mn_conn_t *k);
+/* Sets the pool's cap (>= 1) and idle time (ms); 0 keeps either. */
+void mn_ctl_pool_configure(mn_ctl_t *c, int direct_max, uint64_t idle_ms);
 
 /* ---- relay-only procs (ctl_relayed.c) ---- */
 

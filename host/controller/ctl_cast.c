@@ -88,11 +88,14 @@ int mn_ctl_cast_add(mn_ctl_t *c, mn_conn_t *k, char *frame, size_t n, double cal
   /* The tree is rebuilt before a cast gathers anything: a rebuild resends what is relayed, and must not
    * take this cast's own calls off their routes after they were counted on them. */
   if (c->tree_dirty && c->ncasting == 0 && c->cur_rest == NULL) mn__ctl_tree_refresh(c);
+  if (k->lazy && !prefer) mn__ctl_pool_want(c, k, 0); /* a call to a few procs: a direct link pays (ctl_pool.c) */
+  int no_link = mn__ctl_no_link(k);
   /* Behind relayed calls, any call goes that way too (order); else a small one of a mesh-wide call, on an idle link. */
   int relay = relay_usable(c, k) &&
-              (k->relay_only || k->on_relay > 0 || (prefer && k->rcount == 0 && n - MN_MSG_CALL_HEAD <= MN_CAST_MAX_REST));
-  /* A relay-only proc whose agent is away: kept in unacked, cast once the agent is back (mn__ctl_relayed_back). */
-  if (!relay && k->relay_only) return mn__ctl_track(c, k, frame, n, call, slot, 0, NULL);
+              (no_link || k->on_relay > 0 || (prefer && k->rcount == 0 && n - MN_MSG_CALL_HEAD <= MN_CAST_MAX_REST));
+  /* No link and its agent away: kept in unacked, cast once the agent is back (mn__ctl_relayed_back), or
+   * sent on a pooled proc's link once that is up (mn__ctl_pool_up). */
+  if (!relay && no_link) return mn__ctl_track(c, k, frame, n, call, slot, 0, NULL);
   /* Not through the agent: it is away (unrelay resends what it had) or the call does not qualify. */
   if (!relay) return mn__ctl_call_direct(c, k, frame, n, call, slot);
   if (c->cur_rest == NULL) {
@@ -203,10 +206,12 @@ void mn__ctl_unrelay(mn_conn_t *k) {
 void mn__ctl_unrelay_resend(mn_ctl_t *c, mn_conn_t *k) {
   mn__ctl_unrelay(k);
   mn_conn_t *a = mn_ctl_conn(c, k->via);
-  /* Relay-only: straight to its agent if that is here, else the agent's reconnect resends (relayed_back).
-   * Ready: on its own link now. Reconnecting: its own reconnect resends it. */
-  if (k->relay_only && a != NULL && a->state == MN_CS_READY) mn__ctl_relayed_resend(c, a, k);
-  else if (!k->relay_only && k->state == MN_CS_READY) mn__ctl_resend_unacked(c, k);
+  /* No link: straight to its agent if that is here, else the agent's reconnect resends (relayed_back), or a
+   * pooled proc's link, wanted now, once up (mn__ctl_pool_up). Ready: on its own link now. Reconnecting:
+   * its own reconnect resends it. */
+  if (mn__ctl_no_link(k) && a != NULL && a->state == MN_CS_READY) mn__ctl_relayed_resend(c, a, k);
+  else if (mn__ctl_no_link(k) && k->lazy && k->state == MN_CS_READY) mn__ctl_pool_want(c, k, 1);
+  else if (!mn__ctl_no_link(k) && k->state == MN_CS_READY) mn__ctl_resend_unacked(c, k);
 }
 
 void mn__ctl_unrelay_agent(mn_ctl_t *c, int agent) {

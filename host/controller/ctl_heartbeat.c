@@ -14,7 +14,7 @@ static void send_ack(mn_ctl_t *c, mn_conn_t *k) {
   if (k->acked <= k->ack_sent) return;
   k->ack_sent = k->acked;
   /* One ACKS frame per agent, not one write per proc; a relay-only proc has no link of its own for it. */
-  if (mn__ctl_relay_ack(c, k) || k->relay_only) return;
+  if (mn__ctl_relay_ack(c, k) || mn__ctl_no_link(k)) return;
   char f[16];
   mn_buf_t b = {f, 0, sizeof(f)}; /* an ACK is at most 14 bytes: the buffer never grows */
   if (mn_msg_pack_ack(&b, k->acked) == 0) mn_ctl_send(c, k, b.data, b.len);
@@ -36,7 +36,12 @@ static void heartbeat_conn(mn_ctl_t *c, mn_conn_t *k, uint64_t now) {
     return;
   }
   if (k->state != MN_CS_READY) return;
-  if (k->kind == MN_CONN_PROC && (!c->proc_heartbeats || k->relay_only)) {
+  if (k->lazy && k->link != NULL && k->link->phase != MN_CS_READY && now - k->link->started > MN_HANDSHAKE_TIMEOUT_MS) {
+    mn__ctl_pool_lost(k, "no handshake in time"); /* a pooled proc's reopened link: it stays ready */
+    return;
+  }
+  if (k->lazy && k->link == NULL && k->waiting.len > 0) mn__ctl_pool_want(c, k, 1); /* its link failed: again */
+  if (k->kind == MN_CONN_PROC && (!c->proc_heartbeats || mn__ctl_no_link(k))) {
     send_ack(c, k); /* procs are watched by their agents (PROC_HUNG); they only hear how far we got */
     return;
   }
@@ -83,5 +88,6 @@ void mn__ctl_on_heartbeat(uv_timer_t *t) {
     for (int i = 0; i < c->nagent_ids; i++) heartbeat_conn(c, c->conns[c->agent_ids[i]], now);
   }
   mn__ctl_relay_acks_end(c);
+  if (c->npool > 0 || c->nwaitq > c->waitq_at) mn__ctl_pool_tick(c, now);
   mn_ctl_flush(c);
 }

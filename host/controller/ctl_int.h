@@ -16,6 +16,7 @@ typedef struct {
   uint8_t ns[MN_NONCE_LEN], nc[MN_NONCE_LEN]; /* this attempt's handshake nonces */
   size_t chunk;      /* bytes offered to the next read: small first, doubled by each read that fills it */
   size_t offered;    /* bytes the last read was offered */
+  mn_conn_state_t phase; /* a pooled proc's link reopened (ctl_pool.c): its own handshake, the conn staying ready */
 } mn_link_t;
 
 /* What only an agent connection holds: its gathered batch and its place in the cast tree (ctl_tree.c). */
@@ -44,6 +45,8 @@ struct mn_conn_s {
   mn_conn_kind_t kind;
   mn_conn_state_t state;
   uint8_t relay_only; /* no link of its own (SPAWNED port 0): every call goes through its agent (ctl_relayed.c) */
+  uint8_t lazy;       /* pooled (ctl_pool.c): its link opens on demand and closes when idle */
+  uint8_t direct;     /* pooled: its link is up, its SESSION sent */
   uint8_t dirty;      /* on ctl's dirty list */
   uint8_t readable;   /* on ctl's readable list */
   uint8_t ever_ready;
@@ -57,12 +60,17 @@ struct mn_conn_s {
   uint64_t session;  /* random id; the same across reconnects */
   uint64_t ack_sent; /* highest seq announced in an ACK */
   uint64_t last_rx;  /* uv_now of the last bytes received */
-  uint64_t lost_at;  /* uv_now when reconnecting began */
+  uint64_t lost_at;  /* uv_now when reconnecting began; a pooled proc: when its link last failed */
   uint64_t reconnect_ms;
   int attempt;
   uv_timer_t *retry; /* pending reconnect attempt */
   void *data;
   mn_agent_part_t *ag; /* an agent's own fields (NULL for a proc: tens of thousands need none of them) */
+  /* A pooled proc's place in the pool (ctl_pool.c). */
+  uint64_t used_at;  /* uv_now of its link's last use; 0: none since its spawn's link opened */
+  mn_buf_t waiting;  /* frames (CANCEL, PING) for its link, queued while it opens */
+  int pool_at;       /* its index + 1 in c->pool; 0: no link counted */
+  uint8_t pool_wait; /* on c->pool_waitq */
   /* Cold: the names and texts, last. On the heap (NULL for a relay-only proc, which goes by its agent's
    * names): a proc costs no more than it uses. */
   int port;
@@ -137,6 +145,31 @@ int mn__ctl_resend_unacked(mn_ctl_t *c, mn_conn_t *k);
 void mn__ctl_unrelay_agent(mn_ctl_t *c, int agent);
 /* k's unanswered calls are (being) resent on its own link: none is relayed any more. */
 void mn__ctl_unrelay(mn_conn_t *k);
+
+/* No link to write to now: a relay-only proc, or a pooled one whose link is closed or still opening. */
+static inline int mn__ctl_no_link(const mn_conn_t *k) { return k->relay_only || (k->lazy && !k->direct); }
+/* ctl.c: starts a TCP attempt for k (its handshake follows); appends raw bytes to k's output. */
+void mn__ctl_start_link(mn_conn_t *k);
+/* A new connection to host:port, not yet dialled (mn__ctl_start_link), as mn__ctl_new_conn. */
+int mn__ctl_new_dialled(mn_ctl_t *c, const char *host, int port, mn_conn_kind_t kind, mn_conn_t **out);
+int mn__ctl_queue_out(mn_ctl_t *c, mn_conn_t *k, const char *frame, size_t n);
+
+/* ---- pooled procs (ctl_pool.c) ---- */
+
+/* Pooled proc k wants its link: opened now if the pool has room or an idle link to close (for `must`,
+ * any idle one; else one unused for the hold time), else, for `must`, once one frees. */
+void mn__ctl_pool_want(mn_ctl_t *c, mn_conn_t *k, int must);
+/* k's reopened link finished its handshake: SESSION, its unanswered calls unless they travel through its
+ * agent, then what waited for it. 0 or MN_ENOMEM. */
+int mn__ctl_pool_up(mn_ctl_t *c, mn_conn_t *k);
+/* k's link failed or was lost (k stays ready): its direct calls go again through its agent. */
+void mn__ctl_pool_lost(mn_conn_t *k, const char *why);
+/* k is closed: its link no longer counts. */
+void mn__ctl_pool_forget(mn_ctl_t *c, mn_conn_t *k);
+/* Opens links for procs waiting for one, as room frees (mn_ctl_flush calls it when any waits). */
+void mn__ctl_pool_serve(mn_ctl_t *c);
+/* The heartbeat's part: idle links past direct_idle close, the pool shrinks to direct_max. */
+void mn__ctl_pool_tick(mn_ctl_t *c, uint64_t now);
 
 /* ---- relay-only procs (ctl_relayed.c) ---- */
 

@@ -56,7 +56,8 @@ void mn__ctl_relayed_back(mn_ctl_t *c, int agent) {
   mn_conn_t *a = mn_ctl_conn(c, agent);
   for (int i = 1; i <= c->nconns; i++) {
     mn_conn_t *k = c->conns[i];
-    if (k->relay_only && k->via == agent && k->state == MN_CS_READY && k->rcount > 0) mn__ctl_relayed_resend(c, a, k);
+    /* A pooled proc without its link too (ctl_pool.c); one whose link is up sent them on it already. */
+    if (mn__ctl_no_link(k) && k->via == agent && k->state == MN_CS_READY && k->rcount > 0) mn__ctl_relayed_resend(c, a, k);
   }
 }
 

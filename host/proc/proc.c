@@ -835,8 +835,11 @@ static int io_step(proc_t *p, batch_t *q, int64_t wait_ns) {
   io_t *io = &p->io;
   report_status(p, &io->next_status);
   /* The orphan clock runs only without a controller: while one is connected, a
-   * quiet one is only busy; if it vanishes, its agent ends the session (silence, grace). */
-  if (io->cur != NULL && io->has_session) io->last_rx = mn_now_ns();
+   * quiet one is only busy; if it vanishes, its agent ends the session (silence, grace).
+   * The agent's relay carrying a session counts too: a proc of a large mesh is reached
+   * through it alone while the controller has closed its idle link (ctl_pool.c). */
+  if ((io->cur != NULL && io->has_session) || (io->relay != NULL && current_session(p) != 0))
+    io->last_rx = mn_now_ns();
   int64_t left = io->last_rx + io->orphan_ns - mn_now_ns();
   if (left <= 0 && !atomic_load(&persistent)) return 1; /* orphaned: no controller for orphan_timeout */
   if (left <= 0) {

@@ -99,38 +99,61 @@ end
 --- Asks proc p (just connected) whether it can copy our memory; sets
 -- p.bulk to true, false, or "probing" until the answer comes, and
 -- p.bulk_why to the reason for false.
-function M.probe(p)
-  -- No link of its own (port 0: reached through its host agent only, a simulated proc): nothing to
-  -- ask, and no field to spend on a proc of which a mesh holds thousands.
-  if p.port == 0 then return end
+-- Whether p is worth probing; if not, p.bulk is false and p.bulk_why says why.
+local function probe_worth(p)
   local mode = os.getenv("MONARCH_BULK_LOCAL")
   p.bulk, p.bulk_why = false, nil
   if mode == "0" then
     p.bulk_why = "MONARCH_BULK_LOCAL=0"
-    return
+    return false
   end
   if mode ~= "1" and not on_this_host(p.addr) then
     p.bulk_why = "its agent is not at a loopback address (MONARCH_BULK_LOCAL=1 probes it anyway)"
+    return false
+  end
+  return true
+end
+
+-- Probes procs (all worth it) with one call: through their agents for a large mesh, so that no
+-- direct link is opened for it.
+local function probe_all(procs)
+  local pid, addr, cookie = core.bulk_self()
+  local conns = {}
+  for i, p in ipairs(procs) do p.bulk, conns[i] = "probing", p.conn end
+  local rec = runtime.submit(procs, "__bulk_probe", { pid, addr, cookie }, 3, {
+    mode = "mesh", make_result = function() return true end, bypass = true, what = "same-host bulk probe",
+    on_slot = function(slot, ok, v)
+      local p = procs[slot]
+      if p.conn ~= conns[slot] then return end -- answered for a connection the proc has since replaced
+      p.bulk = ok and v == true
+      if not p.bulk then p.bulk_why = ok and type(v) == "table" and tostring(v[2]) or tostring(v) end
+    end,
+  })
+  rec.internal = true -- the runtime's own: its failure is no sign that the script heard of a death
+  rec.future:on_done(function() end) -- each slot's answer was taken above
+end
+
+function M.probe(p)
+  -- No link of its own (port 0: reached through its host agent only, a simulated proc): nothing to
+  -- ask, and no field to spend on a proc of which a mesh holds thousands.
+  if p.port == 0 then return end
+  -- A proc of a large mesh is probed at its first transfer, with the others (M.local_set): probed now,
+  -- one at a time, each would want a direct link of its own.
+  if p.pooled then
+    p.bulk = nil
     return
   end
-  local pid, addr, cookie = core.bulk_self()
-  p.bulk = "probing"
-  local conn = p.conn
-  local rec = runtime.submit({ p }, "__bulk_probe", { pid, addr, cookie }, 3,
-    { mode = "one", bypass = true, what = "same-host bulk probe" })
-  rec.internal = true -- the runtime's own: its failure is no sign that the script heard of a death
-  rec.future:on_done(function(f)
-    if p.conn ~= conn then return end -- answered for a connection the proc has since replaced
-    local ok, v = f:result()
-    p.bulk = ok and v == true
-    if not p.bulk then p.bulk_why = ok and type(v) == "table" and tostring(v[2]) or tostring(v) end
-  end)
+  if probe_worth(p) then probe_all({ p }) end
 end
 
 --- The procs of `procs` whose transfers go local now, as a set; waits
 -- (pumping) for probes still in flight, up to M.PROBE_WAIT.
 function M.local_set(procs)
-  local set, deadline = {}, nil
+  local set, deadline, todo = {}, nil, {}
+  for _, p in ipairs(procs) do
+    if p.pooled and p.bulk == nil and p.state == "ready" and probe_worth(p) then todo[#todo + 1] = p end
+  end
+  if #todo > 0 then probe_all(todo) end
   for _, p in ipairs(procs) do
     while p.bulk == "probing" do
       deadline = deadline or runtime.now() + M.PROBE_WAIT

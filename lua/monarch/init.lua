@@ -128,7 +128,9 @@ M.now = core.now
 --- Failure detection settings (seconds): heartbeat (interval between pings),
 -- heartbeat_timeout (silence that marks a connection lost; a proc whose host
 -- agent still answers is then declared unresponsive and killed) and
--- reconnect (how long a lost connection is retried before its procs fail).
+-- reconnect (how long a lost connection is retried before its procs fail);
+-- cast_min, fanout, and direct_max / direct_idle (the pool of direct links
+-- a large mesh's procs share): docs/lua-api.md.
 function M.configure(t)
   if type(t) ~= "table" then error("monarch.configure wants a table", 2) end
   if not runtime.initialized then error("monarch.configure: call monarch.hosts() first", 2) end

@@ -106,6 +106,8 @@ function HostMesh:spawn_procs(spec, at)
     end
   end
   local world, base = at and at.world or per_host * #self.agents, at and at.rank_base or 0
+  -- A mesh that is cast to keeps direct links only while they pay (a capped pool): no socket per proc.
+  local pooled = per_host * #self.agents >= core.cast_stats().cast_min or nil
   local reqs = {}
   for h, a in ipairs(self.agents) do
     if a.state ~= "ready" then error(errors.new { kind = "connect", host = a.addr, message = "host agent is not connected" }, 2) end
@@ -130,7 +132,7 @@ function HostMesh:spawn_procs(spec, at)
       local rank = base + (h - 1) * per_host + i - 1
       if r and r.port then
         local p = setmetatable({ rank = rank, pid = r.pid, port = r.port, agent = a, state = "connecting",
-          device = gpus and (i - 1) or nil }, shared)
+          device = gpus and (i - 1) or nil, pooled = pooled }, shared)
         a.procs[r.pid] = p
         procs_mod.connect(p)
         procs[rank - base + 1] = p

@@ -293,11 +293,14 @@ end
 
 --- Connects to a spawned proc; p.state goes connecting -> ready (or dead).
 -- Port 0 in SPAWNED (a simulated agent's virtual proc): no link of its own, every call a cast through
--- its agent; the connection is ready at once and costs no socket.
+-- its agent; the connection is ready at once and costs no socket. p.pooled (a proc of a mesh of
+-- cast_min procs or more): its direct link is one of a capped pool, open only while it pays.
 function M.connect(p)
   local conn
   if p.port == 0 then
     conn = core.connect_relayed(p.agent.conn, p.pid)
+  elseif p.pooled and p.agent and p.agent.conn and p.pid then
+    conn = core.connect_pooled(p.addr, p.port, p.agent.conn, p.pid)
   else
     conn = core.connect(p.addr, p.port, "proc")
     -- Mesh-wide calls reach it through the agent that spawned it (one frame per host).

@@ -354,19 +354,44 @@ function Tensor:_put_bytes(src, base, nbytes, owner, procs)
   return all_of(futs, "put of tensor " .. self.__mn_tensor, nil)
 end
 
--- Queues the chunks of a put over the procs' sockets, a future per chunk into futs.
+--- Seconds a put waits for its procs' direct links (a large mesh's procs open theirs on demand).
+M.LINK_WAIT = 30
+
+-- Waits until a put may go on each of procs' own links (conns `targets`): no call still on its way
+-- through their host agents, and a pooled proc's link open (core.unlinked asks for it). A proc that
+-- is no longer live ends the wait: the put then reports it.
+local function await_links(procs, targets)
+  local deadline = runtime.now() + M.LINK_WAIT
+  while core.relayed(targets) > 0 or core.unlinked(targets) > 0 do
+    for _, p in ipairs(procs) do
+      if p.state ~= "ready" and p.state ~= "reconnecting" then return end
+    end
+    if runtime.now() > deadline then
+      error(require("monarch.errors").new { kind = "timeout",
+        message = "a put waited " .. M.LINK_WAIT .. "s for its procs' direct links" }, 0)
+    end
+    runtime.pump(0.005)
+  end
+end
+
+-- Queues the chunks of a put over the procs' sockets, a future per chunk into futs. The pool of
+-- direct links (monarch.configure{direct_max}) takes a pool's worth of procs at a time.
 function Tensor:_put_tcp(src, base, nbytes, owner, procs, futs)
-  local targets = {}
-  for i, p in ipairs(procs) do targets[i] = p.conn end
-  -- A put goes on each proc's own link: it waits for calls still on their way through the host agents.
-  while core.relayed(targets) > 0 do runtime.pump(0.01) end
-  for off = 0, math.max(nbytes - 1, 0), M.CHUNK do
-    local len = math.min(M.CHUNK, nbytes - off)
-    local rec = runtime.submit_custom(procs, "__tensor_put", function(id)
-      return core.put_chunk(id, targets, self.__mn_tensor, off, src, base + off, len, owner)
-    end)
-    futs[#futs + 1] = rec.future
-    bulk.stats.tcp_puts, bulk.stats.tcp_bytes = bulk.stats.tcp_puts + 1, bulk.stats.tcp_bytes + len * #procs
+  local group = core.cast_stats().direct_max
+  for first = 1, #procs, group do
+    local part, targets = {}, {}
+    for i = first, math.min(first + group - 1, #procs) do
+      part[#part + 1], targets[#targets + 1] = procs[i], procs[i].conn
+    end
+    await_links(part, targets)
+    for off = 0, math.max(nbytes - 1, 0), M.CHUNK do
+      local len = math.min(M.CHUNK, nbytes - off)
+      local rec = runtime.submit_custom(part, "__tensor_put", function(id)
+        return core.put_chunk(id, targets, self.__mn_tensor, off, src, base + off, len, owner)
+      end)
+      futs[#futs + 1] = rec.future
+      bulk.stats.tcp_puts, bulk.stats.tcp_bytes = bulk.stats.tcp_puts + 1, bulk.stats.tcp_bytes + len * #part
+    end
   end
 end
 

@@ -1,0 +1,208 @@
+/*
+ * ctl_pool.c - pooled procs: the procs of a large mesh keep a direct link
+ * only while it pays. Mesh-wide calls reach them through their host agents
+ * (casts) and their agents watch them, so a link serves only what a cast
+ * cannot carry well or at all: calls to a few procs (call_one, choose, an
+ * actor's endpoint: one hop less), CANCEL, messages (PING) and bulk puts.
+ *
+ * A pooled proc's first link carries its SESSION (the proc then takes
+ * casts of that session) and, unless used, closes at the next heartbeat
+ * once idle, or sooner for another proc's first link. Later
+ * links open on demand, at most c->direct_max at once: one more closes the
+ * least recently used idle one, or, if none is, a call goes through the
+ * agent and a frame that needs the link waits for one to free. A link
+ * unused for direct_idle closes. Closing one changes only the way bytes
+ * travel: the conn keeps its session, sequence numbers, pending ring and
+ * unacked copies, the proc its replay cache, so replay and exactly-once
+ * hold as for a reconnect, and the script hears of nothing. Order per proc
+ * holds as for casts (ctl_cast.c): while calls are in flight through the
+ * agent every call follows them, and a reopened link is used once none is.
+ */
+#include "ctl_int.h"
+
+#include <stdlib.h>
+
+/* Whether k's link can close with nothing lost: up, no direct call in flight, nothing left to write or read. */
+static int idle(const mn_conn_t *k) {
+  return k->direct && k->link != NULL && k->rcount == k->on_relay && k->out.len == 0 && k->waiting.len == 0 &&
+         k->link->writing == 0 && k->in_off >= k->in.len;
+}
+
+static void pool_remove(mn_ctl_t *c, mn_conn_t *k) {
+  if (k->pool_at == 0) return;
+  int i = k->pool_at - 1, last = c->pool[--c->npool];
+  c->pool[i] = last;
+  c->conns[last]->pool_at = i + 1;
+  k->pool_at = 0;
+}
+
+void mn__ctl_pool_forget(mn_ctl_t *c, mn_conn_t *k) {
+  pool_remove(c, k);
+  k->direct = 0;
+}
+
+/* Closes k's idle link: it goes back to its agent, quietly (no event: nothing failed). */
+static void close_link(mn_ctl_t *c, mn_conn_t *k) {
+  mn__ctl_drop_link(k);
+  pool_remove(c, k);
+  k->direct = 0;
+  k->in.len = k->in_off = 0;
+  c->pool_closed++;
+}
+
+/* Milliseconds from t to now; 0 if t is later (a want after the loop's clock moved on). */
+static uint64_t since(uint64_t now, uint64_t t) { return now > t ? now - t : 0; }
+
+/* Closes the least recently used idle link unused for `hold` ms; 1 if one was closed. */
+static int evict_one(mn_ctl_t *c, uint64_t now, uint64_t hold) {
+  mn_conn_t *lru = NULL;
+  for (int i = 0; i < c->npool; i++) {
+    mn_conn_t *k = c->conns[c->pool[i]];
+    if (idle(k) && since(now, k->used_at) >= hold && (lru == NULL || k->used_at < lru->used_at)) lru = k;
+  }
+  if (lru == NULL) return 0;
+  close_link(c, lru);
+  return 1;
+}
+
+/* Counts k's link in the pool and dials it; 0 or MN_ENOMEM (nothing dialled). */
+static int open_link(mn_ctl_t *c, mn_conn_t *k) {
+  if (c->npool == c->pool_cap) {
+    int cap = c->pool_cap ? 2 * c->pool_cap : 64, *p = realloc(c->pool, (size_t)cap * sizeof(int));
+    if (p == NULL) return MN_ENOMEM;
+    c->pool = p;
+    c->pool_cap = cap;
+  }
+  c->pool[c->npool++] = k->id;
+  k->pool_at = c->npool;
+  mn__ctl_start_link(k); /* a failure comes back as mn__ctl_pool_lost, or closes a first link's conn */
+  return 0;
+}
+
+/* Puts k on the list of procs waiting for a link (once). */
+static void enqueue(mn_ctl_t *c, mn_conn_t *k) {
+  if (k->pool_wait) return;
+  if (c->waitq_at > 0 && c->waitq_at == c->nwaitq) c->nwaitq = c->waitq_at = 0;
+  if (c->nwaitq == c->waitq_cap) {
+    if (c->waitq_at > 0) { /* room at the front first */
+      for (int i = c->waitq_at; i < c->nwaitq; i++) c->pool_waitq[i - c->waitq_at] = c->pool_waitq[i];
+      c->nwaitq -= c->waitq_at;
+      c->waitq_at = 0;
+    }
+    if (c->nwaitq == c->waitq_cap) {
+      int cap = c->waitq_cap ? 2 * c->waitq_cap : 64, *q = realloc(c->pool_waitq, (size_t)cap * sizeof(int));
+      if (q == NULL) return; /* its next want tries again */
+      c->pool_waitq = q;
+      c->waitq_cap = cap;
+    }
+  }
+  c->pool_waitq[c->nwaitq++] = k->id;
+  k->pool_wait = 1;
+}
+
+static uint64_t hold_ms(const mn_ctl_t *c) {
+  return c->direct_idle_ms / 2 < MN_POOL_HOLD_MS ? c->direct_idle_ms / 2 : MN_POOL_HOLD_MS;
+}
+
+/* Whether k still needs a link it has not got (a first one, or one asked for by a frame that waits). */
+static int still_wants(const mn_conn_t *k) {
+  return k->lazy && k->link == NULL && (k->state == MN_CS_CONNECTING || k->state == MN_CS_READY);
+}
+
+void mn__ctl_pool_want(mn_ctl_t *c, mn_conn_t *k, int must) {
+  uint64_t now = uv_now(&c->loop);
+  k->used_at = now;
+  if (!still_wants(k)) return;
+  if (k->lost_at != 0 && since(now, k->lost_at) < MN_POOL_RETRY_MS) return; /* the next want, or the heartbeat, tries again */
+  if (c->nwaitq > c->waitq_at && must) { /* behind those waiting already */
+    enqueue(c, k);
+    return;
+  }
+  if (c->npool < c->direct_max || evict_one(c, now, must ? 0 : hold_ms(c))) {
+    if (open_link(c, k) == 0) return;
+  }
+  if (must) enqueue(c, k); /* a call goes through the agent meanwhile, and wants again next time */
+}
+
+void mn__ctl_pool_serve(mn_ctl_t *c) {
+  uint64_t now = uv_now(&c->loop);
+  while (c->waitq_at < c->nwaitq) {
+    mn_conn_t *k = mn_ctl_conn(c, c->pool_waitq[c->waitq_at]);
+    if (k != NULL && k->pool_wait && still_wants(k)) {
+      if (c->npool >= c->direct_max && !evict_one(c, now, 0)) return;
+      if (open_link(c, k) != 0) return;
+    }
+    if (k != NULL) k->pool_wait = 0;
+    c->waitq_at++;
+  }
+  c->nwaitq = c->waitq_at = 0;
+}
+
+int mn__ctl_pool_up(mn_ctl_t *c, mn_conn_t *k) {
+  char f[32];
+  mn_buf_t b = {f, 0, sizeof(f)}; /* a SESSION is at most 23 bytes: the buffer never grows */
+  int rc = mn_msg_pack_session(&b, k->session, k->acked);
+  k->link->phase = MN_CS_READY;
+  k->direct = 1;
+  c->pool_opened++;
+  if (rc == 0) rc = mn__ctl_queue_out(c, k, b.data, b.len);
+  /* Unanswered calls not on their way through the agent were never sent, or went on a link lost since. */
+  if (rc == 0 && k->on_relay == 0) rc = mn__ctl_resend_unacked(c, k);
+  if (rc == 0 && k->waiting.len > 0) rc = mn__ctl_queue_out(c, k, k->waiting.data, k->waiting.len);
+  k->waiting.len = 0;
+  return rc;
+}
+
+void mn__ctl_pool_lost(mn_conn_t *k, const char *why) {
+  mn_ctl_t *c = k->ctl;
+  (void)why; /* not a failure of the proc: if it died, its agent says so (PROC_EXIT) */
+  mn__ctl_drop_link(k);
+  pool_remove(c, k);
+  k->direct = 0;
+  k->out.len = 0;
+  uv_update_time(&c->loop);
+  k->lost_at = uv_now(&c->loop);
+  c->pool_closed++;
+  /* Its direct calls go again through the agent; one the proc ran already is answered from its replay cache.
+   * What waits for the link (a CANCEL, a PING) is tried again by the heartbeat (mn__ctl_pool_tick's caller). */
+  if (k->rcount > k->on_relay) mn__ctl_unrelay_resend(c, k);
+}
+
+void mn__ctl_pool_tick(mn_ctl_t *c, uint64_t now) {
+  for (int i = 0; i < c->npool;) {
+    mn_conn_t *k = c->conns[c->pool[i]];
+    if (idle(k) && (since(now, k->used_at) >= c->direct_idle_ms || c->npool > c->direct_max)) close_link(c, k);
+    else i++;
+  }
+  if (c->nwaitq > c->waitq_at) mn__ctl_pool_serve(c);
+}
+
+int mn_ctl_connect_pooled(mn_ctl_t *c, const char *host, int port, int agent, int64_t pid) {
+  mn_conn_t *k;
+  int rc = mn__ctl_new_dialled(c, host, port, MN_CONN_PROC, &k);
+  if (rc != 0) return rc;
+  mn_ctl_set_relay(c, k, agent, pid);
+  if (k->via == 0) { /* no casts (MONARCH_RELAY=0): a plain connection */
+    mn__ctl_start_link(k);
+    return k->id;
+  }
+  k->lazy = 1;
+  k->state = MN_CS_CONNECTING;
+  mn__ctl_pool_want(c, k, 1);
+  return k->id;
+}
+
+int mn_ctl_pool_linked(mn_ctl_t *c, mn_conn_t *k) {
+  if (!k->lazy) return 1; /* its link is whatever state it is in: nothing to open */
+  if (k->direct) {
+    mn__ctl_pool_want(c, k, 0); /* a use: it stays */
+    return 1;
+  }
+  if (k->state == MN_CS_READY) mn__ctl_pool_want(c, k, 1);
+  return 0;
+}
+
+void mn_ctl_pool_configure(mn_ctl_t *c, int direct_max, uint64_t idle_ms) {
+  if (direct_max > 0) c->direct_max = direct_max;
+  if (idle_ms > 0) c->direct_idle_ms = idle_ms;
+}
