@@ -70,7 +70,7 @@ if [ "${REAL:-1}" != 0 ]; then
   ratio() { if [ "$(echo "$2 > 0" | bc -l)" = 1 ]; then printf '%7.2fx' "$(echo "$1 / $2" | bc -l)"; else printf '%8s' "-"; fi; }
   printf '%-24s %12s %12s %12s %8s %8s\n' "measure" "per proc" "flat casts" "cast tree" "flat/" "tree/"
   for k in spawn_connect_s call_gather_ms ctl_cpu_per_call_ms ctl_bytes_per_proc ctl_rss_per_proc ctl_idle_cpu_pct \
-    ctl_peak_rss_mib ctl_open_fds; do
+    ctl_peak_rss_mib ctl_open_fds ctl_direct_links call_one_us; do
     b=$(get $k "$before") f=$(get $k "$flat") n=$(get $k "$now")
     printf '%-24s %12s %12s %12s %s %s\n' "$k" "$b" "$f" "$n" "$(ratio "$f" "$b")" "$(ratio "$n" "$b")"
   done

@@ -65,7 +65,7 @@ int mn_ctl_init(mn_ctl_t *c, const char *token, size_t toklen) {
   c->hb_timeout_ms = MN_HEARTBEAT_TIMEOUT_MS;
   c->reconnect_ms = MN_RECONNECT_MS;
   c->cast_min = MN_CAST_MIN_TARGETS;
-  c->fanout = MN_TREE_FANOUT;
+  c->fanout = c->tree_k = MN_TREE_FANOUT;
   c->direct_max = MN_DIRECT_MAX;
   c->direct_idle_ms = MN_DIRECT_IDLE_MS;
   /* MONARCH_PROC_HEARTBEAT=1: PING every proc too, as before agents watched them (to measure the difference). */
@@ -142,7 +142,7 @@ void mn_ctl_disconnect(mn_ctl_t *c, int id, const char *reason) {
   mn__ctl_pool_forget(c, k);
   stop_retry(k);
   k->out.len = 0;
-  mn_buf_free(&k->waiting);
+  if (k->pl != NULL) mn_buf_free(&k->pl->waiting);
   mn_buf_free(&k->unacked);
   k->unacked_off = 0;
   /* Closing: every connection goes anyway, and a walk of them all per agent would cost agents x procs. */
@@ -159,7 +159,8 @@ static void free_conn(mn_conn_t *k) {
   mn_buf_free(&k->in);
   mn_buf_free(&k->out);
   mn_buf_free(&k->unacked);
-  mn_buf_free(&k->waiting);
+  if (k->pl != NULL) mn_buf_free(&k->pl->waiting);
+  free(k->pl);
   if (k->ag != NULL) mn_buf_free(&k->ag->cast);
   free(k->ag);
   free(k->ring);
@@ -243,7 +244,7 @@ int mn_ctl_send(mn_ctl_t *c, mn_conn_t *k, const char *frame, size_t n) {
   if (k->relay_only) return 0; /* no link to write to: only casts reach it, through its agent */
   if (k->lazy && !k->direct && k->state == MN_CS_READY) {
     /* A pooled proc's link is closed or opening: the frame waits for it (mn__ctl_pool_up). */
-    if (mn_buf_append(&k->waiting, frame, n) != 0) return MN_ENOMEM;
+    if (mn_buf_append(&k->pl->waiting, frame, n) != 0) return MN_ENOMEM;
     mn__ctl_pool_want(c, k, 1);
     return 0;
   }
@@ -601,7 +602,7 @@ static int welcomed(mn_ctl_t *c, mn_conn_t *k, const mn_msg_welcome_t *w, char *
   int rc = open_session(c, k);
   if (k->lazy) { /* its spawn's link: it carried the SESSION, and is the first to close (ctl_pool.c) */
     k->link->phase = MN_CS_READY;
-    k->used_at = 0;
+    k->pl->used_at = 0;
     k->direct = 1;
     c->pool_opened++;
   }

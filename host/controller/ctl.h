@@ -108,6 +108,7 @@ struct mn_ctl_s {
   uint64_t agent_pings;       /* PINGs written to host agents (core.cast_stats: the tree vouches for the rest) */
   int cast_min;           /* a call to this many procs or more is cast (MN_CAST_MIN_TARGETS) */
   int fanout;             /* past this many agents, casts go through a tree of them (ctl_tree.c); 0: never */
+  int tree_k;             /* the fan-out the current tree was built for: a new `fanout` holds from its rebuild */
   int *tree, ntree;       /* agent conn ids by tree position */
   int tree_roots;         /* positions 0 .. tree_roots-1 are cast to by the controller itself */
   uint64_t tree_epoch;    /* bumped per rebuild; named in TREE and LINKED */

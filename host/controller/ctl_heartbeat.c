@@ -40,7 +40,8 @@ static void heartbeat_conn(mn_ctl_t *c, mn_conn_t *k, uint64_t now) {
     mn__ctl_pool_lost(k, "no handshake in time"); /* a pooled proc's reopened link: it stays ready */
     return;
   }
-  if (k->lazy && k->link == NULL && k->waiting.len > 0) mn__ctl_pool_want(c, k, 1); /* its link failed: again */
+  /* A pooled proc whose link failed while frames or direct calls (its agent gone) wait for it: again. */
+  if (k->lazy && k->link == NULL && (k->pl->waiting.len > 0 || k->rcount > k->on_relay)) mn__ctl_pool_want(c, k, 1);
   if (k->kind == MN_CONN_PROC && (!c->proc_heartbeats || mn__ctl_no_link(k))) {
     send_ack(c, k); /* procs are watched by their agents (PROC_HUNG); they only hear how far we got */
     return;

@@ -31,6 +31,14 @@ typedef struct {
   int in_tree, tree_root; /* this cast touched it; it is cast to directly */
 } mn_agent_part_t;
 
+/* What only a pooled proc holds (ctl_pool.c). */
+typedef struct {
+  uint64_t used_at;  /* uv_now of its link's last use; 0: none since its spawn's link opened */
+  mn_buf_t waiting;  /* frames (CANCEL, PING) for its link, queued while it opens */
+  int at;            /* its index + 1 in c->pool; 0: no link counted */
+  uint8_t wait;      /* on c->pool_waitq */
+} mn_pool_part_t;
+
 struct mn_conn_s {
   /* Hot: what a call sent and a RESULT taken touch, together in the first cache lines. */
   mn_ctl_t *ctl;
@@ -66,11 +74,7 @@ struct mn_conn_s {
   uv_timer_t *retry; /* pending reconnect attempt */
   void *data;
   mn_agent_part_t *ag; /* an agent's own fields (NULL for a proc: tens of thousands need none of them) */
-  /* A pooled proc's place in the pool (ctl_pool.c). */
-  uint64_t used_at;  /* uv_now of its link's last use; 0: none since its spawn's link opened */
-  mn_buf_t waiting;  /* frames (CANCEL, PING) for its link, queued while it opens */
-  int pool_at;       /* its index + 1 in c->pool; 0: no link counted */
-  uint8_t pool_wait; /* on c->pool_waitq */
+  mn_pool_part_t *pl; /* a pooled proc's place in the pool (NULL unless lazy: a relay-only proc needs none) */
   /* Cold: the names and texts, last. On the heap (NULL for a relay-only proc, which goes by its agent's
    * names): a proc costs no more than it uses. */
   int port;

@@ -24,16 +24,16 @@
 
 /* Whether k's link can close with nothing lost: up, no direct call in flight, nothing left to write or read. */
 static int idle(const mn_conn_t *k) {
-  return k->direct && k->link != NULL && k->rcount == k->on_relay && k->out.len == 0 && k->waiting.len == 0 &&
+  return k->direct && k->link != NULL && k->rcount == k->on_relay && k->out.len == 0 && k->pl->waiting.len == 0 &&
          k->link->writing == 0 && k->in_off >= k->in.len;
 }
 
 static void pool_remove(mn_ctl_t *c, mn_conn_t *k) {
-  if (k->pool_at == 0) return;
-  int i = k->pool_at - 1, last = c->pool[--c->npool];
+  if (k->pl == NULL || k->pl->at == 0) return;
+  int i = k->pl->at - 1, last = c->pool[--c->npool];
   c->pool[i] = last;
-  c->conns[last]->pool_at = i + 1;
-  k->pool_at = 0;
+  c->conns[last]->pl->at = i + 1;
+  k->pl->at = 0;
 }
 
 void mn__ctl_pool_forget(mn_ctl_t *c, mn_conn_t *k) {
@@ -58,7 +58,7 @@ static int evict_one(mn_ctl_t *c, uint64_t now, uint64_t hold) {
   mn_conn_t *lru = NULL;
   for (int i = 0; i < c->npool; i++) {
     mn_conn_t *k = c->conns[c->pool[i]];
-    if (idle(k) && since(now, k->used_at) >= hold && (lru == NULL || k->used_at < lru->used_at)) lru = k;
+    if (idle(k) && since(now, k->pl->used_at) >= hold && (lru == NULL || k->pl->used_at < lru->pl->used_at)) lru = k;
   }
   if (lru == NULL) return 0;
   close_link(c, lru);
@@ -74,14 +74,14 @@ static int open_link(mn_ctl_t *c, mn_conn_t *k) {
     c->pool_cap = cap;
   }
   c->pool[c->npool++] = k->id;
-  k->pool_at = c->npool;
+  k->pl->at = c->npool;
   mn__ctl_start_link(k); /* a failure comes back as mn__ctl_pool_lost, or closes a first link's conn */
   return 0;
 }
 
 /* Puts k on the list of procs waiting for a link (once). */
 static void enqueue(mn_ctl_t *c, mn_conn_t *k) {
-  if (k->pool_wait) return;
+  if (k->pl->wait) return;
   if (c->waitq_at > 0 && c->waitq_at == c->nwaitq) c->nwaitq = c->waitq_at = 0;
   if (c->nwaitq == c->waitq_cap) {
     if (c->waitq_at > 0) { /* room at the front first */
@@ -97,7 +97,7 @@ static void enqueue(mn_ctl_t *c, mn_conn_t *k) {
     }
   }
   c->pool_waitq[c->nwaitq++] = k->id;
-  k->pool_wait = 1;
+  k->pl->wait = 1;
 }
 
 static uint64_t hold_ms(const mn_ctl_t *c) {
@@ -110,8 +110,9 @@ static int still_wants(const mn_conn_t *k) {
 }
 
 void mn__ctl_pool_want(mn_ctl_t *c, mn_conn_t *k, int must) {
+  if (k->pl == NULL) return; /* not pooled: its link is its own business */
   uint64_t now = uv_now(&c->loop);
-  k->used_at = now;
+  k->pl->used_at = now;
   if (!still_wants(k)) return;
   if (k->lost_at != 0 && since(now, k->lost_at) < MN_POOL_RETRY_MS) return; /* the next want, or the heartbeat, tries again */
   if (c->nwaitq > c->waitq_at && must) { /* behind those waiting already */
@@ -128,11 +129,11 @@ void mn__ctl_pool_serve(mn_ctl_t *c) {
   uint64_t now = uv_now(&c->loop);
   while (c->waitq_at < c->nwaitq) {
     mn_conn_t *k = mn_ctl_conn(c, c->pool_waitq[c->waitq_at]);
-    if (k != NULL && k->pool_wait && still_wants(k)) {
+    if (k != NULL && k->pl->wait && still_wants(k)) {
       if (c->npool >= c->direct_max && !evict_one(c, now, 0)) return;
       if (open_link(c, k) != 0) return;
     }
-    if (k != NULL) k->pool_wait = 0;
+    if (k != NULL) k->pl->wait = 0;
     c->waitq_at++;
   }
   c->nwaitq = c->waitq_at = 0;
@@ -148,8 +149,8 @@ int mn__ctl_pool_up(mn_ctl_t *c, mn_conn_t *k) {
   if (rc == 0) rc = mn__ctl_queue_out(c, k, b.data, b.len);
   /* Unanswered calls not on their way through the agent were never sent, or went on a link lost since. */
   if (rc == 0 && k->on_relay == 0) rc = mn__ctl_resend_unacked(c, k);
-  if (rc == 0 && k->waiting.len > 0) rc = mn__ctl_queue_out(c, k, k->waiting.data, k->waiting.len);
-  k->waiting.len = 0;
+  if (rc == 0 && k->pl->waiting.len > 0) rc = mn__ctl_queue_out(c, k, k->pl->waiting.data, k->pl->waiting.len);
+  k->pl->waiting.len = 0;
   return rc;
 }
 
@@ -171,7 +172,7 @@ void mn__ctl_pool_lost(mn_conn_t *k, const char *why) {
 void mn__ctl_pool_tick(mn_ctl_t *c, uint64_t now) {
   for (int i = 0; i < c->npool;) {
     mn_conn_t *k = c->conns[c->pool[i]];
-    if (idle(k) && (since(now, k->used_at) >= c->direct_idle_ms || c->npool > c->direct_max)) close_link(c, k);
+    if (idle(k) && (since(now, k->pl->used_at) >= c->direct_idle_ms || c->npool > c->direct_max)) close_link(c, k);
     else i++;
   }
   if (c->nwaitq > c->waitq_at) mn__ctl_pool_serve(c);
@@ -183,6 +184,11 @@ int mn_ctl_connect_pooled(mn_ctl_t *c, const char *host, int port, int agent, in
   if (rc != 0) return rc;
   mn_ctl_set_relay(c, k, agent, pid);
   if (k->via == 0) { /* no casts (MONARCH_RELAY=0): a plain connection */
+    mn__ctl_start_link(k);
+    return k->id;
+  }
+  k->pl = calloc(1, sizeof(*k->pl));
+  if (k->pl == NULL) { /* a plain connection, then: it works, only without the pool's saving */
     mn__ctl_start_link(k);
     return k->id;
   }

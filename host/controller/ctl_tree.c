@@ -31,16 +31,16 @@
 #include <string.h>
 
 /* Position of child j of the agent at position p (may be past the last agent). */
-static int child_pos(const mn_ctl_t *c, int p, int j) { return c->tree_roots + p * c->fanout + j; }
+static int child_pos(const mn_ctl_t *c, int p, int j) { return c->tree_roots + p * c->tree_k + j; }
 
 static mn_conn_t *parent_of(mn_ctl_t *c, const mn_conn_t *a) {
   if (a->ag->tree_pos < c->tree_roots) return NULL;
-  return mn_ctl_conn(c, c->tree[(a->ag->tree_pos - c->tree_roots) / c->fanout]);
+  return mn_ctl_conn(c, c->tree[(a->ag->tree_pos - c->tree_roots) / c->tree_k]);
 }
 
 static mn_conn_t *route_of(mn_ctl_t *c, const mn_conn_t *a) { return a->ag->route > 0 ? mn_ctl_conn(c, a->ag->route) : NULL; }
 
-int mn__ctl_tree_active(const mn_ctl_t *c) { return c->fanout > 1 && c->ntree > c->fanout; }
+int mn__ctl_tree_active(const mn_ctl_t *c) { return c->tree_k > 1 && c->ntree > c->tree_k; }
 
 void mn__ctl_tree_changed(mn_ctl_t *c) { c->tree_dirty = 1; }
 
@@ -109,7 +109,7 @@ static void send_tree(mn_ctl_t *c, int p) {
   const char *ap[MN_TREE_MAX_FANOUT];
   uint64_t sessions[MN_TREE_MAX_FANOUT];
   size_t n = 0;
-  for (int j = 0; j < c->fanout && child_pos(c, p, j) < c->ntree; j++, n++) {
+  for (int j = 0; j < c->tree_k && child_pos(c, p, j) < c->ntree; j++, n++) {
     mn_conn_t *ch = mn_ctl_conn(c, c->tree[child_pos(c, p, j)]);
     peer_addr(ch, addrs[n], sizeof(addrs[n]));
     ap[n] = addrs[n];
@@ -125,8 +125,9 @@ static void send_tree(mn_ctl_t *c, int p) {
 
 /* Positions are the ready agents in connection (host) order. */
 static void rebuild(mn_ctl_t *c) {
-  int was = mn__ctl_tree_active(c);
+  int was = mn__ctl_tree_active(c); /* with the fan-out the current tree was built for */
   c->tree_dirty = 0;
+  c->tree_k = c->fanout;
   if (was) unrelay_all(c, 1); /* below the fan-out every route is direct: nothing went through a parent */
   if (c->tree == NULL) c->tree = calloc((size_t)MN_MAX_CONNS, sizeof(int));
   if (c->tree == NULL) return;
@@ -141,7 +142,7 @@ static void rebuild(mn_ctl_t *c) {
   }
   /* As few top agents as two levels allow (each relays to up to k), so that the controller writes and
    * reads as few frames as it can; k of them once the tree needs a third level. */
-  int k = c->fanout > 1 ? c->fanout : 1;
+  int k = c->tree_k > 1 ? c->tree_k : 1;
   c->tree_roots = (c->ntree + k) / (k + 1);
   if (c->tree_roots > k) c->tree_roots = k;
   if (c->tree_roots < 1) c->tree_roots = 1;
@@ -157,7 +158,7 @@ void mn__ctl_tree_refresh(mn_ctl_t *c) {
 }
 
 static void mn__ctl_tree_linked(mn_ctl_t *c, mn_conn_t *a, uint64_t epoch, uint64_t index, int up) {
-  if (epoch != c->tree_epoch || a->ag->tree_pos < 0 || index >= (uint64_t)c->fanout) return;
+  if (epoch != c->tree_epoch || a->ag->tree_pos < 0 || index >= (uint64_t)c->tree_k) return;
   int64_t pos = child_pos(c, a->ag->tree_pos, (int)index);
   if (pos >= c->ntree) return;
   mn_conn_t *ch = mn_ctl_conn(c, c->tree[pos]);
@@ -206,7 +207,7 @@ static mn_conn_t *count_route(mn_ctl_t *c, mn_conn_t *a, uint32_t n, int cast) {
 
 static uint32_t nsubs(mn_ctl_t *c, const mn_conn_t *a) {
   uint32_t n = 0;
-  for (int j = 0; j < c->fanout && child_pos(c, a->ag->tree_pos, j) < c->ntree; j++) {
+  for (int j = 0; j < c->tree_k && child_pos(c, a->ag->tree_pos, j) < c->ntree; j++) {
     mn_conn_t *ch = mn_ctl_conn(c, c->tree[child_pos(c, a->ag->tree_pos, j)]);
     n += ch->ag->route == a->id && ch->ag->tree_count > 0;
   }
@@ -225,7 +226,7 @@ static size_t nentries(const mn_conn_t *a, int width) {
  * subs) quads, or ACKS's (index, pairs, subs) triples. */
 static int pack_subs(mn_ctl_t *c, msgpack_packer *pk, mn_buf_t *b, const mn_conn_t *a, int width) {
   int f = 0;
-  for (int j = 0; j < c->fanout && child_pos(c, a->ag->tree_pos, j) < c->ntree; j++) {
+  for (int j = 0; j < c->tree_k && child_pos(c, a->ag->tree_pos, j) < c->ntree; j++) {
     mn_conn_t *ch = mn_ctl_conn(c, c->tree[child_pos(c, a->ag->tree_pos, j)]);
     if (ch->ag->route != a->id || ch->ag->tree_count == 0) continue;
     size_t n = nentries(ch, width);
