@@ -563,7 +563,10 @@ int mn_agent_main(const mn_agent_opts_t *o) {
   for (; rc == 0 && started < n; started++) rc = agent_start(&g[started], o, loop, started);
   if (o->port_fd >= 0) close(o->port_fd);
   fflush(stdout);
-  if (rc != 0) return rc; /* as before any loop ran: the process exits, and its sockets with it */
+  if (rc != 0) { /* as before any loop ran: the process exits, and its sockets with it */
+    free(g);
+    return rc;
+  }
   uv_signal_t sigterm, sigint;
   uv_signal_init(loop, &sigterm);
   uv_signal_init(loop, &sigint);

@@ -7,6 +7,7 @@ local core = require "monarch.core"
 local mesh_mod = require "monarch.mesh"
 local runtime = require "monarch.runtime"
 local agent = require "agent"
+local order = require "order"
 
 local sh = require("shell").quiet
 
@@ -73,20 +74,7 @@ describe("casts through host agents", function()
       if i % 10 == 0 then t:put(string.rep("\0\0\128\63", 4)):get(10) end -- waits for the casts before it
     end
     -- Every proc saw its bumps in submission order: the values it returned rise by one each time.
-    for _, e in ipairs(futs) do
-      if e.all then
-        for rank, v in ipairs(e.f:get(10):values()) do
-          local want = (seen[rank - 1] or base[rank]) + 1
-          assert.are.equal(want, v[1], "proc " .. (rank - 1) .. " ran a cast out of order")
-          seen[rank - 1] = want
-        end
-      else
-        local v = e.f:get(10)
-        local want = (seen[e.rank] or base[e.rank + 1]) + 1
-        assert.are.equal(want, v[1], "proc " .. e.rank .. " ran a single call out of order")
-        seen[e.rank] = want
-      end
-    end
+    order.check(futs, base, seen)
     assert.are.same({ 4, 4, 4, 4, 4, 4, 4, 4 }, m:call("sum", t):get():values())
   end)
 

@@ -9,6 +9,7 @@ local core = require "monarch.core"
 local mesh_mod = require "monarch.mesh"
 local runtime = require "monarch.runtime"
 local agent = require "agent"
+local order = require "order"
 local ffi = require "ffi"
 
 local sh = require("shell").quiet
@@ -212,19 +213,7 @@ describe("direct links to the procs of a large mesh", function()
       if i % 6 == 0 then futs[#futs + 1] = { all = true, f = m:call("bump") } end
       if i % 20 == 0 then monarch.sleep(0.5) end -- idle links close meanwhile
     end
-    for _, e in ipairs(futs) do
-      if e.all then
-        for rank, v in ipairs(e.f:get(10):values()) do
-          local want = (seen[rank - 1] or base[rank]) + 1
-          assert.are.equal(want, v[1], "proc " .. (rank - 1) .. " ran a cast out of order")
-          seen[rank - 1] = want
-        end
-      else
-        local want = (seen[e.rank] or base[e.rank + 1]) + 1
-        assert.are.equal(want, e.f:get(10)[1], "proc " .. e.rank .. " ran a call out of order")
-        seen[e.rank] = want
-      end
-    end
+    order.check(futs, base, seen)
     for rank, v in ipairs(m:call("bumps"):get(10):values()) do
       assert.are.equal(seen[rank - 1] or base[rank], v, "proc " .. (rank - 1) .. " ran a call twice or not at all")
     end

@@ -9,6 +9,7 @@ local core = require "monarch.core"
 local mesh_mod = require "monarch.mesh"
 local runtime = require "monarch.runtime"
 local agent = require "agent"
+local order = require "order"
 
 local sh = require("shell").quiet
 
@@ -82,19 +83,7 @@ describe("the cast tree", function()
       local r = i % 14
       futs[#futs + 1] = { rank = r, f = m:slice{ hosts = math.floor(r / 2), procs = r % 2 }:call_one("bump") }
     end
-    for _, e in ipairs(futs) do
-      if e.all then
-        for rank, v in ipairs(e.f:get(10):values()) do
-          local want = (seen[rank - 1] or base[rank]) + 1
-          assert.are.equal(want, v[1], "proc " .. (rank - 1) .. " ran a cast out of order")
-          seen[rank - 1] = want
-        end
-      else
-        local want = (seen[e.rank] or base[e.rank + 1]) + 1
-        assert.are.equal(want, e.f:get(10)[1], "proc " .. e.rank .. " ran a single call out of order")
-        seen[e.rank] = want
-      end
-    end
+    order.check(futs, base, seen)
   end)
 
   it("watches the agents below the top through their parents: idle, only the top ones hear PINGs", function()
