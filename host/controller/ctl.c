@@ -240,10 +240,17 @@ int mn__ctl_queue_out(mn_ctl_t *c, mn_conn_t *k, const char *frame, size_t n) {
   return 0;
 }
 
+/* Whether a frame is a PING, [PING, id] (a fixarray of 2 whose type is a fixint). */
+static int is_ping(const char *frame, size_t n) {
+  return n > MN_FRAME_HEADER + 1 && (uint8_t)frame[MN_FRAME_HEADER] == 0x92 && frame[MN_FRAME_HEADER + 1] == MN_MSG_PING;
+}
+
 int mn_ctl_send(mn_ctl_t *c, mn_conn_t *k, const char *frame, size_t n) {
   if (k->relay_only) return 0; /* no link to write to: only casts reach it, through its agent */
+  if (k->lazy && is_ping(frame, n)) k->pl->owed_at = uv_now(&c->loop); /* its PONG comes on the link: it waits */
   if (k->lazy && !k->direct && k->state == MN_CS_READY) {
     /* A pooled proc's link is closed or opening: the frame waits for it (mn__ctl_pool_up). */
+    k->pl->ping_waits |= is_ping(frame, n);
     if (mn_buf_append(&k->pl->waiting, frame, n) != 0) return MN_ENOMEM;
     mn__ctl_pool_want(c, k, 1);
     return 0;
@@ -467,6 +474,10 @@ int mn_ctl_call_bulk(mn_ctl_t *c, mn_conn_t *k, char *head, size_t n, const char
   k->seq++;
   /* Everything queued before it goes first, then head + payload in one write. */
   flush_conn(k);
+  if (k->link == NULL || (k->lazy && !k->direct)) { /* that write lost the link: its placeholder is resent */
+    release_ref(c, ref);
+    return 0;
+  }
   char *own = malloc(n);
   if (own == NULL) {
     release_ref(c, ref);

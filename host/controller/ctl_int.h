@@ -35,8 +35,10 @@ typedef struct {
 typedef struct {
   uint64_t used_at;  /* uv_now of its link's last use; 0: none since its spawn's link opened */
   mn_buf_t waiting;  /* frames (CANCEL, PING) for its link, queued while it opens */
+  uint64_t owed_at;  /* uv_now of the last PING sent (its PONG comes on the link): idle once heard since */
   int at;            /* its index + 1 in c->pool; 0: no link counted */
   uint8_t wait;      /* on c->pool_waitq */
+  uint8_t ping_waits; /* a PING is among the frames waiting: owed_at starts when they go */
 } mn_pool_part_t;
 
 struct mn_conn_s {

@@ -22,10 +22,18 @@
 
 #include <stdlib.h>
 
+/* Whether a message sent on k's link may still be answered there (a PONG): nothing heard since, within the
+ * hold time (a message with no answer, a SESSION, holds the link no longer than that). */
+static int owed(const mn_conn_t *k) {
+  uint64_t now = uv_now(&k->ctl->loop);
+  /* Bytes in the same ms as the send count as before it: a handshake's last bytes and the message share one. */
+  return k->pl->owed_at >= k->last_rx && now - k->pl->owed_at < MN_POOL_HOLD_MS;
+}
+
 /* Whether k's link can close with nothing lost: up, no direct call in flight, nothing left to write or read. */
 static int idle(const mn_conn_t *k) {
   return k->direct && k->link != NULL && k->rcount == k->on_relay && k->out.len == 0 && k->pl->waiting.len == 0 &&
-         k->link->writing == 0 && k->in_off >= k->in.len;
+         k->link->writing == 0 && k->in_off >= k->in.len && !owed(k);
 }
 
 static void pool_remove(mn_ctl_t *c, mn_conn_t *k) {
@@ -149,6 +157,8 @@ int mn__ctl_pool_up(mn_ctl_t *c, mn_conn_t *k) {
   if (rc == 0) rc = mn__ctl_queue_out(c, k, b.data, b.len);
   /* Unanswered calls not on their way through the agent were never sent, or went on a link lost since. */
   if (rc == 0 && k->on_relay == 0) rc = mn__ctl_resend_unacked(c, k);
+  if (k->pl->ping_waits) k->pl->owed_at = uv_now(&c->loop); /* a PING that waited goes only now */
+  k->pl->ping_waits = 0;
   if (rc == 0 && k->pl->waiting.len > 0) rc = mn__ctl_queue_out(c, k, k->pl->waiting.data, k->pl->waiting.len);
   k->pl->waiting.len = 0;
   return rc;

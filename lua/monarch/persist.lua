@@ -217,8 +217,10 @@ function methods:detach()
       -- "stopped" for this controller: calls fail at once, nothing frees its
       -- tensors, stop() leaves it alone. Events of the old connection are stale.
       local conn = p.conn
-      p.conn, p.detached = nil, true
-      p.state, p.cause = "stopped", "detached from this controller (monarch.attach('" .. name .. "') takes it back)"
+      procs_mod.set(p, "conn", nil)
+      p.detached = true
+      procs_mod.set(p, "state", "stopped")
+      p.cause = "detached from this controller (monarch.attach('" .. name .. "') takes it back)"
       if p.agent.procs then p.agent.procs[p.pid] = nil end
       if conn then core.disconnect(conn, "detached") end
     end
@@ -301,7 +303,8 @@ function M.attach(name)
       a.procs[p.pid] = p
       procs_mod.connect(p)
     else
-      p.state, p.cause, p.missing = "dead", "exited while the mesh was detached", true
+      procs_mod.set(p, "state", "dead")
+      p.cause, p.missing = "exited while the mesh was detached", true
       missing[#missing + 1] = string.format("rank %d (pid %d on %s)", d.rank, d.pid, tostring(d.host))
     end
     procs[i] = p
@@ -317,7 +320,8 @@ function M.attach(name)
     if p.state == "ready" then
       local _, _, pid = core.info(p.conn)
       if pid ~= p.pid then
-        p.state, p.cause = "dead", string.format("pid %s answers on port %d, not %d", tostring(pid), p.port, p.pid)
+        procs_mod.set(p, "state", "dead")
+        p.cause = string.format("pid %s answers on port %d, not %d", tostring(pid), p.port, p.pid)
         core.disconnect(p.conn, p.cause)
       end
     end

@@ -399,7 +399,10 @@ local function agent_handler(a)
       a.reason = reason
       -- The agent watches its procs and is out of reach: so are they, as far as we know.
       for _, p in pairs(a.procs) do
-        if p.state == "ready" then p.state, p.host_away = "reconnecting", true end
+        if p.state == "ready" then
+          set(p, "state", "reconnecting")
+          p.host_away = true
+        end
       end
     end,
     on_reconnected = function()

@@ -375,9 +375,10 @@ local function await_links(procs, targets)
 end
 
 -- Queues the chunks of a put over the procs' sockets, a future per chunk into futs. The pool of
--- direct links (monarch.configure{direct_max}) takes a pool's worth of procs at a time.
+-- direct links (monarch.configure{direct_max}) takes half a pool's worth of procs at a time: links
+-- busy elsewhere (a call_one running, a handshake) must not leave a group that can never be up at once.
 function Tensor:_put_tcp(src, base, nbytes, owner, procs, futs)
-  local group = core.cast_stats().direct_max
+  local group = math.max(1, math.floor(core.cast_stats().direct_max / 2))
   for first = 1, #procs, group do
     local part, targets = {}, {}
     for i = first, math.min(first + group - 1, #procs) do

@@ -97,6 +97,16 @@ describe("direct links to the procs of a large mesh", function()
     assert.are.same({}, events)
   end)
 
+  it("answers mesh:ping() on more procs than direct_max: a link owed a PONG is not closed for another", function()
+    local m = mesh()
+    for _ = 1, 2 do
+      local rtts = m:ping():get(15):values()
+      assert.are.equal(2 * PER, #rtts)
+      for _, rtt in ipairs(rtts) do assert.is_true(rtt >= 0, "a ping's round trip: " .. tostring(rtt)) end
+    end
+    assert.is_true(stats().direct_links <= CAP)
+  end)
+
   it("opens a link on the first call_one, uses it, and closes it quietly after direct_idle", function()
     local m, events = mesh(1)
     local p = m._procs[3]
