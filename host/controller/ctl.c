@@ -247,10 +247,11 @@ static int is_ping(const char *frame, size_t n) {
 
 int mn_ctl_send(mn_ctl_t *c, mn_conn_t *k, const char *frame, size_t n) {
   if (k->relay_only) return 0; /* no link to write to: only casts reach it, through its agent */
-  if (k->lazy && is_ping(frame, n)) k->pl->owed_at = uv_now(&c->loop); /* its PONG comes on the link: it waits */
+  int ping = k->lazy && is_ping(frame, n);
+  if (ping) k->pl->owed_at = uv_now(&c->loop); /* its PONG comes on the link: it waits */
   if (k->lazy && !k->direct && k->state == MN_CS_READY) {
     /* A pooled proc's link is closed or opening: the frame waits for it (mn__ctl_pool_up). */
-    k->pl->ping_waits |= is_ping(frame, n);
+    k->pl->ping_waits |= ping;
     if (mn_buf_append(&k->pl->waiting, frame, n) != 0) return MN_ENOMEM;
     mn__ctl_pool_want(c, k, 1);
     return 0;
@@ -347,15 +348,18 @@ typedef struct {
   int ref;          /* payload reference to release, or -1 */
 } mn_wreq_t;
 
+int mn__ctl_room(int **ids, int *cap, int n) {
+  if (n < *cap) return 0;
+  int want = *cap ? 2 * *cap : 64, *p = realloc(*ids, (size_t)want * sizeof(int));
+  if (p == NULL) return MN_ENOMEM;
+  *ids = p;
+  *cap = want;
+  return 0;
+}
+
 static void release_ref(mn_ctl_t *c, int ref) {
   if (ref < 0) return;
-  if (c->nreleased == c->released_cap) {
-    int cap = c->released_cap ? c->released_cap * 2 : 64;
-    int *r = realloc(c->released, (size_t)cap * sizeof(int));
-    if (r == NULL) return; /* the payload stays referenced: a leak, not a crash */
-    c->released = r;
-    c->released_cap = cap;
-  }
+  if (mn__ctl_room(&c->released, &c->released_cap, c->nreleased) != 0) return; /* the payload stays referenced: a leak, not a crash */
   c->released[c->nreleased++] = ref;
 }
 
@@ -409,14 +413,10 @@ static int start_write(mn_conn_t *k, uv_buf_t *bufs, unsigned nbufs, char *own, 
   return 0;
 }
 
-/* Where k's handshake stands: a pooled proc's reopened link has its own (k itself stays ready). */
-static mn_conn_state_t *phase_of(mn_conn_t *k) {
-  return k->lazy && k->state == MN_CS_READY && k->link != NULL ? &k->link->phase : &k->state;
-}
 
 static void flush_conn(mn_conn_t *k) {
   mn_link_t *l = k->link;
-  mn_conn_state_t ph = *phase_of(k);
+  mn_conn_state_t ph = *mn__ctl_phase(k);
   if (l == NULL || ph == MN_CS_CLOSED || ph == MN_CS_CONNECTING || ph == MN_CS_RECONNECTING) return;
   if (k->out.len == 0) return;
   uv_buf_t b = uv_buf_init(k->out.data, (unsigned)k->out.len);
@@ -611,12 +611,7 @@ static int welcomed(mn_ctl_t *c, mn_conn_t *k, const mn_msg_welcome_t *w, char *
   k->ever_ready = 1;
   k->attempt = 0;
   int rc = open_session(c, k);
-  if (k->lazy) { /* its spawn's link: it carried the SESSION, and is the first to close (ctl_pool.c) */
-    k->link->phase = MN_CS_READY;
-    k->pl->used_at = 0;
-    k->direct = 1;
-    c->pool_opened++;
-  }
+  if (k->lazy) mn__ctl_pool_first_up(c, k); /* its spawn's link: it carried the SESSION */
   if (rc == 0 && again && k->kind == MN_CONN_AGENT) mn__ctl_relayed_back(c, k->id);
   mn__ctl_push_event(c, again ? MN_EV_RECONNECTED : MN_EV_CONNECTED, k->id, k->info_pid, 0);
   return rc;
@@ -628,7 +623,7 @@ static int welcomed(mn_ctl_t *c, mn_conn_t *k, const mn_msg_welcome_t *w, char *
  * different process answers at k's address), or the handshake's code.
  */
 static int handshake_step(mn_ctl_t *c, mn_conn_t *k) {
-  mn_conn_state_t *ph = phase_of(k);
+  mn_conn_state_t *ph = mn__ctl_phase(k);
   while (*ph == MN_CS_HELLO || *ph == MN_CS_WELCOME) {
     const char *body;
     char err[300];
@@ -699,8 +694,8 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
   k->last_rx = uv_now(&c->loop);
   k->in.len += (size_t)n;
   if ((size_t)n == l->offered && l->chunk < MN_READ_CHUNK) l->chunk *= 2; /* a stream: read it in bigger pieces */
-  if (*phase_of(k) != MN_CS_READY && handshake_step(c, k) != 0) return;
-  if (*phase_of(k) == MN_CS_READY && k->in.len > 0 && !k->readable) {
+  if (*mn__ctl_phase(k) != MN_CS_READY && handshake_step(c, k) != 0) return;
+  if (*mn__ctl_phase(k) == MN_CS_READY && k->in.len > 0 && !k->readable) {
     k->readable = 1;
     mark(&c->readable, &c->nreadable, k->id);
   }
@@ -723,25 +718,21 @@ static void on_connect(uv_connect_t *req, int status) {
   if (status != 0) {
     char msg[400];
     snprintf(msg, sizeof(msg), "cannot connect to %s:%d: %s", k->host, k->port, uv_strerror(status));
-    if (k->lazy && k->state == MN_CS_READY) {
-      mn__ctl_pool_lost(k, msg); /* a closed port is for its agent to explain (PROC_EXIT) */
-      return;
-    }
-    mn__ctl_drop_link(k);
     if (k->ever_ready && agent_gone(k, status)) {
       char why[340];
+      mn__ctl_drop_link(k);
       snprintf(why, sizeof(why), "%.256s, then refused: no host agent listens there any more", reason_of(k));
       mn_ctl_disconnect(k->ctl, k->id, why);
       return;
     }
-    /* A proc's "refused" is retried within the window: a proc that really died is reported by its agent. */
-    if (k->ever_ready) mn__ctl_schedule_retry(k, msg);
-    else mn_ctl_disconnect(k->ctl, k->id, msg);
+    /* A proc's "refused" is retried within the window (a pooled proc's link goes back to the pool): a proc
+     * that really died is reported by its agent. */
+    mn__ctl_attempt_failed(k, msg);
     return;
   }
   uv_tcp_nodelay(&l->tcp, 1);
   keep_alive(k);
-  *phase_of(k) = MN_CS_HELLO;
+  *mn__ctl_phase(k) = MN_CS_HELLO;
   k->in.len = 0;
   k->in_off = 0;
   k->last_rx = uv_now(&k->ctl->loop);
@@ -780,23 +771,22 @@ void mn__ctl_start_link(mn_conn_t *k) {
     if (rc == 0) return;
     snprintf(msg, sizeof(msg), "cannot connect to %s:%d: %s", k->host, k->port, uv_strerror(rc));
   }
+  mn__ctl_attempt_failed(k, msg);
+}
+
+void mn__ctl_attempt_failed(mn_conn_t *k, const char *why) {
   if (k->lazy && k->state == MN_CS_READY) {
-    mn__ctl_pool_lost(k, msg);
+    mn__ctl_pool_lost(k, why); /* only its link: the proc stays ready, its agent reports a death */
     return;
   }
   mn__ctl_drop_link(k);
-  if (k->ever_ready) mn__ctl_schedule_retry(k, msg);
-  else mn_ctl_disconnect(c, k->id, msg);
+  if (k->ever_ready) mn__ctl_schedule_retry(k, why);
+  else mn_ctl_disconnect(k->ctl, k->id, why);
 }
 
 /* An agent's own part, and room for it on the list of agents; 0 or MN_ENOMEM (nothing kept). */
 static int add_agent_part(mn_ctl_t *c, mn_conn_t *k) {
-  if (c->nagent_ids == c->agent_ids_cap) {
-    int cap = c->agent_ids_cap ? 2 * c->agent_ids_cap : 64, *ids = realloc(c->agent_ids, (size_t)cap * sizeof(int));
-    if (ids == NULL) return MN_ENOMEM;
-    c->agent_ids = ids;
-    c->agent_ids_cap = cap;
-  }
+  if (mn__ctl_room(&c->agent_ids, &c->agent_ids_cap, c->nagent_ids) != 0) return MN_ENOMEM;
   if ((k->ag = calloc(1, sizeof(*k->ag))) == NULL) return MN_ENOMEM;
   k->ag->tree_pos = -1;
   return 0;

@@ -201,11 +201,10 @@ int mn_ctl_take_pending(mn_conn_t *conn, mn_pending_t *out);
 /* LINKED from agent conn a: its link to a child came up or went. 0 or MN_EPROTO (err says why). */
 int mn_ctl_take_linked(mn_ctl_t *c, mn_conn_t *a, const msgpack_object *m, char *err, size_t errlen);
 /* What of conn id to start loading from memory: a cast's targets and its answers touch thousands of
- * conns, each a cache miss (and a TLB miss) otherwise, so a loop over them fetches each in stages,
- * further ahead for what the nearer stages need loaded: its table entry, then its hot fields, then
- * its pending ring's slot (the next free one to send, the oldest to answer) and its agent's conn,
- * then its agent's own part. */
-typedef enum { MN_PF_SLOT, MN_PF_CONN, MN_PF_SEND, MN_PF_ANSWER, MN_PF_AGENT } mn_prefetch_t;
+ * conns, each a cache miss otherwise, so a loop over them fetches each in stages, further ahead for
+ * what the nearer stages need loaded: its hot fields, then its pending ring's slot (the next free one
+ * to send, the oldest to answer) and its agent's conn, then its agent's own part. */
+typedef enum { MN_PF_CONN, MN_PF_SEND, MN_PF_ANSWER, MN_PF_AGENT } mn_prefetch_t;
 void mn_ctl_prefetch(mn_ctl_t *c, uint64_t id, mn_prefetch_t what);
 /* The tree now: whether casts use it, agents whose parent link is up, agents cast to through their parent. */
 void mn_ctl_tree_stats(mn_ctl_t *c, int *active, int *up, int *routed, int *vouched);

@@ -47,10 +47,6 @@ mn_conn_t *mn_ctl_relayed_conn(mn_ctl_t *c, int agent, uint64_t tag) {
 
 void mn_ctl_prefetch(mn_ctl_t *c, uint64_t id, mn_prefetch_t what) {
   if (id == 0 || id > (uint64_t)c->nconns) return;
-  if (what == MN_PF_SLOT) {
-    __builtin_prefetch(&c->conns[id]);
-    return;
-  }
   mn_conn_t *k = c->conns[id];
   if (what == MN_PF_CONN) { /* k itself is not loaded yet: nothing of it may be read here */
     __builtin_prefetch(k);
@@ -206,12 +202,13 @@ void mn__ctl_unrelay(mn_conn_t *k) {
 void mn__ctl_unrelay_resend(mn_ctl_t *c, mn_conn_t *k) {
   mn__ctl_unrelay(k);
   mn_conn_t *a = mn_ctl_conn(c, k->via);
+  int no_link = mn__ctl_no_link(k);
   /* No link: straight to its agent if that is here, else the agent's reconnect resends (relayed_back), or a
    * pooled proc's link, wanted now, once up (mn__ctl_pool_up). Ready: on its own link now. Reconnecting:
    * its own reconnect resends it. */
-  if (mn__ctl_no_link(k) && a != NULL && a->state == MN_CS_READY) mn__ctl_relayed_resend(c, a, k);
-  else if (mn__ctl_no_link(k) && k->lazy && k->state == MN_CS_READY) mn__ctl_pool_want(c, k, 1);
-  else if (!mn__ctl_no_link(k) && k->state == MN_CS_READY) mn__ctl_resend_unacked(c, k);
+  if (no_link && a != NULL && a->state == MN_CS_READY) mn__ctl_relayed_resend(c, a, k);
+  else if (no_link && k->lazy && k->state == MN_CS_READY) mn__ctl_pool_want(c, k, 1);
+  else if (!no_link && k->state == MN_CS_READY) mn__ctl_resend_unacked(c, k);
 }
 
 void mn__ctl_unrelay_agent(mn_ctl_t *c, int agent) {

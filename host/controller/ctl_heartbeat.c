@@ -25,21 +25,16 @@ static void heartbeat_conn(mn_ctl_t *c, mn_conn_t *k, uint64_t now) {
   /* A reconnect's connect that nothing answers (SYNs dropped) would wait for the kernel's minutes: it
    * ends with the handshake's limit, or the reconnect window, whichever comes first. */
   int redial = k->state == MN_CS_RECONNECTING && k->link != NULL;
-  if ((k->state == MN_CS_HELLO || k->state == MN_CS_WELCOME || k->state == MN_CS_CONNECTING || redial) && k->link &&
+  mn_conn_state_t ph = *mn__ctl_phase(k); /* a pooled proc's reopened link: its own handshake */
+  if ((ph == MN_CS_HELLO || ph == MN_CS_WELCOME || ph == MN_CS_CONNECTING || redial) && k->link &&
       (now - k->link->started > MN_HANDSHAKE_TIMEOUT_MS || (redial && now - k->lost_at >= k->reconnect_ms))) {
     char msg[340];
     snprintf(msg, sizeof(msg), "no handshake from %s:%d within %d ms", k->host, k->port,
              (int)(now - k->link->started));
-    mn__ctl_drop_link(k);
-    if (k->ever_ready) mn__ctl_schedule_retry(k, msg);
-    else mn_ctl_disconnect(c, k->id, msg);
+    mn__ctl_attempt_failed(k, msg);
     return;
   }
   if (k->state != MN_CS_READY) return;
-  if (k->lazy && k->link != NULL && k->link->phase != MN_CS_READY && now - k->link->started > MN_HANDSHAKE_TIMEOUT_MS) {
-    mn__ctl_pool_lost(k, "no handshake in time"); /* a pooled proc's reopened link: it stays ready */
-    return;
-  }
   /* A pooled proc whose link failed while frames or direct calls (its agent gone) wait for it: again. */
   if (k->lazy && k->link == NULL && (k->pl->waiting.len > 0 || k->rcount > k->on_relay)) mn__ctl_pool_want(c, k, 1);
   if (k->kind == MN_CONN_PROC && (!c->proc_heartbeats || mn__ctl_no_link(k))) {

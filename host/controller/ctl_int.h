@@ -154,6 +154,15 @@ void mn__ctl_unrelay(mn_conn_t *k);
 
 /* No link to write to now: a relay-only proc, or a pooled one whose link is closed or still opening. */
 static inline int mn__ctl_no_link(const mn_conn_t *k) { return k->relay_only || (k->lazy && !k->direct); }
+/* Where k's handshake stands: a pooled proc's reopened link has its own (k itself stays ready). */
+static inline mn_conn_state_t *mn__ctl_phase(mn_conn_t *k) {
+  return k->lazy && k->state == MN_CS_READY && k->link != NULL ? &k->link->phase : &k->state;
+}
+/* This attempt at k's link failed (why): a pooled proc's reopened link goes back to the pool, the proc
+ * staying ready; any other link is retried, if k was ever ready, or k closes. */
+void mn__ctl_attempt_failed(mn_conn_t *k, const char *why);
+/* Room for ids[n] in an int array of *cap that doubles (from 64) as it fills; 0 or MN_ENOMEM (unchanged). */
+int mn__ctl_room(int **ids, int *cap, int n);
 /* ctl.c: starts a TCP attempt for k (its handshake follows); appends raw bytes to k's output. */
 void mn__ctl_start_link(mn_conn_t *k);
 /* A new connection to host:port, not yet dialled (mn__ctl_start_link), as mn__ctl_new_conn. */
@@ -165,6 +174,9 @@ int mn__ctl_queue_out(mn_ctl_t *c, mn_conn_t *k, const char *frame, size_t n);
 /* Pooled proc k wants its link: opened now if the pool has room or an idle link to close (for `must`,
  * any idle one; else one unused for the hold time), else, for `must`, once one frees. */
 void mn__ctl_pool_want(mn_ctl_t *c, mn_conn_t *k, int must);
+/* k's first link (its spawn's) finished its handshake and opened its session: it counts as up, and as the
+ * first to close for another proc's. */
+void mn__ctl_pool_first_up(mn_ctl_t *c, mn_conn_t *k);
 /* k's reopened link finished its handshake: SESSION, its unanswered calls unless they travel through its
  * agent, then what waited for it. 0 or MN_ENOMEM. */
 int mn__ctl_pool_up(mn_ctl_t *c, mn_conn_t *k);

@@ -75,12 +75,7 @@ static int evict_one(mn_ctl_t *c, uint64_t now, uint64_t hold) {
 
 /* Counts k's link in the pool and dials it; 0 or MN_ENOMEM (nothing dialled). */
 static int open_link(mn_ctl_t *c, mn_conn_t *k) {
-  if (c->npool == c->pool_cap) {
-    int cap = c->pool_cap ? 2 * c->pool_cap : 64, *p = realloc(c->pool, (size_t)cap * sizeof(int));
-    if (p == NULL) return MN_ENOMEM;
-    c->pool = p;
-    c->pool_cap = cap;
-  }
+  if (mn__ctl_room(&c->pool, &c->pool_cap, c->npool) != 0) return MN_ENOMEM;
   c->pool[c->npool++] = k->id;
   k->pl->at = c->npool;
   mn__ctl_start_link(k); /* a failure comes back as mn__ctl_pool_lost, or closes a first link's conn */
@@ -91,19 +86,12 @@ static int open_link(mn_ctl_t *c, mn_conn_t *k) {
 static void enqueue(mn_ctl_t *c, mn_conn_t *k) {
   if (k->pl->wait) return;
   if (c->waitq_at > 0 && c->waitq_at == c->nwaitq) c->nwaitq = c->waitq_at = 0;
-  if (c->nwaitq == c->waitq_cap) {
-    if (c->waitq_at > 0) { /* room at the front first */
-      for (int i = c->waitq_at; i < c->nwaitq; i++) c->pool_waitq[i - c->waitq_at] = c->pool_waitq[i];
-      c->nwaitq -= c->waitq_at;
-      c->waitq_at = 0;
-    }
-    if (c->nwaitq == c->waitq_cap) {
-      int cap = c->waitq_cap ? 2 * c->waitq_cap : 64, *q = realloc(c->pool_waitq, (size_t)cap * sizeof(int));
-      if (q == NULL) return; /* its next want tries again */
-      c->pool_waitq = q;
-      c->waitq_cap = cap;
-    }
+  if (c->nwaitq == c->waitq_cap && c->waitq_at > 0) { /* room at the front first */
+    for (int i = c->waitq_at; i < c->nwaitq; i++) c->pool_waitq[i - c->waitq_at] = c->pool_waitq[i];
+    c->nwaitq -= c->waitq_at;
+    c->waitq_at = 0;
   }
+  if (mn__ctl_room(&c->pool_waitq, &c->waitq_cap, c->nwaitq) != 0) return; /* its next want tries again */
   c->pool_waitq[c->nwaitq++] = k->id;
   k->pl->wait = 1;
 }
@@ -147,13 +135,23 @@ void mn__ctl_pool_serve(mn_ctl_t *c) {
   c->nwaitq = c->waitq_at = 0;
 }
 
+/* k's link finished its handshake: calls may take it. */
+static void link_up(mn_ctl_t *c, mn_conn_t *k) {
+  k->link->phase = MN_CS_READY;
+  k->direct = 1;
+  c->pool_opened++;
+}
+
+void mn__ctl_pool_first_up(mn_ctl_t *c, mn_conn_t *k) {
+  link_up(c, k);
+  k->pl->used_at = 0; /* unused since: the first link to close for another proc's */
+}
+
 int mn__ctl_pool_up(mn_ctl_t *c, mn_conn_t *k) {
   char f[32];
   mn_buf_t b = {f, 0, sizeof(f)}; /* a SESSION is at most 23 bytes: the buffer never grows */
   int rc = mn_msg_pack_session(&b, k->session, k->acked);
-  k->link->phase = MN_CS_READY;
-  k->direct = 1;
-  c->pool_opened++;
+  link_up(c, k);
   if (rc == 0) rc = mn__ctl_queue_out(c, k, b.data, b.len);
   /* Unanswered calls not on their way through the agent were never sent, or went on a link lost since. */
   if (rc == 0 && k->on_relay == 0) rc = mn__ctl_resend_unacked(c, k);
