@@ -54,10 +54,12 @@ local function collect()
   collectgarbage("collect")
 end
 
--- Bytes in use: the Lua heap and C's malloc (glibc's count), after a full collection.
+-- Bytes in use: the Lua heap, C's malloc (glibc's count) and the controller's huge-page blocks of
+-- connections (mapped outside malloc), after a full collection.
 local function heap_bytes()
   local m = ffi.C.mallinfo2()
-  return collectgarbage("count") * 1024 + tonumber(m.uordblks) + tonumber(m.hblkhd)
+  return collectgarbage("count") * 1024 + tonumber(m.uordblks) + tonumber(m.hblkhd) +
+    require("monarch.core").cast_stats().conn_bytes
 end
 
 local t0 = monarch.now()

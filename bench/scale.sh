@@ -86,6 +86,9 @@ if [ -n "${rows// /}" ]; then
     h=${row%x*} p=${row#*x} f=
     case "$p" in */*) f=${p#*/} p=${p%/*} ;; esac
     case "$h$p$f" in *[!0-9]* | "") echo "bench/scale.sh: a simulated row is HOSTSxPROCS[/FANOUT], got '$row'" >&2; exit 2 ;; esac
+    # Thousands of agents leave thousands of closed connections in TIME_WAIT for a minute; a row that
+    # starts while they hold most of the ephemeral ports would measure failed connects instead.
+    while command -v ss >/dev/null && [ "$(ss -Htan state time-wait | wc -l)" -gt 8000 ]; do sleep 2; done
     GROUP=$sim_group start_agents "$h" --simulate
     out=$(SCALE_FANOUT=$f run "the run on $h simulated hosts" $B/bin/monarch-run --hostfile "$dir/hosts" bench/scale.lua "$p" "$sim_calls")
     # One agent's own memory after the run (private pages, KiB): what each of the thousands costs the machine.

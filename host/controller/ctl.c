@@ -12,8 +12,15 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <string.h>
 #include <unistd.h>
+
+/* Conns come in blocks: a first small one from malloc (most jobs need no more), then 2 MiB blocks mapped
+ * on huge-page boundaries and offered to the kernel as huge pages: a mesh-wide call walks thousands of
+ * conns, and with 4 KiB pages each is a TLB miss as well as a cache miss. */
+#define SLAB_FIRST 64
+#define SLAB_HUGE (2u << 20)
 
 #define MN_READ_CHUNK (1024 * 1024) /* most bytes offered to one read */
 #define MN_READ_FIRST 512           /* bytes offered to a link's first read: a small peer costs little memory */
@@ -104,10 +111,6 @@ void mn_ctl_configure(mn_ctl_t *c, uint64_t hb_ms, uint64_t hb_timeout_ms, uint6
   if (reconnect_ms > 0) c->reconnect_ms = reconnect_ms;
 }
 
-mn_conn_t *mn_ctl_conn(mn_ctl_t *c, int id) {
-  return id > 0 && id <= c->nconns ? c->conns[id] : NULL;
-}
-
 /* ---- links: one TCP attempt each ---------------------------------------------- */
 
 static void link_closed(uv_handle_t *h) {
@@ -163,11 +166,10 @@ static void free_conn(mn_conn_t *k) {
   free(k->pl);
   if (k->ag != NULL) mn_buf_free(&k->ag->cast);
   free(k->ag);
-  free(k->ring);
+  if (k->ring != k->ring0) free(k->ring);
   free(k->host);
   free(k->info_host);
   free(k->reason);
-  free(k);
 }
 
 static void on_agent_closed(uv_handle_t *h) { (void)h; }
@@ -212,12 +214,18 @@ void mn_ctl_close(mn_ctl_t *c) {
     /* Handles still open (a stuck agent): leave the loop; the process is exiting. */
   }
   for (int i = 1; i <= c->nconns; i++) free_conn(c->conns[i]);
+  for (int i = 0; i < c->nslabs; i++) {
+    if (i == 0) free(c->slabs[i]);
+    else munmap(c->slabs[i], SLAB_HUGE);
+  }
+  free(c->slabs);
   free(c->conns);
   free(c->dirty);
   free(c->readable);
   free(c->events);
   free(c->released);
   free(c->casting);
+  mn_buf_free(&c->gathered);
   free(c->agent_ids);
   free(c->tree);
   free(c->touched);
@@ -282,11 +290,11 @@ int mn_ctl_cancel(mn_ctl_t *c, mn_conn_t *k, double call) {
 
 int mn__ctl_push_pending(mn_conn_t *k, double call, int32_t slot, int relay, mn_cast_rest_t *rest) {
   if (k->rcount == k->rcap) {
-    size_t cap = k->rcap ? k->rcap * 2 : 4; /* a power of two (positions wrap with a mask), small first */
+    uint32_t cap = k->rcap * 4; /* a power of two (positions wrap with a mask) */
     mn_pending_t *r = malloc(cap * sizeof(*r));
     if (r == NULL) return MN_ENOMEM;
-    for (size_t i = 0; i < k->rcount; i++) r[i] = k->ring[(k->rhead + i) & (k->rcap - 1)];
-    free(k->ring);
+    for (uint32_t i = 0; i < k->rcount; i++) r[i] = k->ring[(k->rhead + i) & (k->rcap - 1)];
+    if (k->ring != k->ring0) free(k->ring);
     k->ring = r;
     k->rcap = cap;
     k->rhead = 0;
@@ -623,7 +631,7 @@ static int welcomed(mn_ctl_t *c, mn_conn_t *k, const mn_msg_welcome_t *w, char *
  * different process answers at k's address), or the handshake's code.
  */
 static int handshake_step(mn_ctl_t *c, mn_conn_t *k) {
-  mn_conn_state_t *ph = mn__ctl_phase(k);
+  uint8_t *ph = mn__ctl_phase(k);
   while (*ph == MN_CS_HELLO || *ph == MN_CS_WELCOME) {
     const char *body;
     char err[300];
@@ -792,16 +800,48 @@ static int add_agent_part(mn_ctl_t *c, mn_conn_t *k) {
   return 0;
 }
 
+/* A zeroed SLAB_HUGE block at a SLAB_HUGE boundary (mapped twice as large, the rest let go), or NULL. */
+static void *huge_block(void) {
+  size_t span = 2 * (size_t)SLAB_HUGE;
+  char *p = mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return NULL;
+  char *a = (char *)(((uintptr_t)p + SLAB_HUGE - 1) & ~((uintptr_t)SLAB_HUGE - 1));
+  if (a > p) munmap(p, (size_t)(a - p));
+  munmap(a + SLAB_HUGE, (size_t)(p + span - (a + SLAB_HUGE)));
+  (void)madvise(a, SLAB_HUGE, MADV_HUGEPAGE); /* refused (no THP): 4 KiB pages, as malloc's */
+  return a;
+}
+
+/* The next conn of the slab, zeroed; NULL when out of memory. Conns are never freed one by one (ids are
+ * never reused), so a block is only ever appended to, in id order. */
+static mn_conn_t *slab_conn(mn_ctl_t *c) {
+  if (c->slab == NULL || c->slab_used == c->slab_cap) {
+    if (c->slabs == NULL) c->slabs = calloc(MN_MAX_CONNS / SLAB_FIRST + 1, sizeof(*c->slabs));
+    if (c->slabs == NULL) return NULL;
+    size_t bytes = c->nslabs == 0 ? SLAB_FIRST * sizeof(mn_conn_t) : SLAB_HUGE;
+    void *b = c->nslabs == 0 ? aligned_alloc(64, bytes) : huge_block();
+    if (b == NULL) return NULL;
+    if (c->nslabs > 0) c->slab_bytes += bytes;
+    c->slabs[c->nslabs++] = b;
+    c->slab = b;
+    c->slab_used = 0;
+    c->slab_cap = (int)(bytes / sizeof(mn_conn_t));
+  }
+  mn_conn_t *k = &c->slab[c->slab_used];
+  memset(k, 0, sizeof(*k));
+  return k;
+}
+
 int mn__ctl_new_conn(mn_ctl_t *c, mn_conn_kind_t kind, mn_conn_t **out) {
   if (c->nconns + 1 >= MN_MAX_CONNS) return MN_ELIMIT;
-  mn_conn_t *k = calloc(1, sizeof(*k));
+  mn_conn_t *k = slab_conn(c);
   if (k == NULL) return MN_ENOMEM;
   k->ctl = c;
   k->kind = kind;
-  if (kind == MN_CONN_AGENT && add_agent_part(c, k) != 0) {
-    free(k);
-    return MN_ENOMEM;
-  }
+  k->ring = k->ring0;
+  k->rcap = MN_RING_INLINE;
+  if (kind == MN_CONN_AGENT && add_agent_part(c, k) != 0) return MN_ENOMEM; /* the slot is handed out again */
+  c->slab_used++;
   k->id = ++c->nconns;
   c->conns[k->id] = k;
   if (kind == MN_CONN_AGENT) c->agent_ids[c->nagent_ids++] = k->id;

@@ -82,6 +82,11 @@ struct mn_ctl_s {
   mn_auth_t auth;
   mn_conn_t **conns; /* by id; index 0 unused */
   int nconns;
+  mn_conn_t *slab;      /* the current block of conns handed out in id order (mn__ctl_new_conn) */
+  int slab_used, slab_cap;
+  size_t slab_bytes;    /* the blocks mapped outside malloc (its counts do not see them) */
+  void **slabs;         /* every block, freed at the end (a conn lives as long as ctl) */
+  int nslabs;
   int *dirty, ndirty;
   int *readable, nreadable, readable_at; /* connections with frames to read; the next to hand out */
   mn_event_t *events;
@@ -103,6 +108,9 @@ struct mn_ctl_s {
   size_t agent_blen;
   int closing;
   int *casting, ncasting; /* agents with a cast gathered (ctl_cast.c) */
+  int tree_routed;        /* agents whose casts go through their parent now (ctl_tree.c) */
+  mn_buf_t gathered;      /* the batch's uints, one run per agent while its procs come together (ctl_cast.c) */
+  int gather_last;        /* the agent the last uints gathered were for */
   int *agent_ids, nagent_ids, agent_ids_cap; /* the agents' conn ids: most heartbeats visit only these */
   uint64_t casts, cast_calls; /* CAST frames sent, and the calls they carried (core.cast_stats) */
   uint64_t agent_pings;       /* PINGs written to host agents (core.cast_stats: the tree vouches for the rest) */
@@ -135,7 +143,7 @@ int mn_ctl_connect(mn_ctl_t *c, const char *host, int port, mn_conn_kind_t kind)
 /* Sets heartbeat interval, silence timeout and reconnect window (ms; 0 keeps). */
 void mn_ctl_configure(mn_ctl_t *c, uint64_t hb_ms, uint64_t hb_timeout_ms, uint64_t reconnect_ms);
 void mn_ctl_disconnect(mn_ctl_t *c, int id, const char *reason);
-mn_conn_t *mn_ctl_conn(mn_ctl_t *c, int id);
+static inline mn_conn_t *mn_ctl_conn(mn_ctl_t *c, int id) { return id > 0 && id <= c->nconns ? c->conns[id] : NULL; }
 
 /* Queues a whole frame (copied) and marks the connection dirty; for a pooled proc whose link is not up, it
  * waits for the link, which is asked for (ctl_pool.c). 0 or MN_ENOMEM. */

@@ -68,16 +68,46 @@ static int relay_usable(mn_ctl_t *c, mn_conn_t *k) {
   return a != NULL && a->state == MN_CS_READY && k->state == MN_CS_READY;
 }
 
-/* Adds n uints (one cast target, or one ACK) to agent a's batch, putting a on the list of agents to send to. */
+/* Adds n uints (one cast target, or one ACK) to agent a's batch, putting a on the list of agents to send to.
+ * One buffer takes every agent's, reused from cast to cast so that it stays in cache: at thousands of
+ * agents, a buffer each is a cold line written per few procs. */
 static int gather(mn_ctl_t *c, mn_conn_t *a, const uint64_t *t, size_t n) {
-  if (!a->ag->in_cast) {
+  mn_agent_part_t *g = a->ag;
+  size_t bytes = n * sizeof(uint64_t);
+  if (!g->in_cast) {
     if (c->casting == NULL) c->casting = calloc((size_t)MN_MAX_CONNS, sizeof(int));
     if (c->casting == NULL) return MN_ENOMEM;
-    a->ag->in_cast = 1;
-    a->ag->cast.len = 0;
+    g->in_cast = 1;
+    g->spilled = 0;
+    g->run_at = c->gathered.len;
+    g->run_len = 0;
     c->casting[c->ncasting++] = a->id;
+  } else if (!g->spilled && c->gather_last != a->id) {
+    /* Another agent's came between: its run goes on in a buffer of its own. */
+    g->cast.len = 0;
+    if (mn_buf_append(&g->cast, c->gathered.data + g->run_at, g->run_len) != 0) return MN_ENOMEM;
+    g->spilled = 1;
   }
-  return mn_buf_append(&a->ag->cast, (const char *)t, n * sizeof(uint64_t));
+  c->gather_last = a->id;
+  if (g->spilled) return mn_buf_append(&g->cast, (const char *)t, bytes);
+  if (mn_buf_reserve(&c->gathered, bytes) != 0) return MN_ENOMEM;
+  memcpy(c->gathered.data + c->gathered.len, t, bytes);
+  c->gathered.len += bytes;
+  g->run_len += bytes;
+  return 0;
+}
+
+const uint64_t *mn__ctl_batch(const mn_ctl_t *c, const mn_conn_t *a, size_t width, size_t *n) {
+  const mn_agent_part_t *g = a->ag;
+  size_t len = !g->in_cast ? 0 : g->spilled ? g->cast.len : g->run_len;
+  *n = len / (width * sizeof(uint64_t));
+  return (const uint64_t *)(g->spilled ? g->cast.data : c->gathered.data + g->run_at);
+}
+
+void mn__ctl_batch_done(mn_ctl_t *c) {
+  c->ncasting = 0;
+  c->gathered.len = 0;
+  c->gather_last = 0;
 }
 
 int mn_ctl_cast_add(mn_ctl_t *c, mn_conn_t *k, char *frame, size_t n, double call, int32_t slot, int prefer) {
@@ -128,14 +158,14 @@ static int cast_send(mn_ctl_t *c, const char *frame, size_t n) {
   if (mn__ctl_tree_active(c)) return mn__ctl_tree_cast_end(c, frame + MN_MSG_CALL_HEAD, n - MN_MSG_CALL_HEAD);
   for (int i = 0; i < c->ncasting; i++) {
     mn_conn_t *a = mn_ctl_conn(c, c->casting[i]);
+    size_t nt;
+    const uint64_t *t = mn__ctl_batch(c, a, 3, &nt);
+    if (rc == 0 && mn_msg_pack_cast(&a->out, t, nt, frame + MN_MSG_CALL_HEAD, n - MN_MSG_CALL_HEAD) != 0) rc = MN_ENOMEM;
     a->ag->in_cast = 0;
-    if (rc == 0 && mn_msg_pack_cast(&a->out, (const uint64_t *)a->ag->cast.data, a->ag->cast.len / (3 * sizeof(uint64_t)),
-                                    frame + MN_MSG_CALL_HEAD, n - MN_MSG_CALL_HEAD) != 0)
-      rc = MN_ENOMEM;
     c->casts++;
     mn__ctl_set_dirty(c, a);
   }
-  c->ncasting = 0;
+  mn__ctl_batch_done(c);
   return rc;
 }
 
@@ -152,12 +182,14 @@ void mn__ctl_relay_acks_end(mn_ctl_t *c) {
   }
   for (int i = 0; i < c->ncasting; i++) {
     mn_conn_t *a = mn_ctl_conn(c, c->casting[i]);
-    a->ag->in_cast = 0;
+    size_t np;
+    const uint64_t *t = mn__ctl_batch(c, a, 2, &np);
     /* Out of memory: those procs keep their replay caches a tick longer; the next ACK covers them. */
-    (void)mn_msg_pack_acks(&a->out, (const uint64_t *)a->ag->cast.data, a->ag->cast.len / (2 * sizeof(uint64_t)));
+    (void)mn_msg_pack_acks(&a->out, t, np);
+    a->ag->in_cast = 0;
     mn__ctl_set_dirty(c, a);
   }
-  c->ncasting = 0;
+  mn__ctl_batch_done(c);
 }
 
 /* The frames of k's calls in flight, in seq order: a relayed call's rebuilt from its cast's shared

@@ -16,12 +16,17 @@ typedef struct {
   uint8_t ns[MN_NONCE_LEN], nc[MN_NONCE_LEN]; /* this attempt's handshake nonces */
   size_t chunk;      /* bytes offered to the next read: small first, doubled by each read that fills it */
   size_t offered;    /* bytes the last read was offered */
-  mn_conn_state_t phase; /* a pooled proc's link reopened (ctl_pool.c): its own handshake, the conn staying ready */
+  uint8_t phase;     /* mn_conn_state_t: a pooled proc's link reopened (ctl_pool.c): its own handshake, the conn staying ready */
 } mn_link_t;
 
 /* What only an agent connection holds: its gathered batch and its place in the cast tree (ctl_tree.c). */
 typedef struct {
-  mn_buf_t cast;     /* uint64s of the batch being gathered: a cast's (pid, seq, tag) triples, or ACKS' pairs */
+  /* The batch being gathered, uint64s: a cast's (pid, seq, tag) triples, or ACKS' pairs. They lie in ctl's
+   * shared `gathered` (run_at, run_len bytes) while its procs come one after the other, as a mesh in host
+   * order has them; in `cast` of its own once another agent's came between (spilled). */
+  mn_buf_t cast;
+  size_t run_at, run_len;
+  uint8_t spilled;
   int in_cast;       /* on ctl's list of agents with a batch gathered */
   int tree_pos;      /* its position (host order), -1 when not in the tree */
   int tree_up;       /* its parent reported their link up (LINKED) in the current tree */
@@ -41,23 +46,31 @@ typedef struct {
   uint8_t ping_waits; /* a PING is among the frames waiting: owed_at starts when they go */
 } mn_pool_part_t;
 
-struct mn_conn_s {
-  /* Hot: what a call sent and a RESULT taken touch, together in the first cache lines. */
-  mn_ctl_t *ctl;
-  mn_pending_t *ring;
-  size_t rhead, rcount, rcap;
+#define MN_RING_INLINE 2 /* pending entries a conn holds in itself: a ring of its own only past that depth */
+
+/* 64-aligned, from ctl's slab in id order (mn__ctl_new_conn): a mesh-wide call walks thousands in id order,
+ * and what it touches of each is its first two cache lines. */
+struct __attribute__((aligned(64))) mn_conn_s {
+  /* Hot, line 0: what a cast's call and its answer read and write. */
+  mn_pending_t *ring; /* ring0 until more than MN_RING_INLINE calls are in flight at once */
   uint64_t seq;      /* last CALL sequence number sent */
   uint64_t acked;    /* highest seq whose RESULT arrived */
   uint64_t via_pid;  /* its pid, by which its agent knows it (casts, ctl_cast.c) */
-  size_t on_relay;   /* calls in flight through the agent; while any is, every call goes that way (order) */
+  uint32_t rhead, rcount, rcap;
+  uint32_t on_relay; /* calls in flight through the agent; while any is, every call goes that way (order) */
   int id;
   int via;           /* a proc: the agent conn that relays its casts (0: none) */
-  mn_conn_kind_t kind;
-  mn_conn_state_t state;
+  uint8_t kind;      /* mn_conn_kind_t */
+  uint8_t state;     /* mn_conn_state_t */
   uint8_t relay_only; /* no link of its own (SPAWNED port 0): every call goes through its agent (ctl_relayed.c) */
   uint8_t lazy;       /* pooled (ctl_pool.c): its link opens on demand and closes when idle */
   uint8_t direct;     /* pooled: its link is up, its SESSION sent */
   uint8_t dirty;      /* on ctl's dirty list */
+  /* Hot, line 1: the inline ring, and what a cast reads of an agent. */
+  mn_pending_t ring0[MN_RING_INLINE];
+  mn_ctl_t *ctl;
+  mn_agent_part_t *ag; /* an agent's own fields (NULL for a proc: tens of thousands need none of them) */
+  /* Cold. */
   uint8_t readable;   /* on ctl's readable list */
   uint8_t ever_ready;
   uint8_t peer_closed; /* the last loss was an EOF or reset from the peer, not silence */
@@ -75,7 +88,6 @@ struct mn_conn_s {
   int attempt;
   uv_timer_t *retry; /* pending reconnect attempt */
   void *data;
-  mn_agent_part_t *ag; /* an agent's own fields (NULL for a proc: tens of thousands need none of them) */
   mn_pool_part_t *pl; /* a pooled proc's place in the pool (NULL unless lazy: a relay-only proc needs none) */
   /* Cold: the names and texts, last. On the heap (NULL for a relay-only proc, which goes by its agent's
    * names): a proc costs no more than it uses. */
@@ -98,6 +110,11 @@ struct mn_cast_rest_s {
 };
 
 void mn__ctl_rest_unref(mn_cast_rest_t *r);
+
+/* Agent a's gathered batch: its uints, and their count as *n entries of `width` uints (0 when none). */
+const uint64_t *mn__ctl_batch(const mn_ctl_t *c, const mn_conn_t *a, size_t width, size_t *n);
+/* The batch went out: every agent's is empty again (the caller cleared their in_cast). */
+void mn__ctl_batch_done(mn_ctl_t *c);
 
 /* Queues an event for the Lua face; 0 or MN_ENOMEM. */
 int mn__ctl_push_event(mn_ctl_t *c, mn_ev_kind_t k, int conn, int64_t a, int64_t b);
@@ -155,7 +172,7 @@ void mn__ctl_unrelay(mn_conn_t *k);
 /* No link to write to now: a relay-only proc, or a pooled one whose link is closed or still opening. */
 static inline int mn__ctl_no_link(const mn_conn_t *k) { return k->relay_only || (k->lazy && !k->direct); }
 /* Where k's handshake stands: a pooled proc's reopened link has its own (k itself stays ready). */
-static inline mn_conn_state_t *mn__ctl_phase(mn_conn_t *k) {
+static inline uint8_t *mn__ctl_phase(mn_conn_t *k) {
   return k->lazy && k->state == MN_CS_READY && k->link != NULL ? &k->link->phase : &k->state;
 }
 /* This attempt at k's link failed (why): a pooled proc's reopened link goes back to the pool, the proc

@@ -64,13 +64,17 @@ void mn__ctl_tree_answered(mn_ctl_t *c, mn_conn_t *k) {
 /* Every relayed call in flight is resent on its proc's own link; every route is direct again, and with
  * links_too, no link counts as up (a new tree's links report afresh). */
 static void unrelay_all(mn_ctl_t *c, int links_too) {
+  int routed = c->tree_routed;
   c->ans_n = 0; /* every count goes to 0 below */
+  c->tree_routed = 0;
   for (int i = 0; i < c->nagent_ids; i++) {
     mn_agent_part_t *g = c->conns[c->agent_ids[i]]->ag;
     g->route = 0;
     g->tree_inflight = 0;
     if (links_too) g->tree_up = 0;
   }
+  /* With every route direct, each proc's calls went to its own agent: none passed a parent, none moves. */
+  if (routed == 0) return;
   for (int i = 1; i <= c->nconns; i++) {
     mn_conn_t *k = c->conns[i];
     if (k->kind == MN_CONN_PROC && k->on_relay > 0) mn__ctl_unrelay_resend(c, k); /* off the tree */
@@ -185,7 +189,10 @@ static void settle_routes(mn_ctl_t *c) {
     mn_conn_t *a = mn_ctl_conn(c, c->casting[i]);
     mn_conn_t *p = linked_parent(c, a);
     int want = p != NULL ? p->id : 0;
-    if (a->ag->route != want && a->ag->tree_inflight == 0) a->ag->route = want;
+    if (a->ag->route != want && a->ag->tree_inflight == 0) {
+      c->tree_routed += (want != 0) - (a->ag->route != 0);
+      a->ag->route = want;
+    }
   }
 }
 
@@ -218,8 +225,10 @@ static uint32_t nsubs(mn_ctl_t *c, const mn_conn_t *a) {
 #define CAST_WIDTH 3
 #define ACK_WIDTH 2
 
-static size_t nentries(const mn_conn_t *a, int width) {
-  return a->ag->in_cast ? a->ag->cast.len / ((size_t)width * sizeof(uint64_t)) : 0;
+static size_t nentries(const mn_ctl_t *c, const mn_conn_t *a, int width) {
+  size_t n;
+  (void)mn__ctl_batch(c, a, (size_t)width, &n);
+  return n;
 }
 
 /* subs of a for each child reached through it with entries below: a cast's (index, count, targets,
@@ -229,8 +238,8 @@ static int pack_subs(mn_ctl_t *c, msgpack_packer *pk, mn_buf_t *b, const mn_conn
   for (int j = 0; j < c->tree_k && child_pos(c, a->ag->tree_pos, j) < c->ntree; j++) {
     mn_conn_t *ch = mn_ctl_conn(c, c->tree[child_pos(c, a->ag->tree_pos, j)]);
     if (ch->ag->route != a->id || ch->ag->tree_count == 0) continue;
-    size_t n = nentries(ch, width);
-    const uint64_t *t = (const uint64_t *)ch->ag->cast.data;
+    size_t n;
+    const uint64_t *t = mn__ctl_batch(c, ch, (size_t)width, &n);
     f |= msgpack_pack_uint64(pk, (uint64_t)j);
     if (width == CAST_WIDTH) f |= msgpack_pack_uint64(pk, ch->ag->tree_count);
     f |= msgpack_pack_array(pk, (uint32_t)(width * n)) | mn_msg_pack_uints(b, t, width * n);
@@ -242,10 +251,10 @@ static int pack_subs(mn_ctl_t *c, msgpack_packer *pk, mn_buf_t *b, const mn_conn
 static int send_root(mn_ctl_t *c, mn_conn_t *r, const char *rest, size_t rlen) {
   msgpack_packer pk;
   size_t start;
-  int f = rest != NULL ? mn_msg_cast_head(&r->out, &pk, &start, (const uint64_t *)r->ag->cast.data, nentries(r, CAST_WIDTH),
-                                           rest, rlen, nsubs(c, r))
-                       : mn_msg_acks_head(&r->out, &pk, &start, (const uint64_t *)r->ag->cast.data, nentries(r, ACK_WIDTH),
-                                          nsubs(c, r));
+  size_t n;
+  const uint64_t *t = mn__ctl_batch(c, r, rest != NULL ? CAST_WIDTH : ACK_WIDTH, &n);
+  int f = rest != NULL ? mn_msg_cast_head(&r->out, &pk, &start, t, n, rest, rlen, nsubs(c, r))
+                       : mn_msg_acks_head(&r->out, &pk, &start, t, n, nsubs(c, r));
   f |= pack_subs(c, &pk, &r->out, r, rest != NULL ? CAST_WIDTH : ACK_WIDTH);
   if (f != 0) return MN_ENOMEM;
   mn_frame_end(&r->out, start);
@@ -262,7 +271,7 @@ static int tree_send(mn_ctl_t *c, const char *rest, size_t rlen) {
   int rc = 0, width = rest != NULL ? CAST_WIDTH : ACK_WIDTH;
   for (int i = 0; i < c->ncasting; i++) {
     mn_conn_t *a = mn_ctl_conn(c, c->casting[i]);
-    count_route(c, a, (uint32_t)nentries(a, width), rest != NULL)->ag->tree_root = 1;
+    count_route(c, a, (uint32_t)nentries(c, a, width), rest != NULL)->ag->tree_root = 1;
   }
   /* Every root is among the touched; send each once, then clear what this cast marked. */
   for (int i = 0; i < c->ntouched; i++) {
@@ -277,7 +286,7 @@ static int tree_send(mn_ctl_t *c, const char *rest, size_t rlen) {
     x->ag->in_cast = 0;
   }
   c->ntouched = 0;
-  c->ncasting = 0;
+  mn__ctl_batch_done(c);
   return rc;
 }
 
@@ -298,7 +307,9 @@ int mn_ctl_take_linked(mn_ctl_t *c, mn_conn_t *a, const msgpack_object *m, char 
 }
 
 int mn__ctl_tree_unrelay_agent(mn_ctl_t *c) {
-  if (!mn__ctl_tree_active(c)) return 0; /* the caller marked the tree for a rebuild */
+  /* The caller marked the tree for a rebuild. With every route direct (say, a host lost after another,
+   * before the rebuild), nothing went through a parent: only the lost agent's own procs' calls move. */
+  if (!mn__ctl_tree_active(c) || c->tree_routed == 0) return 0;
   unrelay_all(c, 1); /* its subtree's casts went through it: all of them go direct until the rebuild */
   return 1;
 }
