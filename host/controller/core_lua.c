@@ -84,6 +84,7 @@ static int l_init(lua_State *L) {
   if (mn_ctl_init(&c->ctl, tok, tl) != 0) return luaL_error(L, "cannot initialize the controller");
   msgpack_zone_init(&c->zone, 64 * 1024);
   for (int i = 0; i < MN_COLLECT_SLOTS; i++) c->collect[i].ref = LUA_NOREF;
+  c->ids_ref = LUA_NOREF;
   c->open = 1;
   lua_pushlightuserdata(L, &ctl_key);
   lua_pushvalue(L, -2);
@@ -256,22 +257,45 @@ static void encode_call(lua_State *L, lctl_t *c, const char *kernel, size_t kl, 
  * to each connection in targets (a number, or an array of numbers); slot i
  * of the call is targets[i]. The body is encoded once and copied per target.
  */
+/* Whether the targets at stack index 2 are the kept list c->ids was read from, with the same epoch (*epoch:
+ * the list's, -1 for none): at tens of thousands of procs, reading them again costs more than a cast. */
+static int kept_ids(lua_State *L, lctl_t *c, size_t n, double *epoch) {
+  lua_getfield(L, 2, "epoch");
+  *epoch = lua_type(L, -1) == LUA_TNUMBER ? lua_tonumber(L, -1) : -1;
+  lua_pop(L, 1);
+  if (*epoch < 0 || c->ids_ref == LUA_NOREF || c->ids_epoch != *epoch || c->ids_n != n) return 0;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, c->ids_ref);
+  int same = lua_rawequal(L, -1, 2);
+  lua_pop(L, 1);
+  return same;
+}
+
 /* core.call's targets at stack index 2 (a number, or an array of numbers) into c->ids: read once, so
  * that the loop over them can fetch the procs ahead from a C array. Returns their count. */
 static int target_ids(lua_State *L, lctl_t *c) {
   int single = lua_type(L, 2) == LUA_TNUMBER;
   size_t n = single ? 1 : lua_objlen(L, 2);
+  double epoch = -1;
+  if (!single && kept_ids(L, c, n, &epoch)) return (int)n;
   if (n > c->ids_cap) {
     int *ids = realloc(c->ids, n * sizeof(*ids));
     if (ids == NULL) luaL_error(L, "out of memory queueing a call");
     c->ids = ids;
     c->ids_cap = n;
   }
+  luaL_unref(L, LUA_REGISTRYINDEX, c->ids_ref); /* ids is about to change */
+  c->ids_ref = LUA_NOREF;
   if (single) c->ids[0] = (int)lua_tointeger(L, 2);
   for (size_t i = 0; !single && i < n; i++) {
     lua_rawgeti(L, 2, (int)i + 1);
     c->ids[i] = (int)lua_tointeger(L, -1);
     lua_pop(L, 1);
+  }
+  if (epoch >= 0) {
+    lua_pushvalue(L, 2);
+    c->ids_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    c->ids_epoch = epoch;
+    c->ids_n = n;
   }
   return (int)n;
 }

@@ -49,6 +49,11 @@ typedef struct {
   int run_n;
   int *ids;      /* a call's targets, read out of their Lua array once (core.call) */
   size_t ids_cap;
+  /* The kept targets list ids holds (calls.lua sets its `epoch` while no proc changed): its next call
+   * with that epoch reads nothing. ids_ref holds the table (LUA_NOREF: none). */
+  int ids_ref;
+  double ids_epoch;
+  size_t ids_n;
 } lctl_t;
 
 /* The module's controller state; raises unless core.init ran. */

@@ -31,7 +31,7 @@ typedef struct {
   int tree_pos;      /* its position (host order), -1 when not in the tree */
   int tree_up;       /* its parent reported their link up (LINKED) in the current tree */
   int route;         /* the agent its casts go through now (its parent), 0: directly */
-  int64_t tree_inflight; /* relayed calls in flight whose route passes through it */
+  int64_t tree_inflight; /* its own procs' relayed calls in flight (what passes through it: ctl_tree.c) */
   uint32_t tree_count;   /* this cast's triples in its subtree */
   int in_tree, tree_root; /* this cast touched it; it is cast to directly */
 } mn_agent_part_t;

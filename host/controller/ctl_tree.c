@@ -10,9 +10,10 @@
  *
  * Routes. An agent is reached directly until its parent reports the link
  * up (LINKED); it switches to "through the parent" only while nothing is in
- * flight through it (tree_inflight counts the relayed calls whose route
- * passes through an agent), so two casts to a proc never travel different
- * ways at once and cannot overtake each other. A change of the agents (one
+ * flight through it (its own procs' relayed calls, tree_inflight, and those
+ * of the children routed through it, theirs in turn: summed only when a
+ * route would change), so two casts to a proc never travel different ways
+ * at once and cannot overtake each other. A change of the agents (one
  * joins, is lost, or a link goes down) rebuilds the tree: every relayed call
  * in flight is resent on its proc's own link (the replay caches keep that
  * exactly-once) and every route starts direct again.
@@ -44,11 +45,11 @@ int mn__ctl_tree_active(const mn_ctl_t *c) { return c->tree_k > 1 && c->ntree > 
 
 void mn__ctl_tree_changed(mn_ctl_t *c) { c->tree_dirty = 1; }
 
-/* Takes the answers counted since the last flush off the in-flight counts of their agent's route. */
+/* Takes the answers counted since the last flush off their agent's in-flight count. */
 static void answered_flush(mn_ctl_t *c) {
   int64_t n = c->ans_n;
-  for (mn_conn_t *a = c->ans_via > 0 ? mn_ctl_conn(c, c->ans_via) : NULL; a != NULL && n > 0; a = route_of(c, a))
-    a->ag->tree_inflight -= a->ag->tree_inflight < n ? a->ag->tree_inflight : n;
+  mn_conn_t *a = c->ans_via > 0 ? mn_ctl_conn(c, c->ans_via) : NULL;
+  if (a != NULL && a->ag != NULL) a->ag->tree_inflight -= a->ag->tree_inflight < n ? a->ag->tree_inflight : n;
   c->ans_n = 0;
 }
 
@@ -181,6 +182,16 @@ static void mn__ctl_tree_linked(mn_ctl_t *c, mn_conn_t *a, uint64_t epoch, uint6
   }
 }
 
+/* Relayed calls in flight through a: its own procs', and those of every child routed through it (theirs in turn). */
+static int64_t through(mn_ctl_t *c, const mn_conn_t *a) {
+  int64_t n = a->ag->tree_inflight;
+  for (int j = 0; j < c->tree_k && child_pos(c, a->ag->tree_pos, j) < c->ntree; j++) {
+    mn_conn_t *ch = mn_ctl_conn(c, c->tree[child_pos(c, a->ag->tree_pos, j)]);
+    if (ch->ag->route == a->id) n += through(c, ch);
+  }
+  return n;
+}
+
 /* Before a cast (the tree is current: its first mn_ctl_cast_add refreshed it): idle agents take the route
  * their parent's link allows. */
 static void settle_routes(mn_ctl_t *c) {
@@ -189,7 +200,7 @@ static void settle_routes(mn_ctl_t *c) {
     mn_conn_t *a = mn_ctl_conn(c, c->casting[i]);
     mn_conn_t *p = linked_parent(c, a);
     int want = p != NULL ? p->id : 0;
-    if (a->ag->route != want && a->ag->tree_inflight == 0) {
+    if (a->ag->route != want && through(c, a) == 0) {
       c->tree_routed += (want != 0) - (a->ag->route != 0);
       a->ag->route = want;
     }
@@ -197,16 +208,16 @@ static void settle_routes(mn_ctl_t *c) {
 }
 
 /* Adds agent a's entries to its own count and every agent's on its route (and, for a cast, to what is in
- * flight through them); returns the top one (sent to directly). */
+ * flight to its procs); returns the top one (sent to directly). */
 static mn_conn_t *count_route(mn_ctl_t *c, mn_conn_t *a, uint32_t n, int cast) {
   mn_conn_t *top = a;
+  if (cast) a->ag->tree_inflight += n;
   for (mn_conn_t *x = a; x != NULL; x = route_of(c, x)) {
     if (x->ag->tree_count == 0 && x->ag->in_tree == 0) {
       x->ag->in_tree = 1;
       c->touched[c->ntouched++] = x->id;
     }
     x->ag->tree_count += n;
-    if (cast) x->ag->tree_inflight += n;
     top = x;
   }
   return top;
