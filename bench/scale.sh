@@ -36,7 +36,22 @@ stop_agents() {
   for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
   pids=()
 }
-cleanup() { stop_agents; rm -rf "$dir"; }
+# Every simulated host's packets share this machine's one loopback input queue (net.core.netdev_max_backlog,
+# 1,000 packets by default: on a cluster, each host has its own). Thousands of agents' bursts overflow it,
+# and the drops come back as TCP retransmissions, 200 ms and more each. Raised for the run where we may
+# (root), put back at exit; BACKLOG=keep leaves it.
+backlog_was=
+raise_backlog() {
+  local f=/proc/sys/net/core/netdev_max_backlog want=${BACKLOG:-65536}
+  [ "$want" = keep ] || [ ! -w "$f" ] || [ "$(cat "$f")" -ge "$want" ] && return 0
+  backlog_was=$(cat "$f")
+  echo "$want" >"$f" && echo "(net.core.netdev_max_backlog $backlog_was -> $want for this run: one loopback queue carries every host)"
+}
+cleanup() {
+  stop_agents
+  rm -rf "$dir"
+  [ -z "$backlog_was" ] || echo "$backlog_was" >/proc/sys/net/core/netdev_max_backlog
+}
 trap cleanup EXIT
 . bench/agents.sh
 get() { echo "$2" | awk -v k="$1" '$1 == k {print $2}'; }
@@ -51,6 +66,7 @@ run() {
   echo "$out"
 }
 echo "scale bench ($(nproc) cores, $(date -u +%Y-%m-%dT%H:%MZ))"
+raise_backlog
 
 if [ "${REAL:-1}" != 0 ]; then
   start_agents "$agents"

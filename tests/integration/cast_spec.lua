@@ -62,6 +62,27 @@ describe("casts through host agents", function()
     assert.are.equal("x", m:call("echo", "x"):get():values()[8])
   end)
 
+  it("casts to a list whose hosts alternate: each agent's triples gathered apart, every slot its own answer", function()
+    local m = mesh()
+    -- Host 0's and host 1's procs one after the other: every entry breaks the other agent's run.
+    local list = {}
+    for i = 1, 4 do
+      list[#list + 1] = m._procs[4 + i]
+      list[#list + 1] = m._procs[i]
+    end
+    local before = core.cast_stats()
+    local rec = runtime.submit(list, "rank", {}, 0, { make_result = function(values, n) return { values = values, n = n } end })
+    local got = rec.future:get(10)
+    assert.are.equal(8, got.n)
+    for j, p in ipairs(list) do assert.are.equal(p.rank, got.values[j][1]) end
+    local after = core.cast_stats()
+    assert.are.equal(2, after.casts - before.casts) -- still one frame per agent
+    assert.are.equal(8, after.calls - before.calls)
+    -- And a mesh-wide call right after, in host order, still lands each answer in its slot.
+    local ranks = m:call("rank"):get(10):values()
+    for i = 1, 8 do assert.are.equal(i - 1, ranks[i][1]) end
+  end)
+
   it("keeps each proc's order across casts, calls to one proc and puts", function()
     local m = mesh()
     local base = counts(m)
