@@ -378,7 +378,8 @@ static void set_number(lua_State *L, const char *k, lua_Number v) {
  * parent, vouched = agents their parent watches (not PINGed), agent_pings = PINGs written to agents,
  * tree_agents = agents in the tree, cast_min, and the pool of direct links to pooled procs (ctl_pool.c):
  * direct_links = open or opening now, direct_max, direct_opened and direct_closed since the start,
- * conn_bytes = the connection table's memory outside malloc (huge-page blocks),
+ * conn_bytes = the connection table's memory outside malloc (huge-page blocks), resent = relayed calls
+ * taken off the tree and resent (an agent lost, a link down, a rebuild),
  * direct_waiting = procs waiting for one} */
 static int l_cast_stats(lua_State *L) {
   lctl_t *c = get_ctl(L);
@@ -398,6 +399,7 @@ static int l_cast_stats(lua_State *L) {
   set_number(L, "direct_links", c->ctl.npool);
   set_number(L, "direct_max", c->ctl.direct_max);
   set_number(L, "conn_bytes", (lua_Number)c->ctl.slab_bytes);
+  set_number(L, "resent", (lua_Number)c->ctl.tree_resent);
   set_number(L, "direct_opened", (lua_Number)c->ctl.pool_opened);
   set_number(L, "direct_closed", (lua_Number)c->ctl.pool_closed);
   set_number(L, "direct_waiting", c->ctl.nwaitq - c->ctl.waitq_at);

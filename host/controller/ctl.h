@@ -109,6 +109,7 @@ struct mn_ctl_s {
   int closing;
   int *casting, ncasting; /* agents with a cast gathered (ctl_cast.c) */
   int tree_routed;        /* agents whose casts go through their parent now (ctl_tree.c) */
+  uint64_t tree_resent;   /* relayed calls taken off the tree and resent since the start */
   mn_buf_t gathered;      /* the batch's uints, one run per agent while its procs come together (ctl_cast.c) */
   int gather_last;        /* the agent the last uints gathered were for */
   int *agent_ids, nagent_ids, agent_ids_cap; /* the agents' conn ids: most heartbeats visit only these */

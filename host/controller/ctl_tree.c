@@ -78,7 +78,9 @@ static void unrelay_all(mn_ctl_t *c, int links_too) {
   if (routed == 0) return;
   for (int i = 1; i <= c->nconns; i++) {
     mn_conn_t *k = c->conns[i];
-    if (k->kind == MN_CONN_PROC && k->on_relay > 0) mn__ctl_unrelay_resend(c, k); /* off the tree */
+    if (k->kind != MN_CONN_PROC || k->on_relay == 0) continue;
+    c->tree_resent += k->on_relay;
+    mn__ctl_unrelay_resend(c, k); /* off the tree */
   }
 }
 

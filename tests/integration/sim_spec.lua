@@ -196,6 +196,44 @@ describe("simulated hosts (monarch-worker --simulate)", function()
     assert.are.equal(4, #s:call("rank"):get(10):values())
   end)
 
+  it("moves only a lost host's own calls when a second host goes before the tree is rebuilt", function()
+    local five, m, off = {}, nil, nil
+    finally(function() -- one for all: busted keeps only a test's last finally()
+      if off then off() end
+      monarch.configure{ cast_min = 16, fanout = 16 }
+      if m then m:stop() end
+      for _, d in ipairs(five) do d:stop(9) end
+    end)
+    for i = 1, 5 do five[i] = agent.start{ token = runtime.token, args = "--simulate" } end
+    -- Five hosts (and the others this controller holds) past a fan-out of 2: a tree of three levels.
+    monarch.configure{ cast_min = 2, fanout = 2 }
+    local addrs = {}
+    for i, d in ipairs(five) do addrs[i] = d.addr end
+    m = mesh_mod.host_mesh(mesh_mod.connect_agents(addrs)):spawn_procs{ procs = 4 }
+    m:load "basic"
+    local deadline = monarch.now() + 10
+    repeat
+      m:call("noop"):get(10)
+      if core.cast_stats().routed < 3 then monarch.sleep(0.05) end
+    until core.cast_stats().routed >= 3 or monarch.now() > deadline
+    assert.is_true(core.cast_stats().routed >= 3, "the hosts below the top take their parents' links")
+    local lost = 0
+    off = monarch.on_host_loss(function() lost = lost + 1 end)
+    local f = m:call("sleep", 2) -- in flight on all 20 procs, some of them through a parent
+    local r0 = core.cast_stats().resent
+    five[5]:stop(9) -- its loss takes every relayed call off the tree, and the routes all go direct
+    deadline = monarch.now() + 10
+    while lost < 1 and monarch.now() < deadline do monarch.sleep(0.02) end
+    local r1 = core.cast_stats().resent
+    assert.is_true(r1 - r0 >= 16, "the survivors' calls left the tree: " .. (r1 - r0))
+    five[4]:stop(9) -- before any cast rebuilds the tree: only its own procs' calls move
+    while lost < 2 and monarch.now() < deadline do monarch.sleep(0.02) end
+    assert.are.equal(2, lost)
+    assert.are.equal(r1, core.cast_stats().resent, "the second loss resent the other hosts' calls again")
+    assert.is_false(pcall(f.get, f, 10)) -- 8 of its procs went with their hosts
+    assert.are.equal(12, #m:survivors():call("rank"):get(10):values())
+  end)
+
   it("runs a group of simulated hosts in one process (--hosts): each its own agent, a cast tree among them", function()
     local group = agent.start{ token = runtime.token, args = "--simulate --hosts 5", hosts = 5 }
     local m
