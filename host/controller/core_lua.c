@@ -64,9 +64,9 @@ static int l_gc(lua_State *L) {
   return 0;
 }
 
-/* core.init(token) */
 lctl_t *mn__core_ctl(lua_State *L) { return get_ctl(L); }
 
+/* core.init(token) */
 static int l_init(lua_State *L) {
   size_t tl;
   const char *tok = luaL_checklstring(L, 1, &tl);
@@ -252,11 +252,6 @@ static void encode_call(lua_State *L, lctl_t *c, const char *kernel, size_t kl, 
   if (b->len - MN_FRAME_HEADER > MN_MAX_FRAME) luaL_error(L, "call of %d bytes exceeds MN_MAX_FRAME", (int)b->len);
 }
 
-/*
- * core.call(call_id, targets, kernel, ...) : queues [CALL, seq, kernel, args]
- * to each connection in targets (a number, or an array of numbers); slot i
- * of the call is targets[i]. The body is encoded once and copied per target.
- */
 /* Whether the targets at stack index 2 are the kept list c->ids was read from, with the same epoch (*epoch:
  * the list's, -1 for none): at tens of thousands of procs, reading them again costs more than a cast. */
 static int kept_ids(lua_State *L, lctl_t *c, size_t n, double *epoch) {
@@ -300,6 +295,11 @@ static int target_ids(lua_State *L, lctl_t *c) {
   return (int)n;
 }
 
+/*
+ * core.call(call_id, targets, kernel, ...) : queues [CALL, seq, kernel, args]
+ * to each connection in targets (a number, or an array of numbers); slot i
+ * of the call is targets[i]. The body is encoded once and copied per target.
+ */
 static int l_call(lua_State *L) {
   lctl_t *c = get_ctl(L);
   double call = luaL_checknumber(L, 1);

@@ -12,26 +12,8 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <sys/mman.h>
 #include <string.h>
 #include <unistd.h>
-
-/* Conns come in blocks: a first small one from malloc (most jobs need no more), then 2 MiB blocks mapped
- * on huge-page boundaries and offered to the kernel as huge pages: a mesh-wide call walks thousands of
- * conns, and with 4 KiB pages each is a TLB miss as well as a cache miss. */
-#define SLAB_FIRST 64
-#define SLAB_HUGE (2u << 20)
-/* The sanitizer build takes a block per conn from malloc: an overrun of one conn into the next is seen. */
-#if defined(__SANITIZE_ADDRESS__)
-#define SLAB_ONE 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define SLAB_ONE 1
-#endif
-#endif
-#ifndef SLAB_ONE
-#define SLAB_ONE 0
-#endif
 
 #define MN_READ_CHUNK (1024 * 1024) /* most bytes offered to one read */
 #define MN_READ_FIRST 512           /* bytes offered to a link's first read: a small peer costs little memory */
@@ -225,11 +207,7 @@ void mn_ctl_close(mn_ctl_t *c) {
     /* Handles still open (a stuck agent): leave the loop; the process is exiting. */
   }
   for (int i = 1; i <= c->nconns; i++) free_conn(c->conns[i]);
-  for (int i = 0; i < c->nslabs; i++) {
-    if (SLAB_ONE || i == 0) free(c->slabs[i]);
-    else munmap(c->slabs[i], SLAB_HUGE);
-  }
-  free(c->slabs);
+  mn__ctl_slab_free(c);
   free(c->conns);
   free(c->dirty);
   free(c->readable);
@@ -811,49 +789,15 @@ static int add_agent_part(mn_ctl_t *c, mn_conn_t *k) {
   return 0;
 }
 
-/* A zeroed SLAB_HUGE block at a SLAB_HUGE boundary (mapped twice as large, the rest let go), or NULL. */
-static void *huge_block(void) {
-  size_t span = 2 * (size_t)SLAB_HUGE;
-  char *p = mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) return NULL;
-  char *a = (char *)(((uintptr_t)p + SLAB_HUGE - 1) & ~((uintptr_t)SLAB_HUGE - 1));
-  if (a > p) munmap(p, (size_t)(a - p));
-  munmap(a + SLAB_HUGE, (size_t)(p + span - (a + SLAB_HUGE)));
-  (void)madvise(a, SLAB_HUGE, MADV_HUGEPAGE); /* refused (no THP): 4 KiB pages, as malloc's */
-  return a;
-}
-
-/* The next conn of the slab, zeroed; NULL when out of memory. Conns are never freed one by one (ids are
- * never reused), so a block is only ever appended to, in id order. */
-static mn_conn_t *slab_conn(mn_ctl_t *c) {
-  if (c->slab == NULL || c->slab_used == c->slab_cap) {
-    if (c->slabs == NULL) c->slabs = calloc(SLAB_ONE ? MN_MAX_CONNS + 1 : MN_MAX_CONNS / SLAB_FIRST + 1, sizeof(*c->slabs));
-    if (c->slabs == NULL) return NULL;
-    int huge = !SLAB_ONE && c->nslabs > 0;
-    size_t bytes = SLAB_ONE ? sizeof(mn_conn_t) : huge ? SLAB_HUGE : SLAB_FIRST * sizeof(mn_conn_t);
-    void *b = huge ? huge_block() : aligned_alloc(64, bytes);
-    if (b == NULL) return NULL;
-    if (huge) c->slab_bytes += bytes;
-    c->slabs[c->nslabs++] = b;
-    c->slab = b;
-    c->slab_used = 0;
-    c->slab_cap = (int)(bytes / sizeof(mn_conn_t));
-  }
-  mn_conn_t *k = &c->slab[c->slab_used];
-  memset(k, 0, sizeof(*k));
-  return k;
-}
-
 int mn__ctl_new_conn(mn_ctl_t *c, mn_conn_kind_t kind, mn_conn_t **out) {
   if (c->nconns + 1 >= MN_MAX_CONNS) return MN_ELIMIT;
-  mn_conn_t *k = slab_conn(c);
+  mn_conn_t *k = mn__ctl_slab_conn(c);
   if (k == NULL) return MN_ENOMEM;
   k->ctl = c;
   k->kind = kind;
   k->ring = k->ring0;
   k->rcap = MN_RING_INLINE;
-  if (kind == MN_CONN_AGENT && add_agent_part(c, k) != 0) return MN_ENOMEM; /* the slot is handed out again */
-  c->slab_used++;
+  if (kind == MN_CONN_AGENT && add_agent_part(c, k) != 0) return MN_ENOMEM; /* its slot stays unused */
   k->id = ++c->nconns;
   c->conns[k->id] = k;
   if (kind == MN_CONN_AGENT) c->agent_ids[c->nagent_ids++] = k->id;

@@ -82,7 +82,7 @@ struct mn_ctl_s {
   mn_auth_t auth;
   mn_conn_t **conns; /* by id; index 0 unused */
   int nconns;
-  mn_conn_t *slab;      /* the current block of conns handed out in id order (mn__ctl_new_conn) */
+  mn_conn_t *slab;      /* the current block of conns, handed out in id order (ctl_slab.c) */
   int slab_used, slab_cap;
   size_t slab_bytes;    /* the blocks mapped outside malloc (its counts do not see them) */
   void **slabs;         /* every block, freed at the end (a conn lives as long as ctl) */

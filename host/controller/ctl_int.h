@@ -98,6 +98,10 @@ struct __attribute__((aligned(64))) mn_conn_s {
   char *reason;      /* why it closed, or why it is reconnecting; NULL: none yet */
 };
 
+/* The next conn of the slab, zeroed (ctl_slab.c); NULL when out of memory. */
+mn_conn_t *mn__ctl_slab_conn(mn_ctl_t *c);
+/* Lets go of every block of conns (at mn_ctl_close, after each conn's own allocations). */
+void mn__ctl_slab_free(mn_ctl_t *c);
 /* A new connection of `kind`, zeroed but for its id, in c's table as *out; 0, MN_ELIMIT or MN_ENOMEM. */
 int mn__ctl_new_conn(mn_ctl_t *c, mn_conn_kind_t kind, mn_conn_t **out);
 

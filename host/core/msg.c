@@ -367,14 +367,11 @@ int mn_msg_pack_uints(mn_buf_t *b, const uint64_t *v, size_t n) {
     } else if (x <= 0xff) {
       p[0] = 0xcc, p[1] = (unsigned char)x, p += 2;
     } else if (x <= 0xffff) {
-      uint16_t be = __builtin_bswap16((uint16_t)x);
-      p[0] = 0xcd, memcpy(p + 1, &be, 2), p += 3;
+      p[0] = 0xcd, p[1] = (unsigned char)(x >> 8), p[2] = (unsigned char)x, p += 3;
     } else if (x <= 0xffffffffu) {
-      uint32_t be = __builtin_bswap32((uint32_t)x);
-      p[0] = 0xce, memcpy(p + 1, &be, 4), p += 5;
+      p[0] = 0xce, mn_put_be32((char *)p + 1, (uint32_t)x), p += 5;
     } else {
-      uint64_t be = __builtin_bswap64(x);
-      p[0] = 0xcf, memcpy(p + 1, &be, 8), p += 9;
+      p[0] = 0xcf, mn_put_be32((char *)p + 1, (uint32_t)(x >> 32)), mn_put_be32((char *)p + 5, (uint32_t)x), p += 9;
     }
   }
   b->len = (size_t)(p - (unsigned char *)b->data);

@@ -529,6 +529,33 @@ static void test_result(void **state) {
   done(&m);
 }
 
+/* mn_msg_pack_uints writes each uint in msgpack's smallest form: every width, at its edges. */
+static void test_pack_uints_widths(void **state) {
+  (void)state;
+  const uint64_t v[] = {0, 0x7f, 0x80, 0xff, 0x100, 0xffff, 0x10000, 0xffffffffu, 0x100000000ull, UINT64_MAX};
+  const size_t bytes[] = {1, 1, 2, 2, 3, 3, 5, 5, 9, 9};
+  size_t n = sizeof(v) / sizeof(v[0]), total = 0;
+  mn_buf_t b;
+  mn_buf_init(&b);
+  assert_int_equal(mn_msg_pack_uints(&b, v, n), 0);
+  for (size_t i = 0; i < n; i++) total += bytes[i];
+  assert_int_equal(b.len, total);
+  msgpack_zone zone;
+  assert_true(msgpack_zone_init(&zone, 1024));
+  size_t off = 0;
+  for (size_t i = 0; i < n; i++) {
+    msgpack_object o;
+    size_t at = off;
+    msgpack_unpack_return rc = msgpack_unpack(b.data, b.len, &off, &zone, &o);
+    assert_int_equal(rc, i + 1 < n ? MSGPACK_UNPACK_EXTRA_BYTES : MSGPACK_UNPACK_SUCCESS); /* more follow */
+    assert_int_equal(o.type, MSGPACK_OBJECT_POSITIVE_INTEGER);
+    assert_true(o.via.u64 == v[i]);
+    assert_int_equal(off - at, bytes[i]);
+  }
+  msgpack_zone_destroy(&zone);
+  mn_buf_free(&b);
+}
+
 /* CAST carries a CALL's bytes after its seq; the agent's copy for one proc
  * is the same frame as the controller's CALL to it. RESULTS round-trips. */
 static void test_cast_results(void **state) {
@@ -987,6 +1014,7 @@ static void test_requests(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_names),
+      cmocka_unit_test(test_pack_uints_widths),
       cmocka_unit_test(test_check_script_send),
       cmocka_unit_test(test_hello_auth_welcome_error),
       cmocka_unit_test(test_handshake_malformed),
