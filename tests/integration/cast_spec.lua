@@ -46,6 +46,16 @@ describe("casts through host agents", function()
 
   it("answers a mesh-wide call on every proc, one CAST frame per host", function()
     local m = mesh()
+    -- 8 procs are pooled: a call to one goes through its agent while its spawn's link still opens.
+    local function linked()
+      for i = 1, 4 do
+        if select(6, core.info(m._procs[i].conn)) ~= true then return false end
+      end
+      return true
+    end
+    local deadline = monarch.now() + 10
+    while not linked() and monarch.now() < deadline do monarch.sleep(0.02) end
+    assert.is_true(linked(), "host 0's procs' links did not come up")
     local before0 = core.cast_stats()
     m:slice{ hosts = 0 }:call("rank"):get() -- 4 procs: fewer than cast_min, straight to each
     assert.are.equal(before0.casts, core.cast_stats().casts)
