@@ -207,18 +207,15 @@ static void on_hs_timeout(uv_timer_t *t) {
   if (!c->ready) mn__agent_refuse(c, MN_ETIMEDOUT, "handshake not completed in time");
 }
 
-static void handle_spawn(aconn_t *c, const msgpack_object *m) {
-  mn_msg_spawn_t sp;
-  char err[300];
-  if (mn_msg_parse_spawn(m, &sp, err, sizeof(err)) != 0) {
-    mn__agent_refuse(c, MN_EPROTO, err);
-    return;
-  }
+/* Starts session s's procs of one SPAWN (sp checked), answering each with SPAWNED or SPAWN_FAILED. */
+static void spawn_procs(asession_t *s, const mn_msg_spawn_t *spp) {
+  const mn_msg_spawn_t sp = *spp;
+  agent_t *a = s->a;
   uint64_t req = sp.req;
   const msgpack_object *base = mn_map_get(sp.spec, "rank_base"), *world = mn_map_get(sp.spec, "world"),
                        *dev = mn_map_get(sp.spec, "device_base"), *hang = mn_map_get(sp.spec, "hang_ms");
   if (sp.count > MN_MAX_SPAWN) {
-    mn__agent_send_spawn_failed(c->session, req, 0, "SPAWN count exceeds MN_MAX_SPAWN (4096)");
+    mn__agent_send_spawn_failed(s, req, 0, "SPAWN count exceeds MN_MAX_SPAWN (4096)");
     return;
   }
   int n = (int)sp.count;
@@ -228,31 +225,56 @@ static void handle_spawn(aconn_t *c, const msgpack_object *m) {
   int db = -1;
   if (dev != NULL && dev->type == MSGPACK_OBJECT_POSITIVE_INTEGER && dev->via.u64 <= MN_MAX_SPAWN) db = (int)dev->via.u64;
   else if (dev != NULL && dev->type != MSGPACK_OBJECT_NIL) {
-    mn__agent_send_spawn_failed(c->session, req, 0, "SPAWN device_base must be a GPU number 0..4096");
+    mn__agent_send_spawn_failed(s, req, 0, "SPAWN device_base must be a GPU number 0..4096");
     return;
   }
   /* hang_ms: report a proc whose I/O thread is silent that long (the controller's heartbeat timeout). */
   if (hang != NULL && hang->type == MSGPACK_OBJECT_POSITIVE_INTEGER && hang->via.u64 > 0) {
-    c->session->hang_ms = hang->via.u64;
-    mn__agent_watch_hangs(c->a, hang->via.u64);
+    s->hang_ms = hang->via.u64;
+    mn__agent_watch_hangs(a, hang->via.u64);
   }
-  if (c->a->sim != NULL) {
-    mn__agent_sim_spawn(c->session, req, n, rb, w); /* virtual procs: nothing to exec */
+  if (a->sim != NULL) {
+    mn__agent_sim_spawn(s, req, n, rb, w); /* virtual procs: nothing to exec */
     return;
   }
   /* The cores shared out among this host's procs, these included (earlier procs keep theirs). */
   long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-  int threads = cpus > 0 ? (int)(cpus / (c->a->nprocs + n)) : 1;
-  int spin_us = cpus > 0 && c->a->nprocs + n <= cpus ? MN_AGENT_SPIN_US : 0;
+  int threads = cpus > 0 ? (int)(cpus / (a->nprocs + n)) : 1;
+  int spin_us = cpus > 0 && a->nprocs + n <= cpus ? MN_AGENT_SPIN_US : 0;
   if (threads < 1) threads = 1;
   for (int i = 0; i < n; i++) {
-    int rc = mn__agent_spawn_one(c->session, req, i, rb + i, w, db >= 0 ? db + i : -1, threads, spin_us);
+    int rc = mn__agent_spawn_one(s, req, i, rb + i, w, db >= 0 ? db + i : -1, threads, spin_us);
     if (rc != 0) {
       char msg[200];
-      snprintf(msg, sizeof(msg), "cannot start %s: %s", c->a->o->exe, uv_strerror(rc));
-      mn__agent_send_spawn_failed(c->session, req, i, msg);
+      snprintf(msg, sizeof(msg), "cannot start %s: %s", a->o->exe, uv_strerror(rc));
+      mn__agent_send_spawn_failed(s, req, i, msg);
     }
   }
+}
+
+/* Whether session s has had SPAWN `req` already (and notes it): the controller resends a spawn it sent
+ * through the tree when a relay on the way was lost, and the first copy may have got here. */
+static int spawn_seen(asession_t *s, uint64_t req) {
+  if (req == 0) return 0; /* a relay's place holder: it spawns nothing itself */
+  for (int i = 0; i < MN_SPAWNS_SEEN; i++)
+    if (s->spawns_seen[i] == req) return 1;
+  s->spawns_seen[s->spawns_next++ % MN_SPAWNS_SEEN] = req;
+  return 0;
+}
+
+/* SPAWN for session s, from its controller or (through the cast tree) a parent agent's relay link c:
+ * the children's parts go on first, then this agent starts its own procs. Answers go to s's controller. */
+static void handle_spawn(aconn_t *c, asession_t *s, const msgpack_object *m) {
+  mn_msg_spawn_t sp;
+  char err[300];
+  if (mn_msg_parse_spawn(m, &sp, err, sizeof(err)) != 0) {
+    mn__agent_refuse(c, MN_EPROTO, err);
+    return;
+  }
+  if (s->ended) return;
+  if (sp.subs != NULL) mn__agent_tree_forward_spawn(s, sp.subs);
+  if (sp.count == 0 || spawn_seen(s, sp.req)) return;
+  spawn_procs(s, &sp);
 }
 
 typedef struct {
@@ -294,12 +316,14 @@ static void relay_attach(aconn_t *c, uint64_t id, uint64_t silence_ms) {
   c->relay_silence_ms = silence_ms;
 }
 
-/* A relay link carries casts, ACKS and its parent's pings, nothing else. */
+/* A relay link carries casts, spawns, ACKS and its parent's pings, nothing else. */
 static void relay_link_handle(aconn_t *c, const msgpack_object *m, mn_buf_t *out) {
   char err[256];
   const msgpack_object *id;
   if (mn_msg_type(m) == MN_MSG_CAST) {
     mn__agent_handle_cast(c, m);
+  } else if (mn_msg_type(m) == MN_MSG_SPAWN) {
+    handle_spawn(c, c->relay_of, m);
   } else if (mn_msg_type(m) == MN_MSG_ACKS) {
     mn__agent_handle_acks(c, m);
   } else if (mn_msg_type(m) == MN_MSG_PING && mn_msg_parse_ping(m, &id, err, sizeof(err)) == 0) {
@@ -354,7 +378,7 @@ static void handle(aconn_t *c, const msgpack_object *m) {
   }
   switch (mn_msg_type(m)) {
   case MN_MSG_GOODBYE: session_end(c->session); break;
-  case MN_MSG_SPAWN: handle_spawn(c, m); break;
+  case MN_MSG_SPAWN: handle_spawn(c, c->session, m); break;
   case MN_MSG_KILL: handle_kill(c, m); break;
   case MN_MSG_PERSIST: mn__agent_handle_persist(c, m); break;
   case MN_MSG_ATTACH: mn__agent_handle_attach(c, m); break;

@@ -24,6 +24,7 @@
 #include <uv.h>
 
 #define MN_MAX_SPAWN 4096         /* most procs one SPAWN may ask for */
+#define MN_SPAWNS_SEEN 16         /* a session's latest SPAWN reqs, kept so that a resent one is not run twice */
 #define MN_AGENT_GRACE_MS 10000   /* a departed controller's procs live this long (default) */
 #define MN_AGENT_SILENCE_MS 10000 /* a controller connection silent this long is dropped */
 #define MN_MAX_BACKLOG (1u << 20) /* bytes of events kept for a detached session */
@@ -108,6 +109,8 @@ struct asession_s {
   uint32_t nlinks;
   uint64_t tree_epoch; /* the TREE they came from, named in LINKED */
   uint64_t link_silence_ms; /* a link silent this long is lost (TREE says; the controller's heartbeat timeout / 2) */
+  uint64_t spawns_seen[MN_SPAWNS_SEEN]; /* its latest SPAWN reqs (a ring): one sent again after a relay's loss is dropped */
+  uint32_t spawns_next;
   asession_t *next;
 };
 
@@ -217,6 +220,8 @@ void mn__agent_relay_flush(asession_t *s);
 void mn__agent_tree_set(aconn_t *c, const msgpack_object *m);
 /* Hands sub-casts (CAST's subs) to the children's links; returns the triples handed on. */
 int64_t mn__agent_tree_forward(asession_t *s, const msgpack_object *subs, const char *rest, size_t rlen);
+/* Hands SPAWN's subs on to the children's links (one whose link is not up: the controller resends it). */
+void mn__agent_tree_forward_spawn(asession_t *s, const msgpack_object *subs);
 /* Hands ACKS's subs on to the children's links. */
 void mn__agent_tree_forward_acks(asession_t *s, const msgpack_object *subs);
 /* Whether a parent's relay link for s was heard within ms: the controller reaches s through it. */

@@ -321,6 +321,18 @@ int64_t mn__agent_tree_forward(asession_t *s, const msgpack_object *subs, const 
   return handed;
 }
 
+void mn__agent_tree_forward_spawn(asession_t *s, const msgpack_object *subs) {
+  for (uint32_t i = 0; i + 3 < subs->via.array.size; i += 4) {
+    const msgpack_object *q = &subs->via.array.ptr[i];
+    alink_t *l = q[0].via.u64 < s->nlinks ? s->links[q[0].via.u64] : NULL;
+    if (l == NULL || l->state != L_UP) continue; /* the controller hears LINKED false and sends it directly */
+    mn_buf_t b;
+    mn_buf_init(&b);
+    if (mn_msg_pack_spawn_obj(&b, q[1].via.u64, &q[2], &q[3]) == 0) link_send(l, &b);
+    else mn_buf_free(&b);
+  }
+}
+
 void mn__agent_tree_forward_acks(asession_t *s, const msgpack_object *subs) {
   for (uint32_t i = 0; i + 2 < subs->via.array.size; i += 3) {
     const msgpack_object *q = &subs->via.array.ptr[i];

@@ -239,6 +239,49 @@ static int l_send(lua_State *L) {
   return 0;
 }
 
+/* Entry i of core.spawn's list (at stack index 1): its agent conn, req and, on top of the stack, its spec. */
+static mn_conn_t *spawn_entry(lua_State *L, lctl_t *c, int i, uint64_t *req) {
+  lua_rawgeti(L, 1, i);
+  int e = lua_gettop(L);
+  if (!lua_istable(L, e)) luaL_error(L, "core.spawn: entry %d is not a {conn, req, spec} table", i);
+  lua_rawgeti(L, e, 1);
+  lua_rawgeti(L, e, 2);
+  lua_rawgeti(L, e, 3);
+  mn_conn_t *k = ready_conn(L, c, (int)luaL_checkinteger(L, e + 1), 0);
+  lua_Number r = luaL_checknumber(L, e + 2);
+  if (mn_ctl_conn_kind(k) != MN_CONN_AGENT || r < 1 || r != floor(r) || !lua_istable(L, e + 3))
+    luaL_error(L, "core.spawn: entry %d wants {agent conn, req (a positive integer), spec table}", i);
+  *req = (uint64_t)r;
+  lua_replace(L, e);
+  lua_settop(L, e);
+  return k;
+}
+
+/* core.spawn(list): list[i] = {agent conn, req, spec}, one SPAWN each, sent down the cast
+ * tree where it is up (an agent hands its children theirs); each agent answers on its own connection
+ * (ctl_spawn.c). Every entry is checked before any is sent. */
+static int l_spawn(lua_State *L) {
+  lctl_t *c = get_ctl(L);
+  luaL_checktype(L, 1, LUA_TTABLE);
+  int n = (int)lua_objlen(L, 1), rc = 0;
+  /* Pass 0 checks (a spec that cannot be packed raises here), pass 1 gathers and sends. */
+  for (int pass = 0; pass < 2; pass++)
+    for (int i = 1; i <= n && rc == 0; i++) {
+      uint64_t req;
+      mn_conn_t *k = spawn_entry(L, c, i, &req);
+      msgpack_packer pk;
+      c->scratch.len = 0;
+      msgpack_packer_init(&pk, &c->scratch, mn_buf_write_cb);
+      msgpack_pack_uint64(&pk, req);
+      encode(L, &pk, lua_gettop(L), 2);
+      if (pass == 1) rc = mn_ctl_spawn_add(&c->ctl, k, req, c->scratch.data, c->scratch.len);
+      lua_pop(L, 1);
+    }
+  /* Those gathered go even if one could not be. */
+  if (mn_ctl_spawn_end(&c->ctl) != 0 || rc != 0) return luaL_error(L, "out of memory");
+  return 0;
+}
+
 /* Encodes [CALL, seq=0, kernel, args from stack index `first`] into c->scratch. */
 static void encode_call(lua_State *L, lctl_t *c, const char *kernel, size_t kl, int first) {
   int nargs = lua_gettop(L) - first + 1;
@@ -380,12 +423,13 @@ static void set_number(lua_State *L, const char *k, lua_Number v) {
  * direct_links = open or opening now, direct_max, direct_opened and direct_closed since the start,
  * conn_bytes = the connection table's memory outside malloc (huge-page blocks), resent = relayed calls
  * taken off the tree and resent (an agent lost, a link down, a rebuild),
- * direct_waiting = procs waiting for one} */
+ * direct_waiting = procs waiting for one, spawn_relayed = SPAWNs sent through a parent, spawn_resent = those
+ * sent again directly (a relay on the way lost), links_wanted = the parent links the current tree has} */
 static int l_cast_stats(lua_State *L) {
   lctl_t *c = get_ctl(L);
   int active, up, routed, vouched;
   mn_ctl_tree_stats(&c->ctl, &active, &up, &routed, &vouched);
-  lua_createtable(L, 0, 14);
+  lua_createtable(L, 0, 20);
   set_number(L, "casts", (lua_Number)c->ctl.casts);
   set_number(L, "vouched", vouched);
   set_number(L, "agent_pings", (lua_Number)c->ctl.agent_pings);
@@ -400,6 +444,9 @@ static int l_cast_stats(lua_State *L) {
   set_number(L, "direct_max", c->ctl.direct_max);
   set_number(L, "conn_bytes", (lua_Number)c->ctl.slab_bytes);
   set_number(L, "resent", (lua_Number)c->ctl.tree_resent);
+  set_number(L, "spawn_relayed", (lua_Number)c->ctl.spawn_relayed);
+  set_number(L, "spawn_resent", (lua_Number)c->ctl.spawn_resent);
+  set_number(L, "links_wanted", mn_ctl_tree_wanted(&c->ctl));
   set_number(L, "direct_opened", (lua_Number)c->ctl.pool_opened);
   set_number(L, "direct_closed", (lua_Number)c->ctl.pool_closed);
   set_number(L, "direct_waiting", c->ctl.nwaitq - c->ctl.waitq_at);
@@ -448,6 +495,14 @@ static int l_cancel(lua_State *L) {
   int n = k != NULL && mn_ctl_conn_kind(k) == MN_CONN_PROC ? mn_ctl_cancel(&c->ctl, k, luaL_checknumber(L, 2)) : 0;
   if (n < 0) return luaL_error(L, "core.cancel: %s", mn_strerror(n));
   lua_pushinteger(L, n);
+  return 1;
+}
+
+/* core.tree_build() -> the parent links the tree has: rebuilds it now if the agents changed since (as the
+ * next cast would), so that its links can come up before a spawn goes down it. */
+static int l_tree_build(lua_State *L) {
+  lctl_t *c = get_ctl(L);
+  lua_pushinteger(L, mn_ctl_tree_build(&c->ctl));
   return 1;
 }
 
@@ -747,7 +802,7 @@ int luaopen_monarch_core(lua_State *L) {
   static const luaL_Reg fns[] = {
       {"init", l_init},           {"shutdown", l_shutdown},   {"start_agent", l_start_agent},
       {"connect", l_connect},     {"connect_relayed", l_connect_relayed}, {"connect_pooled", l_connect_pooled}, {"unlinked", l_unlinked}, {"disconnect", l_disconnect}, {"info", l_info},
-      {"send", l_send},           {"call", l_call},           {"call_as", l_call_as}, {"put_chunk", l_put_chunk}, {"fetch_into", l_fetch_into},           {"poll", mn__core_poll},
+      {"send", l_send},           {"spawn", l_spawn}, {"tree_build", l_tree_build}, {"call", l_call},           {"call_as", l_call_as}, {"put_chunk", l_put_chunk}, {"fetch_into", l_fetch_into},           {"poll", mn__core_poll},
       {"take_pending", l_take_pending}, {"inflight", l_inflight}, {"cancel", l_cancel}, {"oldest", l_oldest},
       {"relay", l_relay}, {"relayed", l_relayed}, {"cast_stats", l_cast_stats}, {"collect", mn__core_collect},
       {"uncollect", mn__core_uncollect},

@@ -261,6 +261,9 @@ static int drain_conn(lua_State *L, lctl_t *c, int id, int ev, int n) {
         break;
       }
     } else if (!is_heartbeat(&m)) {
+      if ((mn_msg_type(&m) == MN_MSG_SPAWNED || mn_msg_type(&m) == MN_MSG_SPAWN_FAILED) &&
+          mn_ctl_conn_kind(k) == MN_CONN_AGENT)
+        mn_ctl_spawn_answered(k, &m);
       n = push_event(L, ev, n, id, "message");
       mn__core_push_obj(L, &m);
       lua_rawseti(L, ev, ++n);

@@ -157,7 +157,10 @@ static void free_conn(mn_conn_t *k) {
   mn_buf_free(&k->unacked);
   if (k->pl != NULL) mn_buf_free(&k->pl->waiting);
   free(k->pl);
-  if (k->ag != NULL) mn_buf_free(&k->ag->cast);
+  if (k->ag != NULL) {
+    mn_buf_free(&k->ag->cast);
+    mn_buf_free(&k->ag->spawn);
+  }
   free(k->ag);
   if (k->ring != k->ring0) free(k->ring);
   free(k->host);
@@ -218,6 +221,7 @@ void mn_ctl_close(mn_ctl_t *c) {
   free(c->agent_ids);
   free(c->tree);
   free(c->touched);
+  free(c->spawning);
   free(c->pool);
   free(c->pool_waitq);
 }

@@ -131,6 +131,8 @@ struct mn_ctl_s {
   int *pool, npool, pool_cap; /* pooled procs with a link open or opening, by conn id */
   int *pool_waitq, nwaitq, waitq_at, waitq_cap; /* pooled procs waiting for a link, oldest first */
   uint64_t pool_opened, pool_closed; /* pooled links opened and closed since the start (core.cast_stats) */
+  int *spawning, nspawning; /* agents whose spawn goes through the tree, gathered (ctl_spawn.c) */
+  uint64_t spawn_relayed, spawn_resent; /* spawns sent through the tree, and sent again directly (core.cast_stats) */
 };
 
 /* 0, or MN_EAUTH (a bad token) or MN_ENOMEM. */
@@ -215,6 +217,19 @@ int mn_ctl_take_linked(mn_ctl_t *c, mn_conn_t *a, const msgpack_object *m, char 
  * to send, the oldest to answer) and its agent's conn, then its agent's own part. */
 typedef enum { MN_PF_CONN, MN_PF_SEND, MN_PF_ANSWER, MN_PF_AGENT } mn_prefetch_t;
 void mn_ctl_prefetch(mn_ctl_t *c, uint64_t id, mn_prefetch_t what);
+/*
+ * A spawn for agent conn a: body is its SPAWN's req and spec, packed one after the other. It goes directly
+ * now, or, where a cast would go through a's parent, is gathered for mn_ctl_spawn_end, which sends the
+ * gathered ones down the tree (ctl_spawn.c). 0, MN_EPROTO (a is no agent, or req is 0) or MN_ENOMEM.
+ */
+int mn_ctl_spawn_add(mn_ctl_t *c, mn_conn_t *a, uint64_t req, const char *body, size_t n);
+int mn_ctl_spawn_end(mn_ctl_t *c);
+/* Rebuilds the tree if the agents changed and no cast is being gathered; returns mn_ctl_tree_wanted. */
+int mn_ctl_tree_build(mn_ctl_t *c);
+/* The parent links the current tree has (every agent's but the top ones'); 0 while it is not active. */
+int mn_ctl_tree_wanted(const mn_ctl_t *c);
+/* SPAWNED or SPAWN_FAILED m came from agent conn a: a spawn kept for it is answered. */
+void mn_ctl_spawn_answered(mn_conn_t *a, const msgpack_object *m);
 /* The tree now: whether casts use it, agents whose parent link is up, agents cast to through their parent. */
 void mn_ctl_tree_stats(mn_ctl_t *c, int *active, int *up, int *routed, int *vouched);
 

@@ -34,6 +34,11 @@ typedef struct {
   int64_t tree_inflight; /* its own procs' relayed calls in flight (what passes through it: ctl_tree.c) */
   uint32_t tree_count;   /* this cast's triples in its subtree */
   int in_tree, tree_root; /* this cast touched it; it is cast to directly */
+  /* A spawn for it (ctl_spawn.c): its req and spec packed, kept from mn_ctl_spawn_add until it is sent
+   * directly, or, sent through the tree, until its agent answers it (a relay's loss sends it again). */
+  mn_buf_t spawn;
+  uint64_t spawn_req;    /* 0: none */
+  uint8_t spawn_new;     /* among those the spawn being sent now is for */
 } mn_agent_part_t;
 
 /* What only a pooled proc holds (ctl_pool.c). */
@@ -158,6 +163,14 @@ int mn__ctl_tree_cast_end(mn_ctl_t *c, const char *rest, size_t rlen);
 int mn__ctl_tree_acks_end(mn_ctl_t *c);
 /* Whether agent a's parent answers for it (its link is up): the heartbeat neither PINGs nor times it out. */
 int mn__ctl_tree_vouched(mn_ctl_t *c, const mn_conn_t *a);
+/* Whether a spawn for agent a goes through its parent (the route a cast would take now, settled). */
+int mn__ctl_tree_route_spawn(mn_ctl_t *c, mn_conn_t *a);
+/* Sends the spawns of agents ids[0..n) (each routed through its parent), one SPAWN per top agent with the
+ * rest as subs; 0 or MN_ENOMEM. */
+int mn__ctl_tree_spawn_end(mn_ctl_t *c, const int *ids, int n);
+/* Every spawn sent through the tree and not answered goes to its agent directly (a relay on the way is, or
+ * may be, lost: the agent drops a second copy). Before the routes are reset. */
+void mn__ctl_spawn_resend(mn_ctl_t *c);
 /* An agent is lost while the tree is active: every relayed call goes direct (1); 0 when the tree is not active. */
 int mn__ctl_tree_unrelay_agent(mn_ctl_t *c);
 /* Queues every unanswered call of relay-only proc k to its agent a again, each a one-target CAST, in seq order

@@ -65,6 +65,7 @@ void mn__ctl_tree_answered(mn_ctl_t *c, mn_conn_t *k) {
 /* Every relayed call in flight is resent on its proc's own link; every route is direct again, and with
  * links_too, no link counts as up (a new tree's links report afresh). */
 static void unrelay_all(mn_ctl_t *c, int links_too) {
+  mn__ctl_spawn_resend(c); /* while the routes still say which went through a parent */
   int routed = c->tree_routed;
   c->ans_n = 0; /* every count goes to 0 below */
   c->tree_routed = 0;
@@ -164,6 +165,13 @@ void mn__ctl_tree_refresh(mn_ctl_t *c) {
   c->tree_dirty = 0;
 }
 
+int mn_ctl_tree_build(mn_ctl_t *c) {
+  if (c->tree_dirty && c->ncasting == 0 && c->cur_rest == NULL) mn__ctl_tree_refresh(c);
+  return mn_ctl_tree_wanted(c);
+}
+
+int mn_ctl_tree_wanted(const mn_ctl_t *c) { return mn__ctl_tree_active(c) ? c->ntree - c->tree_roots : 0; }
+
 static void mn__ctl_tree_linked(mn_ctl_t *c, mn_conn_t *a, uint64_t epoch, uint64_t index, int up) {
   if (epoch != c->tree_epoch || a->ag->tree_pos < 0 || index >= (uint64_t)c->tree_k) return;
   int64_t pos = child_pos(c, a->ag->tree_pos, (int)index);
@@ -194,19 +202,21 @@ static int64_t through(mn_ctl_t *c, const mn_conn_t *a) {
   return n;
 }
 
+/* Agent a takes the route its parent's link allows, if nothing is in flight through it. */
+static void settle(mn_ctl_t *c, mn_conn_t *a) {
+  mn_conn_t *p = linked_parent(c, a);
+  int want = p != NULL ? p->id : 0;
+  if (a->ag->route != want && through(c, a) == 0) {
+    c->tree_routed += (want != 0) - (a->ag->route != 0);
+    a->ag->route = want;
+  }
+}
+
 /* Before a cast (the tree is current: its first mn_ctl_cast_add refreshed it): idle agents take the route
  * their parent's link allows. */
 static void settle_routes(mn_ctl_t *c) {
   answered_flush(c);
-  for (int i = 0; i < c->ncasting; i++) {
-    mn_conn_t *a = mn_ctl_conn(c, c->casting[i]);
-    mn_conn_t *p = linked_parent(c, a);
-    int want = p != NULL ? p->id : 0;
-    if (a->ag->route != want && through(c, a) == 0) {
-      c->tree_routed += (want != 0) - (a->ag->route != 0);
-      a->ag->route = want;
-    }
-  }
+  for (int i = 0; i < c->ncasting; i++) settle(c, mn_ctl_conn(c, c->casting[i]));
 }
 
 /* Adds agent a's entries to its own count and every agent's on its route (and, for a cast, to what is in
@@ -306,6 +316,63 @@ static int tree_send(mn_ctl_t *c, const char *rest, size_t rlen) {
 int mn__ctl_tree_cast_end(mn_ctl_t *c, const char *rest, size_t rlen) {
   settle_routes(c);
   return tree_send(c, rest, rlen);
+}
+
+/* ---- spawns down the tree ---- */
+
+/* What an agent on a spawn's way with none of its own is sent: req 0, {count = 0}. */
+static const char SPAWN_NONE[] = "\x00\x81\xa5" "count" "\x00";
+
+static int spawn_body(msgpack_packer *pk, const mn_conn_t *a) {
+  const mn_agent_part_t *g = a->ag;
+  return g->spawn_new ? pk->callback(pk->data, g->spawn.data, g->spawn.len)
+                      : pk->callback(pk->data, SPAWN_NONE, sizeof(SPAWN_NONE) - 1);
+}
+
+/* subs of a's spawn: an (index, req, spec, subs) quad for each child reached through it with a spawn below. */
+static int pack_spawn_subs(mn_ctl_t *c, msgpack_packer *pk, const mn_conn_t *a) {
+  int f = 0;
+  for (int j = 0; j < c->tree_k && child_pos(c, a->ag->tree_pos, j) < c->ntree; j++) {
+    mn_conn_t *ch = mn_ctl_conn(c, c->tree[child_pos(c, a->ag->tree_pos, j)]);
+    if (ch->ag->route != a->id || ch->ag->tree_count == 0) continue;
+    f |= msgpack_pack_uint64(pk, (uint64_t)j) | spawn_body(pk, ch);
+    f |= msgpack_pack_array(pk, 4 * nsubs(c, ch)) | pack_spawn_subs(c, pk, ch);
+  }
+  return f;
+}
+
+int mn__ctl_tree_route_spawn(mn_ctl_t *c, mn_conn_t *a) {
+  if (!mn__ctl_tree_active(c) || a->ag->tree_pos < 0) return 0;
+  answered_flush(c);
+  settle(c, a);
+  return a->ag->route != 0;
+}
+
+int mn__ctl_tree_spawn_end(mn_ctl_t *c, const int *ids, int n) {
+  if (c->touched == NULL) c->touched = calloc((size_t)MN_MAX_CONNS, sizeof(int));
+  if (c->touched == NULL) return MN_ENOMEM;
+  int f = 0;
+  for (int i = 0; i < n; i++) count_route(c, mn_ctl_conn(c, ids[i]), 1, 0)->ag->tree_root = 1;
+  for (int i = 0; i < c->ntouched; i++) {
+    mn_conn_t *x = mn_ctl_conn(c, c->touched[i]);
+    if (x->ag->tree_root && f == 0) {
+      msgpack_packer pk;
+      size_t start;
+      f = mn_msg_spawn_head(&x->out, &pk, &start) | spawn_body(&pk, x);
+      f |= msgpack_pack_array(&pk, 4 * nsubs(c, x)) | pack_spawn_subs(c, &pk, x);
+      if (f == 0) mn_frame_end(&x->out, start);
+      else x->out.len = start;
+      mn__ctl_set_dirty(c, x);
+    }
+    x->ag->tree_root = 0;
+  }
+  for (int i = 0; i < c->ntouched; i++) {
+    mn_agent_part_t *g = mn_ctl_conn(c, c->touched[i])->ag;
+    g->tree_count = 0;
+    g->in_tree = 0;
+  }
+  c->ntouched = 0;
+  return f != 0 ? MN_ENOMEM : 0;
 }
 
 /* ACKs take the routes casts took: a vouched agent hears nothing from the controller directly. */

@@ -29,7 +29,8 @@ static const spec_t specs[] = {
     [MN_MSG_ERROR] = {"ERROR", 3, 0, BY_SERVER, "[4, code, message]"},
     [MN_MSG_PING] = {"PING", 2, 1, BY_CTL | BY_SCRIPT, "[5, id]"},
     [MN_MSG_PONG] = {"PONG", 2, 1, BY_SERVER, "[6, id]"},
-    [MN_MSG_SPAWN] = {"SPAWN", 3, 0, BY_CTL | BY_SCRIPT, "[10, req, {count=, rank_base=, world=}]"},
+    [MN_MSG_SPAWN] = {"SPAWN", 3, 0, BY_CTL | BY_SCRIPT,
+                      "[10, req, {count=, rank_base=, world=}, subs?: [index, req, spec, subs, ...]]"},
     [MN_MSG_SPAWNED] = {"SPAWNED", 5, 0, BY_SERVER, "[11, req, index, pid, port]"},
     [MN_MSG_SPAWN_FAILED] = {"SPAWN_FAILED", 4, 0, BY_SERVER, "[12, req, index, message]"},
     [MN_MSG_PROC_EXIT] = {"PROC_EXIT", 5, 0, BY_SERVER, "[13, pid, status, signal, rank]"},
@@ -403,6 +404,25 @@ int mn_msg_pack_cast_obj(mn_buf_t *b, const msgpack_object *targets, const char 
   return finish(b, s, f);
 }
 
+int mn_msg_spawn_head(mn_buf_t *b, msgpack_packer *pk, size_t *start) {
+  return head(b, pk, start, 4, MN_MSG_SPAWN) ? MN_ENOMEM : 0;
+}
+
+int mn_msg_pack_spawn_body(mn_buf_t *b, const char *body, size_t blen) {
+  msgpack_packer pk;
+  size_t s;
+  int f = head(b, &pk, &s, 3, MN_MSG_SPAWN) | mn_buf_append(b, body, blen);
+  return finish(b, s, f);
+}
+
+int mn_msg_pack_spawn_obj(mn_buf_t *b, uint64_t req, const msgpack_object *spec, const msgpack_object *subs) {
+  msgpack_packer pk;
+  size_t s;
+  int f = head(b, &pk, &s, 4, MN_MSG_SPAWN) | msgpack_pack_uint64(&pk, req) | msgpack_pack_object(&pk, *spec);
+  f |= msgpack_pack_object(&pk, *subs);
+  return finish(b, s, f);
+}
+
 int mn_msg_pack_tree(mn_buf_t *b, uint64_t epoch, const char *const *addrs, const uint64_t *sessions, size_t n,
                      uint64_t ping_ms, uint64_t silence_ms) {
   msgpack_packer pk;
@@ -652,8 +672,8 @@ int mn_msg_parse_cast(const msgpack_object *m, const msgpack_object **targets, c
 /* Element el of m, when present: a tree's subs, flat entries of `uints` uints then two arrays (what is
  * below, and that child's own subs). *subs is NULL when absent; each entry's shape is checked, not
  * what lies deeper. */
-static int parse_subs(const spec_t *s, const msgpack_object *m, uint32_t el, uint32_t uints, const char *entries,
-                      const char *entry, const msgpack_object **subs, char *err, size_t errlen) {
+static int parse_subs(const spec_t *s, const msgpack_object *m, uint32_t el, uint32_t uints, msgpack_object_type what,
+                      const char *entries, const char *entry, const msgpack_object **subs, char *err, size_t errlen) {
   uint32_t w = uints + 2;
   *subs = NULL;
   if (m->via.array.size <= el) return 0;
@@ -662,7 +682,7 @@ static int parse_subs(const spec_t *s, const msgpack_object *m, uint32_t el, uin
     return bad(s, err, errlen, "subs (element %u) is not an array of %s", el, entries);
   for (uint32_t i = 0; i < t->via.array.size; i += w) {
     const msgpack_object *q = &t->via.array.ptr[i];
-    int ok = q[uints].type == MSGPACK_OBJECT_ARRAY && q[uints + 1].type == MSGPACK_OBJECT_ARRAY;
+    int ok = q[uints].type == what && q[uints + 1].type == MSGPACK_OBJECT_ARRAY;
     for (uint32_t u = 0; u < uints; u++) ok &= q[u].type == MSGPACK_OBJECT_POSITIVE_INTEGER;
     if (!ok) return bad(s, err, errlen, "subs (element %u) holds %s", el, entry);
   }
@@ -675,7 +695,7 @@ int mn_msg_parse_cast_subs(const msgpack_object *m, const msgpack_object **subs,
   const spec_t *s = check(m, MN_MSG_CAST, &rc, err, errlen);
   *subs = NULL;
   if (rc != 0) return rc;
-  return parse_subs(s, m, 3, 2, "(index, count, targets, subs) quads", "a quad that is not (uint, uint, array, array)",
+  return parse_subs(s, m, 3, 2, MSGPACK_OBJECT_ARRAY, "(index, count, targets, subs) quads", "a quad that is not (uint, uint, array, array)",
                     subs, err, errlen);
 }
 
@@ -727,7 +747,7 @@ int mn_msg_parse_acks_subs(const msgpack_object *m, const msgpack_object **subs,
   const spec_t *s = check(m, MN_MSG_ACKS, &rc, err, errlen);
   *subs = NULL;
   if (rc != 0) return rc;
-  return parse_subs(s, m, 2, 1, "(index, pairs, subs) triples", "a triple that is not (uint, array, array)", subs,
+  return parse_subs(s, m, 2, 1, MSGPACK_OBJECT_ARRAY, "(index, pairs, subs) triples", "a triple that is not (uint, array, array)", subs,
                     err, errlen);
 }
 
@@ -845,7 +865,8 @@ int mn_msg_parse_spawn(const msgpack_object *m, mn_msg_spawn_t *out, char *err, 
     return bad(s, err, errlen, "spec (element 2) is not a map with a uint count");
   out->count = cnt->via.u64;
   out->spec = at(m, 2);
-  return 0;
+  return parse_subs(s, m, 3, 2, MSGPACK_OBJECT_MAP, "(index, req, spec, subs) quads",
+                    "a quad that is not (uint, uint, map, array)", &out->subs, err, errlen);
 }
 
 int mn_msg_parse_kill(const msgpack_object *m, mn_msg_kill_t *out, char *err, size_t errlen) {

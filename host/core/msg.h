@@ -120,6 +120,17 @@ int mn_msg_pack_uints(mn_buf_t *b, const uint64_t *v, size_t n);
 /* The same from decoded parts (an agent handing a sub-cast on): targets and subs as they came. */
 int mn_msg_pack_cast_obj(mn_buf_t *b, const msgpack_object *targets, const char *rest, size_t rlen,
                          const msgpack_object *subs);
+/*
+ * SPAWN through the tree, [10, req, spec, subs]: subs is flat (index, req, spec, subs) quads, one per
+ * child (index in its TREE) with a spawn at or below it; an agent on the way with none of its own gets
+ * req 0 and spec {count = 0}. This writes the frame's head; the caller packs the rest and ends the frame.
+ * 0 or MN_ENOMEM.
+ */
+int mn_msg_spawn_head(mn_buf_t *b, msgpack_packer *pk, size_t *start);
+/* [10, req, spec] from body, req and spec packed one after the other: a spawn sent to its agent directly. */
+int mn_msg_pack_spawn_body(mn_buf_t *b, const char *body, size_t blen);
+/* A sub-spawn handed on by an agent: [10, req, spec, subs] from its decoded parts. */
+int mn_msg_pack_spawn_obj(mn_buf_t *b, uint64_t req, const msgpack_object *spec, const msgpack_object *subs);
 /* TREE [35, epoch, [addr, session, ...], ping_ms, silence_ms]: n children, addrs "host:port"; the parent
  * PINGs each child's link every ping_ms and reports it lost (LINKED false) after silence_ms without an answer. */
 int mn_msg_pack_tree(mn_buf_t *b, uint64_t epoch, const char *const *addrs, const uint64_t *sessions, size_t n,
@@ -252,6 +263,7 @@ typedef struct {
   uint64_t req;
   uint64_t count;
   const msgpack_object *spec; /* the map, for the optional keys */
+  const msgpack_object *subs; /* through the cast tree: (index, req, spec, subs) quads for the children; NULL if absent */
 } mn_msg_spawn_t;
 
 typedef struct {

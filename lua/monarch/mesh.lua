@@ -108,11 +108,18 @@ function HostMesh:spawn_procs(spec, at)
   local world, base = at and at.world or per_host * #self.agents, at and at.rank_base or 0
   -- A mesh that is cast to keeps direct links only while they pay (a capped pool): no socket per proc.
   local pooled = per_host * #self.agents >= core.cast_stats().cast_min or nil
-  local reqs = {}
+  local asks = {}
   for h, a in ipairs(self.agents) do
     if a.state ~= "ready" then error(errors.new { kind = "connect", host = a.addr, message = "host agent is not connected" }, 2) end
-    reqs[h] = procs_mod.request_spawn(a, per_host, base + (h - 1) * per_host, world, nil, gpus and 0 or nil)
+    asks[h] = { agent = a, n = per_host, base = base + (h - 1) * per_host, world = world, device_base = gpus and 0 or nil }
   end
+  -- Past the fan-out the spawn goes down the cast tree: its links come up first (built now if the agents
+  -- changed), so that the controller writes a SPAWN per top agent, not per host.
+  local wanted = core.tree_build()
+  if wanted > 0 then
+    pcall(wait_until, function() return core.cast_stats().links_up >= wanted end, procs_mod.TREE_WAIT, "tree links")
+  end
+  local reqs = procs_mod.request_spawns(asks)
   local procs = {}
   local ok, err = pcall(wait_until, function()
     for h, req in ipairs(reqs) do

@@ -424,16 +424,33 @@ function M.connect_agent(a)
   runtime.handle(a.conn, agent_handler(a))
 end
 
---- Asks agent a for n procs with ranks base..base+n-1 of `world`; returns the
--- request. device_base (optional): pin proc i to GPU device_base + i.
-function M.request_spawn(a, n, base, world, on_done, device_base)
-  next_req = next_req + 1
-  local req = { id = next_req, results = {}, count = 0, n = n, on_done = on_done }
-  a.requests[req.id] = req
-  core.send(a.conn, { MSG.SPAWN, req.id, { count = n, rank_base = base, world = world, device_base = device_base,
-    hang_ms = math.floor(M.hang_timeout * 1000) } })
-  return req
+--- Asks host agents for procs, one request each: asks[i] = {agent, n, base, world, on_done, device_base}
+-- for n procs with ranks base..base+n-1 of `world` (device_base, optional: pin proc i to GPU
+-- device_base + i). The SPAWNs go down the cast tree where its links are up (core.spawn); each agent
+-- answers on its own connection. Returns the requests, in order.
+function M.request_spawns(asks)
+  local list, reqs = {}, {}
+  for i, q in ipairs(asks) do
+    next_req = next_req + 1
+    local req = { id = next_req, results = {}, count = 0, n = q.n, on_done = q.on_done }
+    q.agent.requests[req.id] = req
+    list[i] = { q.agent.conn, req.id, { count = q.n, rank_base = q.base, world = q.world, device_base = q.device_base,
+      hang_ms = math.floor(M.hang_timeout * 1000) } }
+    reqs[i] = req
+  end
+  core.spawn(list)
+  return reqs
 end
+
+--- One agent's request, as request_spawns.
+function M.request_spawn(a, n, base, world, on_done, device_base)
+  return M.request_spawns({ { agent = a, n = n, base = base, world = world, on_done = on_done,
+    device_base = device_base } })[1]
+end
+
+--- Seconds a spawn waits for the cast tree's links to come up (an agent whose link is not up by then is
+-- sent its spawn directly).
+M.TREE_WAIT = 1
 
 -- ---- restarts --------------------------------------------------------------------
 
