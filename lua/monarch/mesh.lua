@@ -130,6 +130,9 @@ function HostMesh:spawn_procs(spec, at)
   local failures = {}
   for h, a in ipairs(self.agents) do
     local req = reqs[h]
+    -- Emptied as it is read: the wait above, hot at thousands of hosts, may have been compiled into a JIT
+    -- trace that holds `reqs` as a constant, and with it every answer (5 MB at 32,768 procs).
+    reqs[h] = false
     a.requests[req.id] = nil
     -- What this host's new procs share (world, host, addr), held once for all of them: a mesh of
     -- thousands of procs then costs a small table each. libs and tensors: once it has some.

@@ -901,6 +901,73 @@ static void test_agent_events(void **state) {
   done(&m);
 }
 
+/* SPAWN down the tree: [10, req, spec, subs], written by the controller from packed (req, spec) bodies and
+ * handed on by an agent from its decoded parts. */
+static void test_spawn_subs(void **state) {
+  (void)state;
+  mn_buf_t body, b, fwd;
+  msg_t m;
+  msgpack_packer pk;
+  mn_buf_init(&body);
+  msgpack_packer_init(&pk, &body, mn_buf_write_cb);
+  msgpack_pack_uint64(&pk, 7);
+  msgpack_pack_map(&pk, 1);
+  mn_pack_cstr(&pk, "count");
+  msgpack_pack_int(&pk, 3);
+  mn_buf_init(&b);
+  size_t start;
+  assert_int_equal(mn_msg_spawn_head(&b, &pk, &start), 0);
+  pk.callback(pk.data, body.data, body.len);
+  msgpack_pack_array(&pk, 4); /* one child: index 1, req 0 with {count = 0}, no subs of its own */
+  msgpack_pack_uint64(&pk, 1);
+  msgpack_pack_uint64(&pk, 0);
+  msgpack_pack_map(&pk, 1);
+  mn_pack_cstr(&pk, "count");
+  msgpack_pack_int(&pk, 0);
+  msgpack_pack_array(&pk, 0);
+  mn_frame_end(&b, start);
+  take(&b, &m);
+  mn_msg_spawn_t sp;
+  assert_int_equal(mn_msg_parse_spawn(&m.obj, &sp, m.err, sizeof(m.err)), 0);
+  assert_int_equal(sp.req, 7);
+  assert_int_equal(sp.count, 3);
+  assert_non_null(sp.subs);
+  assert_int_equal(sp.subs->via.array.size, 4);
+  /* The child's own frame, as its parent writes it: parses to req 0, count 0, no subs below. */
+  const msgpack_object *q = sp.subs->via.array.ptr;
+  mn_buf_init(&fwd);
+  assert_int_equal(mn_msg_pack_spawn_obj(&fwd, q[1].via.u64, &q[2], &q[3]), 0);
+  done(&m);
+  take(&fwd, &m);
+  assert_int_equal(mn_msg_parse_spawn(&m.obj, &sp, m.err, sizeof(m.err)), 0);
+  assert_int_equal(sp.req, 0);
+  assert_int_equal(sp.count, 0);
+  assert_int_equal(sp.subs->via.array.size, 0);
+  done(&m);
+  /* The same body sent directly: [10, req, spec], no subs. */
+  mn_buf_init(&b);
+  assert_int_equal(mn_msg_pack_spawn_body(&b, body.data, body.len), 0);
+  take(&b, &m);
+  assert_int_equal(mn_msg_parse_spawn(&m.obj, &sp, m.err, sizeof(m.err)), 0);
+  assert_int_equal(sp.req, 7);
+  assert_null(sp.subs);
+  done(&m);
+  /* A quad whose spec is no map. */
+  mn_buf_init(&b);
+  assert_int_equal(mn_msg_spawn_head(&b, &pk, &start), 0);
+  pk.callback(pk.data, body.data, body.len);
+  msgpack_pack_array(&pk, 4);
+  msgpack_pack_uint64(&pk, 0);
+  msgpack_pack_uint64(&pk, 8);
+  msgpack_pack_array(&pk, 0);
+  msgpack_pack_array(&pk, 0);
+  mn_frame_end(&b, start);
+  take(&b, &m);
+  expect_named(mn_msg_parse_spawn(&m.obj, &sp, m.err, sizeof(m.err)), m.err, "SPAWN", "subs (element 3)");
+  done(&m);
+  mn_buf_free(&body);
+}
+
 static void test_spawn_kill(void **state) {
   (void)state;
   mn_buf_t b;
@@ -928,7 +995,7 @@ static void test_spawn_kill(void **state) {
   hand(&b, "uum", (uint64_t)MN_MSG_SPAWN, (uint64_t)4);
   take(&b, &m);
   expect_named(mn_msg_parse_spawn(&m.obj, &sp, m.err, sizeof(m.err)), m.err,
-               "malformed SPAWN: want [10, req, {count=, rank_base=, world=}]", "count");
+               "malformed SPAWN: want [10, req, {count=, rank_base=, world=}, subs?", "count");
   done(&m);
   hand(&b, "usm", (uint64_t)MN_MSG_SPAWN, "4");
   take(&b, &m);
@@ -1033,6 +1100,7 @@ int main(void) {
       cmocka_unit_test(test_pong_from_ping),
       cmocka_unit_test(test_agent_events),
       cmocka_unit_test(test_spawn_kill),
+      cmocka_unit_test(test_spawn_subs),
       cmocka_unit_test(test_requests),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
