@@ -71,12 +71,17 @@ collect()
 local rss0, heap0 = status_kib("VmRSS"), heap_bytes()
 
 t0 = monarch.now()
+local sc0, st0 = cpu_s(), require("monarch.core").cast_stats()
 local procs = hosts:spawn_procs{ procs = per }
+local sc1, st1 = cpu_s(), require("monarch.core").cast_stats()
 procs:load "basic"
 local spawn_s = monarch.now() - t0
 local n = #hosts.agents * per
 print(string.format("procs %d", n))
 print(string.format("spawn_connect_s %.3f", spawn_s))
+-- The spawn alone: the controller's CPU, and the SPAWN frames it wrote (one per top agent through the tree).
+print(string.format("spawn_ctl_cpu_ms %.1f", (sc1 - sc0) * 1e3))
+print(string.format("spawn_frames %d", #hosts.agents - (st1.spawn_relayed - st0.spawn_relayed)))
 
 for _ = 1, 5 do procs:call("noop"):get() end
 local lat, cpu = {}, {}

@@ -85,7 +85,7 @@ if [ "${REAL:-1}" != 0 ]; then
   stop_agents
   ratio() { if [ "$(echo "$2 > 0" | bc -l)" = 1 ]; then printf '%7.2fx' "$(echo "$1 / $2" | bc -l)"; else printf '%8s' "-"; fi; }
   printf '%-24s %12s %12s %12s %8s %8s\n' "measure" "per proc" "flat casts" "cast tree" "flat/" "tree/"
-  for k in spawn_connect_s call_gather_ms ctl_cpu_per_call_ms ctl_bytes_per_proc ctl_rss_per_proc ctl_idle_cpu_pct \
+  for k in spawn_connect_s spawn_ctl_cpu_ms spawn_frames call_gather_ms ctl_cpu_per_call_ms ctl_bytes_per_proc ctl_rss_per_proc ctl_idle_cpu_pct \
     ctl_peak_rss_mib ctl_open_fds ctl_direct_links call_one_us; do
     b=$(get $k "$before") f=$(get $k "$flat") n=$(get $k "$now")
     printf '%-24s %12s %12s %12s %s %s\n' "$k" "$b" "$f" "$n" "$(ratio "$f" "$b")" "$(ratio "$n" "$b")"
@@ -95,9 +95,9 @@ fi
 if [ -n "${rows// /}" ]; then
   echo
   echo "simulated hosts (monarch-worker --simulate): hosts x procs each; $sim_calls calls per batch, median of 5 batches"
-  fmt='%6s %7s %7s %9s %8s %15s %20s %19s %17s %17s %23s %10s\n'
-  printf "$fmt" hosts procs fanout connect_s spawn_s call_gather_ms ctl_cpu_per_call_ms ctl_bytes_per_proc ctl_rss_per_proc \
-    ctl_idle_cpu_pct agents_cpu_per_call_ms agent_kib
+  fmt='%6s %7s %7s %9s %8s %13s %12s %15s %20s %19s %17s %17s %23s %10s\n'
+  printf "$fmt" hosts procs fanout connect_s spawn_s spawn_cpu_ms spawn_frames call_gather_ms ctl_cpu_per_call_ms \
+    ctl_bytes_per_proc ctl_rss_per_proc ctl_idle_cpu_pct agents_cpu_per_call_ms agent_kib
   for row in $rows; do
     h=${row%x*} p=${row#*x} f=
     case "$p" in */*) f=${p#*/} p=${p%/*} ;; esac
@@ -113,10 +113,11 @@ if [ -n "${rows// /}" ]; then
       "/proc/${pids[0]}/smaps_rollup" 2>/dev/null || echo "?")
     stop_agents
     printf "$fmt" "$h" "$(get procs "$out")" "${f:-default}" "$(get connect_s "$out")" "$(get spawn_connect_s "$out")" \
-      "$(get call_gather_ms "$out")" "$(get ctl_cpu_per_call_ms "$out")" "$(get ctl_bytes_per_proc "$out")" \
+      "$(get spawn_ctl_cpu_ms "$out")" "$(get spawn_frames "$out")" "$(get call_gather_ms "$out")" "$(get ctl_cpu_per_call_ms "$out")" "$(get ctl_bytes_per_proc "$out")" \
       "$(get ctl_rss_per_proc "$out")" "$(get ctl_idle_cpu_pct "$out")" "$(get agents_cpu_per_call_ms "$out")" "$akib"
   done
-  echo "spawn_s: spawn_procs + load \"basic\"; per proc, less the ValueMesh: ctl_bytes (Lua heap + malloc in use),"
+  echo "spawn_s: spawn_procs + load \"basic\"; spawn_cpu_ms, spawn_frames: the controller's CPU in spawn_procs and the"
+  echo "SPAWN frames it wrote (one per top agent through the tree); per proc, less the ValueMesh: ctl_bytes (Lua heap + malloc in use),"
   echo "ctl_rss (resident set grown: also what the collector freed); agents_cpu: every agent's CPU per call, the"
   echo "simulated procs' work included (all of it shares this machine's cores); agent_kib: one agent's private memory"
 fi
