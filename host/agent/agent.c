@@ -208,17 +208,16 @@ static void on_hs_timeout(uv_timer_t *t) {
 }
 
 /* Starts session s's procs of one SPAWN (sp checked), answering each with SPAWNED or SPAWN_FAILED. */
-static void spawn_procs(asession_t *s, const mn_msg_spawn_t *spp) {
-  const mn_msg_spawn_t sp = *spp;
+static void spawn_procs(asession_t *s, const mn_msg_spawn_t *sp) {
   agent_t *a = s->a;
-  uint64_t req = sp.req;
-  const msgpack_object *base = mn_map_get(sp.spec, "rank_base"), *world = mn_map_get(sp.spec, "world"),
-                       *dev = mn_map_get(sp.spec, "device_base"), *hang = mn_map_get(sp.spec, "hang_ms");
-  if (sp.count > MN_MAX_SPAWN) {
+  uint64_t req = sp->req;
+  const msgpack_object *base = mn_map_get(sp->spec, "rank_base"), *world = mn_map_get(sp->spec, "world"),
+                       *dev = mn_map_get(sp->spec, "device_base"), *hang = mn_map_get(sp->spec, "hang_ms");
+  if (sp->count > MN_MAX_SPAWN) {
     mn__agent_send_spawn_failed(s, req, 0, "SPAWN count exceeds MN_MAX_SPAWN (4096)");
     return;
   }
-  int n = (int)sp.count;
+  int n = (int)sp->count;
   int rb = base && base->type == MSGPACK_OBJECT_POSITIVE_INTEGER ? (int)base->via.u64 : 0;
   int w = world && world->type == MSGPACK_OBJECT_POSITIVE_INTEGER ? (int)world->via.u64 : n;
   /* device_base d: proc i is pinned to GPU d + i. Absent (or nil): CPU procs. */

@@ -286,40 +286,6 @@ static int send_root(mn_ctl_t *c, mn_conn_t *r, const char *rest, size_t rlen) {
   return 0;
 }
 
-/* The batches gathered (a cast's targets, with rest; or ACKs, rest NULL) go to the top agents of their
- * routes, each with its subtree's as subs. */
-static int tree_send(mn_ctl_t *c, const char *rest, size_t rlen) {
-  if (c->touched == NULL) c->touched = calloc((size_t)MN_MAX_CONNS, sizeof(int));
-  if (c->touched == NULL) return MN_ENOMEM;
-  int rc = 0, width = rest != NULL ? CAST_WIDTH : ACK_WIDTH;
-  for (int i = 0; i < c->ncasting; i++) {
-    mn_conn_t *a = mn_ctl_conn(c, c->casting[i]);
-    count_route(c, a, (uint32_t)nentries(c, a, width), rest != NULL)->ag->tree_root = 1;
-  }
-  /* Every root is among the touched; send each once, then clear what this cast marked. */
-  for (int i = 0; i < c->ntouched; i++) {
-    mn_conn_t *x = mn_ctl_conn(c, c->touched[i]);
-    if (x->ag->tree_root && rc == 0) rc = send_root(c, x, rest, rlen);
-    x->ag->tree_root = 0;
-  }
-  for (int i = 0; i < c->ntouched; i++) {
-    mn_conn_t *x = mn_ctl_conn(c, c->touched[i]);
-    x->ag->tree_count = 0;
-    x->ag->in_tree = 0;
-    x->ag->in_cast = 0;
-  }
-  c->ntouched = 0;
-  mn__ctl_batch_done(c);
-  return rc;
-}
-
-int mn__ctl_tree_cast_end(mn_ctl_t *c, const char *rest, size_t rlen) {
-  settle_routes(c);
-  return tree_send(c, rest, rlen);
-}
-
-/* ---- spawns down the tree ---- */
-
 /* What an agent on a spawn's way with none of its own is sent: req 0, {count = 0}. */
 static const char SPAWN_NONE[] = "\x00\x81\xa5" "count" "\x00";
 
@@ -341,6 +307,64 @@ static int pack_spawn_subs(mn_ctl_t *c, msgpack_packer *pk, const mn_conn_t *a) 
   return f;
 }
 
+static int send_spawn_root(mn_ctl_t *c, mn_conn_t *x) {
+  msgpack_packer pk;
+  size_t start;
+  int f = mn_msg_spawn_head(&x->out, &pk, &start) | spawn_body(&pk, x);
+  f |= msgpack_pack_array(&pk, 4 * nsubs(c, x)) | pack_spawn_subs(c, &pk, x);
+  if (f != 0) {
+    x->out.len = start;
+    return MN_ENOMEM;
+  }
+  mn_frame_end(&x->out, start);
+  mn__ctl_set_dirty(c, x);
+  return 0;
+}
+
+#define SPAWN_WIDTH 0 /* a spawn: one entry per agent, its SPAWN (ctl_spawn.c) */
+
+/* What was gathered for agents ids[0..n) goes to the top agents of their routes, each with its subtree's as
+ * subs: a cast's targets (CAST_WIDTH, with rest), ACKs (ACK_WIDTH) or spawns (SPAWN_WIDTH). */
+static int send_down(mn_ctl_t *c, const int *ids, int n, int width, const char *rest, size_t rlen) {
+  if (c->touched == NULL) c->touched = calloc((size_t)MN_MAX_CONNS, sizeof(int));
+  if (c->touched == NULL) return MN_ENOMEM;
+  int rc = 0;
+  for (int i = 0; i < n; i++) {
+    mn_conn_t *a = mn_ctl_conn(c, ids[i]);
+    uint32_t entries = width == SPAWN_WIDTH ? 1 : (uint32_t)nentries(c, a, width);
+    count_route(c, a, entries, rest != NULL)->ag->tree_root = 1;
+  }
+  /* Every root is among the touched; send each once, then clear what this marked. */
+  for (int i = 0; i < c->ntouched; i++) {
+    mn_conn_t *x = mn_ctl_conn(c, c->touched[i]);
+    if (x->ag->tree_root && rc == 0) rc = width == SPAWN_WIDTH ? send_spawn_root(c, x) : send_root(c, x, rest, rlen);
+    x->ag->tree_root = 0;
+  }
+  for (int i = 0; i < c->ntouched; i++) {
+    mn_conn_t *x = mn_ctl_conn(c, c->touched[i]);
+    x->ag->tree_count = 0;
+    x->ag->in_tree = 0;
+    x->ag->in_cast = 0;
+  }
+  c->ntouched = 0;
+  return rc;
+}
+
+/* The batches gathered (a cast's targets, with rest; or ACKs, rest NULL) go down the routes. */
+static int tree_send(mn_ctl_t *c, const char *rest, size_t rlen) {
+  int rc = send_down(c, c->casting, c->ncasting, rest != NULL ? CAST_WIDTH : ACK_WIDTH, rest, rlen);
+  mn__ctl_batch_done(c);
+  return rc;
+}
+
+int mn__ctl_tree_cast_end(mn_ctl_t *c, const char *rest, size_t rlen) {
+  settle_routes(c);
+  return tree_send(c, rest, rlen);
+}
+
+/* ACKs take the routes casts took: a vouched agent hears nothing from the controller directly. */
+int mn__ctl_tree_acks_end(mn_ctl_t *c) { return tree_send(c, NULL, 0); }
+
 int mn__ctl_tree_route_spawn(mn_ctl_t *c, mn_conn_t *a) {
   if (!mn__ctl_tree_active(c) || a->ag->tree_pos < 0) return 0;
   answered_flush(c);
@@ -348,35 +372,7 @@ int mn__ctl_tree_route_spawn(mn_ctl_t *c, mn_conn_t *a) {
   return a->ag->route != 0;
 }
 
-int mn__ctl_tree_spawn_end(mn_ctl_t *c, const int *ids, int n) {
-  if (c->touched == NULL) c->touched = calloc((size_t)MN_MAX_CONNS, sizeof(int));
-  if (c->touched == NULL) return MN_ENOMEM;
-  int f = 0;
-  for (int i = 0; i < n; i++) count_route(c, mn_ctl_conn(c, ids[i]), 1, 0)->ag->tree_root = 1;
-  for (int i = 0; i < c->ntouched; i++) {
-    mn_conn_t *x = mn_ctl_conn(c, c->touched[i]);
-    if (x->ag->tree_root && f == 0) {
-      msgpack_packer pk;
-      size_t start;
-      f = mn_msg_spawn_head(&x->out, &pk, &start) | spawn_body(&pk, x);
-      f |= msgpack_pack_array(&pk, 4 * nsubs(c, x)) | pack_spawn_subs(c, &pk, x);
-      if (f == 0) mn_frame_end(&x->out, start);
-      else x->out.len = start;
-      mn__ctl_set_dirty(c, x);
-    }
-    x->ag->tree_root = 0;
-  }
-  for (int i = 0; i < c->ntouched; i++) {
-    mn_agent_part_t *g = mn_ctl_conn(c, c->touched[i])->ag;
-    g->tree_count = 0;
-    g->in_tree = 0;
-  }
-  c->ntouched = 0;
-  return f != 0 ? MN_ENOMEM : 0;
-}
-
-/* ACKs take the routes casts took: a vouched agent hears nothing from the controller directly. */
-int mn__ctl_tree_acks_end(mn_ctl_t *c) { return tree_send(c, NULL, 0); }
+int mn__ctl_tree_spawn_end(mn_ctl_t *c, const int *ids, int n) { return send_down(c, ids, n, SPAWN_WIDTH, NULL, 0); }
 
 int mn_ctl_take_linked(mn_ctl_t *c, mn_conn_t *a, const msgpack_object *m, char *err, size_t errlen) {
   uint64_t epoch, index;
