@@ -8,7 +8,7 @@ local monarch = require "monarch"
 local core = require "monarch.core"
 local mesh_mod = require "monarch.mesh"
 local runtime = require "monarch.runtime"
-local agent = require "agent"
+local tree = require "tree_fixture"
 
 local sh = require("shell").quiet
 
@@ -16,22 +16,9 @@ describe("spawns through the cast tree", function()
   local daemons = {}
   local agents, m
 
-  setup(function()
-    monarch.hosts()
-    monarch.configure{ cast_min = 2, fanout = 2 }
-    for i = 1, 7 do daemons[i] = agent.start{ token = runtime.token } end
-    local addrs = {}
-    for i, d in ipairs(daemons) do addrs[i] = d.addr end
-    agents = mesh_mod.connect_agents(addrs)
-  end)
+  setup(function() daemons, agents = tree.start() end)
 
-  teardown(function()
-    monarch.configure{ cast_min = 16, fanout = 16 }
-    for _, d in ipairs(daemons) do
-      sh("kill -CONT " .. (d.pid or 0))
-      d:stop()
-    end
-  end)
+  teardown(function() tree.stop(daemons) end)
 
   after_each(function()
     if m then m:stop() end
