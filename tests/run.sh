@@ -34,6 +34,8 @@ count_cmocka() { # file -> adds to totals
 
 echo "== layering (each layer compiles with only its own and lower include paths)"
 if tests/layers.sh; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
+echo "== limits (no source file over 800 lines, no C function over 80)"
+if tests/limits.sh; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
 
 echo "== C unit tests (cmocka)"
 for t in "$B"/tests/test_*; do
