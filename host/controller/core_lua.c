@@ -18,6 +18,7 @@
 #include <lua.h>
 #include <math.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,11 +40,23 @@ static lctl_t *get_ctl(lua_State *L) {
 
 /* Packs call argument `argn` (at idx); the CALL array and its argument array
  * take two of the frame's nesting levels. */
-static void encode(lua_State *L, msgpack_packer *pk, int idx, int argn) {
-  char what[32];
-  snprintf(what, sizeof(what), "argument %d", argn);
+static void encode_named(lua_State *L, msgpack_packer *pk, int idx, int argn, const char *kernel) {
+  char what[160];
+  if (kernel != NULL) snprintf(what, sizeof(what), "call '%.100s': argument %d", kernel, argn);
+  else snprintf(what, sizeof(what), "argument %d", argn);
   mn_pack_opts_t o = {MN_MAX_DEPTH - 2, what, "a proc"};
   mn_lua_pack(L, pk, idx, &o);
+}
+
+static void encode(lua_State *L, msgpack_packer *pk, int idx, int argn) { encode_named(L, pk, idx, argn, NULL); }
+
+/* Raises msg as it is: a caller's mistake is named by what was wrong, not by a line of ours. */
+static int raise_plain(lua_State *L, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  lua_pushvfstring(L, fmt, ap);
+  va_end(ap);
+  return lua_error(L);
 }
 
 
@@ -285,14 +298,32 @@ static int l_spawn(lua_State *L) {
 /* Encodes [CALL, seq=0, kernel, args from stack index `first`] into c->scratch. */
 static void encode_call(lua_State *L, lctl_t *c, const char *kernel, size_t kl, int first) {
   int nargs = lua_gettop(L) - first + 1;
-  if (nargs > MN_MAX_ARGS) luaL_error(L, "%d arguments exceed MN_MAX_ARGS (%d)", nargs, MN_MAX_ARGS);
+  if (nargs > MN_MAX_ARGS) raise_plain(L, "call '%s': %d arguments exceed MN_MAX_ARGS (%d)", kernel, nargs, MN_MAX_ARGS);
   msgpack_packer pk;
   mn_buf_t *b = &c->scratch;
   b->len = 0;
   size_t s = mn_msg_call_head(b, &pk, kernel, kl, (uint32_t)nargs);
-  for (int i = 0; i < nargs; i++) encode(L, &pk, first + i, i + 1);
+  for (int i = 0; i < nargs; i++) encode_named(L, &pk, first + i, i + 1, kernel);
   mn_frame_end(b, s);
-  if (b->len - MN_FRAME_HEADER > MN_MAX_FRAME) luaL_error(L, "call of %d bytes exceeds MN_MAX_FRAME", (int)b->len);
+  if (b->len - MN_FRAME_HEADER > MN_MAX_FRAME)
+    raise_plain(L, "call '%s': its %d bytes of arguments exceed MN_MAX_FRAME (%d)", kernel, (int)b->len, MN_MAX_FRAME);
+}
+
+/* core.check_call(kernel, ...): raises, as core.call would, for arguments that cannot be sent. */
+static int l_check_call(lua_State *L) {
+  size_t kl;
+  const char *kernel = luaL_checklstring(L, 1, &kl);
+  encode_call(L, get_ctl(L), kernel, kl, 2);
+  return 0;
+}
+
+/* The test hook of core.test_fail_queue: whether this target is the one that fails for memory. */
+static int hook_fails(lctl_t *c) { return c->fail_cast_in > 0 && --c->fail_cast_in == 0; }
+
+/* core.test_fail_queue(n): the n-th call target queued from now fails as if out of memory (0: none). */
+static int l_test_fail_queue(lua_State *L) {
+  get_ctl(L)->fail_cast_in = (int)luaL_checkinteger(L, 1);
+  return 0;
 }
 
 /* Whether the targets at stack index 2 are the kept list c->ids was read from, with the same epoch (*epoch:
@@ -338,10 +369,26 @@ static int target_ids(lua_State *L, lctl_t *c) {
   return (int)n;
 }
 
+/* Pushes the slots of core.call that were not queued (skipped[0..nskip), an array, or nil). */
+static void push_skipped(lua_State *L, const int *skipped, int nskip) {
+  if (nskip == 0) {
+    lua_pushnil(L);
+    return;
+  }
+  lua_createtable(L, nskip, 0);
+  for (int i = 0; i < nskip; i++) {
+    lua_pushinteger(L, skipped[i]);
+    lua_rawseti(L, -2, i + 1);
+  }
+}
+
 /*
- * core.call(call_id, targets, kernel, ...) : queues [CALL, seq, kernel, args]
- * to each connection in targets (a number, or an array of numbers); slot i
- * of the call is targets[i]. The body is encoded once and copied per target.
+ * core.call(call_id, targets, kernel, ...) -> depth, skipped, oom_from : queues [CALL, seq, kernel, args]
+ * to each connection in targets (a number, or an array of numbers); slot i of the call is targets[i]. The
+ * body is encoded once and copied per target. It raises only before anything is queued (arguments that
+ * cannot be sent, a bad targets list); after that every slot is either queued or returned: `skipped`
+ * lists the slots whose connection is no longer up (closed before Lua heard), `oom_from` is the first
+ * slot not queued for lack of memory (every later one neither). The caller fails those slots.
  */
 static int l_call(lua_State *L) {
   lctl_t *c = get_ctl(L);
@@ -351,25 +398,42 @@ static int l_call(lua_State *L) {
   encode_call(L, c, kernel, kl, 4);
   mn_buf_t *b = &c->scratch;
   size_t deepest = 0;
-  int n = target_ids(L, c);
-  const int *ids = c->ids;
+  int n = target_ids(L, c), nskip = 0, oom_from = 0;
+  int *ids = c->ids; /* a skipped target's entry is reused for its slot number: ids[0..nskip) */
   for (int i = 0; i < n; i++) {
     /* Thousands of procs are cold: each is fetched in stages ahead of its turn (mn_ctl_prefetch). */
     if (i + 8 < n) mn_ctl_prefetch(&c->ctl, (uint64_t)ids[i + 8], MN_PF_CONN);
     if (i + 4 < n) mn_ctl_prefetch(&c->ctl, (uint64_t)ids[i + 4], MN_PF_SEND);
-    mn_conn_t *k = ready_conn(L, c, ids[i], 1);
+    mn_conn_t *k = mn_ctl_conn(&c->ctl, ids[i]);
+    mn_conn_state_t st = k != NULL ? mn_ctl_conn_state(k) : MN_CS_CLOSED;
+    if (st != MN_CS_READY && st != MN_CS_RECONNECTING) {
+      ids[nskip++] = i + 1;
+      continue;
+    }
     /* A mesh-wide call goes through the host agents, one frame per host (ctl_cast.c). */
-    if (mn_ctl_cast_add(&c->ctl, k, b->data, b->len, call, i + 1, n >= c->ctl.cast_min) != 0)
-      return luaL_error(L, "out of memory queueing a call");
+    if (hook_fails(c) || mn_ctl_cast_add(&c->ctl, k, b->data, b->len, call, i + 1, n >= c->ctl.cast_min) != 0) {
+      oom_from = i + 1;
+      break;
+    }
     if (mn_ctl_inflight(k) > deepest) deepest = mn_ctl_inflight(k);
   }
-  if (mn_ctl_cast_end(&c->ctl, b->data, b->len) != 0) return luaL_error(L, "out of memory queueing a cast");
+  /* What was gathered goes whatever came after it; the cast's state is clear for the next one. */
+  if (mn_ctl_cast_end(&c->ctl, b->data, b->len) != 0 && oom_from == 0) oom_from = n + 1;
+  if (nskip > 0 || oom_from > 0) { /* ids was overwritten: a kept list must be read again */
+    luaL_unref(L, LUA_REGISTRYINDEX, c->ids_ref);
+    c->ids_ref = LUA_NOREF;
+  }
   /* The deepest queue among the targets: Lua holds back past its window. */
   lua_pushnumber(L, (lua_Number)deepest);
-  return 1;
+  push_skipped(L, ids, nskip);
+  if (oom_from > 0) lua_pushinteger(L, oom_from);
+  else lua_pushnil(L);
+  return 3;
 }
 
-/* core.call_as(call_id, conn, slot, kernel, ...) : one target with an explicit slot. */
+/* core.call_as(call_id, conn, slot, kernel, ...) -> depth, or nil and why: one target with an explicit
+ * slot. Raises only for arguments that cannot be sent; a connection no longer up, or no memory, is
+ * returned for the caller to fail the slot. */
 static int l_call_as(lua_State *L) {
   lctl_t *c = get_ctl(L);
   double call = luaL_checknumber(L, 1);
@@ -378,10 +442,19 @@ static int l_call_as(lua_State *L) {
   size_t kl;
   const char *kernel = luaL_checklstring(L, 4, &kl);
   encode_call(L, c, kernel, kl, 5);
-  mn_conn_t *k = ready_conn(L, c, id, 1);
-  if (mn_ctl_call(&c->ctl, k, c->scratch.data, c->scratch.len, call, slot) != 0 ||
-      mn_ctl_cast_end(&c->ctl, c->scratch.data, c->scratch.len) != 0)
-    return luaL_error(L, "out of memory queueing a call");
+  mn_conn_t *k = mn_ctl_conn(&c->ctl, id);
+  mn_conn_state_t st = k != NULL ? mn_ctl_conn_state(k) : MN_CS_CLOSED;
+  const char *why = NULL;
+  if (st != MN_CS_READY && st != MN_CS_RECONNECTING) why = "closed";
+  else if (hook_fails(c) || mn_ctl_call(&c->ctl, k, c->scratch.data, c->scratch.len, call, slot) != 0)
+    why = "memory";
+  /* Clears the cast state whatever happened (a relay-only proc's call is gathered as a cast). */
+  if (mn_ctl_cast_end(&c->ctl, c->scratch.data, c->scratch.len) != 0 && why == NULL) why = "memory";
+  if (why != NULL) {
+    lua_pushnil(L);
+    lua_pushstring(L, why);
+    return 2;
+  }
   lua_pushnumber(L, (lua_Number)mn_ctl_inflight(k));
   return 1;
 }
@@ -802,7 +875,7 @@ int luaopen_monarch_core(lua_State *L) {
   static const luaL_Reg fns[] = {
       {"init", l_init},           {"shutdown", l_shutdown},   {"start_agent", l_start_agent},
       {"connect", l_connect},     {"connect_relayed", l_connect_relayed}, {"connect_pooled", l_connect_pooled}, {"unlinked", l_unlinked}, {"disconnect", l_disconnect}, {"info", l_info},
-      {"send", l_send},           {"spawn", l_spawn}, {"tree_build", l_tree_build}, {"call", l_call},           {"call_as", l_call_as}, {"put_chunk", l_put_chunk}, {"fetch_into", l_fetch_into},           {"poll", mn__core_poll},
+      {"send", l_send},           {"spawn", l_spawn}, {"tree_build", l_tree_build}, {"call", l_call},           {"call_as", l_call_as}, {"check_call", l_check_call}, {"test_fail_queue", l_test_fail_queue}, {"put_chunk", l_put_chunk}, {"fetch_into", l_fetch_into},           {"poll", mn__core_poll},
       {"take_pending", l_take_pending}, {"inflight", l_inflight}, {"cancel", l_cancel}, {"oldest", l_oldest},
       {"relay", l_relay}, {"relayed", l_relayed}, {"cast_stats", l_cast_stats}, {"collect", mn__core_collect},
       {"uncollect", mn__core_uncollect},

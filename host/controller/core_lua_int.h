@@ -54,6 +54,7 @@ typedef struct {
   int ids_ref;
   double ids_epoch;
   size_t ids_n;
+  int fail_cast_in; /* test hook (core.test_fail_queue): the n-th target queued from now fails for memory */
 } lctl_t;
 
 /* The module's controller state; raises unless core.init ran. */

@@ -4,12 +4,22 @@
 
 #include <lauxlib.h>
 #include <math.h>
+#include <stdarg.h>
 
 #define MN_LUA_TCDATA 10 /* LuaJIT's type tag of FFI cdata (lua.h does not name it) */
 
+/* Raises msg without a position: it names the value that was wrong, and a line of ours would only mislead. */
+static void raise_plain(lua_State *L, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  lua_pushvfstring(L, fmt, ap);
+  va_end(ap);
+  lua_error(L);
+}
+
 static void pack(lua_State *L, msgpack_packer *pk, int idx, int depth, const mn_pack_opts_t *o) {
   if (depth > o->max_depth)
-    luaL_error(L, "%s: tables nest deeper than %d levels (or contain a cycle)", o->what, o->max_depth);
+    raise_plain(L, "%s: tables nest deeper than %d levels (or contain a cycle)", o->what, o->max_depth);
   luaL_checkstack(L, 4, "values nest too deeply");
   if (idx < 0) idx = lua_gettop(L) + idx + 1;
   switch (lua_type(L, idx)) {
@@ -50,7 +60,7 @@ static void pack(lua_State *L, msgpack_packer *pk, int idx, int depth, const mn_
       count++;
       lua_pop(L, 1);
     }
-    if (count > MN_MAX_ITEMS) luaL_error(L, "%s: a table of %d entries exceeds MN_MAX_ITEMS", o->what, (int)count);
+    if (count > MN_MAX_ITEMS) raise_plain(L, "%s: a table of %d entries exceeds MN_MAX_ITEMS", o->what, (int)count);
     if (count == n) { /* a proper array (or empty): keys 1..n and nothing else */
       msgpack_pack_array(pk, n);
       for (size_t i = 1; i <= n; i++) {
@@ -70,7 +80,7 @@ static void pack(lua_State *L, msgpack_packer *pk, int idx, int depth, const mn_
     break;
   }
   default:
-    luaL_error(L, "%s: a %s cannot be sent to %s (send nil, booleans, numbers, strings, tables%s)", o->what,
+    raise_plain(L, "%s: a %s cannot be sent to %s (send nil, booleans, numbers, strings, tables%s)", o->what,
                luaL_typename(L, idx), o->to, lua_type(L, idx) == MN_LUA_TCDATA ? "; convert cdata with tonumber" : "");
   }
 }

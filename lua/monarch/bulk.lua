@@ -192,14 +192,18 @@ function M.queue(id, kernel, procs, tensor, off, len, addrs, holds)
   for i, p in ipairs(procs) do
     local h = holds[i]
     local fd = type(h) == "table" and rawget(h, "_fd")
-    local d
+    local d, err
     if fd then
-      d = core.call_as(id, p.conn, i, kernel, tensor, off, len, addrs[i], pid, caddr, cookie, fd, addrs[i] - address(h.data))
+      d, err = core.call_as(id, p.conn, i, kernel, tensor, off, len, addrs[i], pid, caddr, cookie, fd, addrs[i] - address(h.data))
     else
-      d = core.call_as(id, p.conn, i, kernel, tensor, off, len, addrs[i], pid, caddr, cookie)
+      d, err = core.call_as(id, p.conn, i, kernel, tensor, off, len, addrs[i], pid, caddr, cookie)
     end
-    core.hold(id, i, p.conn, h)
-    if d > deepest then deepest = d end
+    if d then
+      core.hold(id, i, p.conn, h)
+      if d > deepest then deepest = d end
+    else -- not queued (its connection closed before we heard, or no memory): the slot fails now
+      runtime.fail_slot(id, i, runtime.unqueued_error(kernel, p, err))
+    end
   end
   return deepest
 end

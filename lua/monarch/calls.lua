@@ -194,12 +194,38 @@ local conns_of = setmetatable({}, { __mode = "k" }) -- procs list -> its conns, 
 M.epoch = 0
 local COMING_BACK = { restarting = true, initializing = true }
 
+--- The failure of a slot that C did not queue (core.call's skipped and oom_from, core.call_as's why):
+-- its proc's connection closed before the script heard of it ("closed"; the proc's death follows), or
+-- the controller had no memory for it ("memory"). Nothing of it was sent.
+function M.unqueued_error(kernel, p, why)
+  if why == "memory" then
+    return errors.new { kind = "memory", kernel = kernel, rank = p and p.rank, host = p and p.host, pid = p and p.pid,
+      message = "the controller ran out of memory queueing this call; it was not sent" }
+  end
+  return errors.new { kind = "proc_failed", kernel = kernel, rank = p and p.rank, host = p and p.host, pid = p and p.pid,
+    cause = "connection closed", message = "proc's connection closed before the call was sent" }
+end
+local unqueued_error = M.unqueued_error
+
+-- Fails the slots of rec that core.call did not queue: `skipped` (an array of slots, or nil) and every
+-- slot from `oom_from` on (or none).
+local function fail_unqueued(rec, skipped, oom_from)
+  for _, slot in ipairs(skipped or {}) do slot_done(rec, slot, false, unqueued_error(rec.kernel, rec.procs[slot], "closed")) end
+  if not oom_from then return end
+  local sk = {}
+  for _, slot in ipairs(skipped or {}) do sk[slot] = true end
+  for slot = oom_from, rec.n do
+    if not sk[slot] then slot_done(rec, slot, false, unqueued_error(rec.kernel, rec.procs[slot], "memory")) end
+  end
+end
+
 --- Sends slot `slot` of rec to its proc (or queues it until the proc is back).
 send_slot = function(rec, slot)
   if rec.done then return settle_late(rec, slot) end -- a retry or a queued slot of a call that timed out
   local p = rec.procs[slot]
   if SENDABLE[p.state] or ((rec.bypass or p.in_hooks) and p.state == "initializing") then
-    core.call_as(rec.id, p.conn, slot, rec.kernel, unpack(rec.args, 1, rec.nargs))
+    local depth, why = core.call_as(rec.id, p.conn, slot, rec.kernel, unpack(rec.args, 1, rec.nargs))
+    if not depth then slot_done(rec, slot, false, unqueued_error(rec.kernel, p, why)) end
   elseif COMING_BACK[p.state] or (p.state == "dying" and p.restart) then
     p.queue = p.queue or {}
     p.queue[#p.queue + 1] = { rec, slot }
@@ -307,7 +333,9 @@ function M.call_record(id) return calls[id] end
   retries (count) and backoff (seconds, doubling) for failures of the proc
   rather than the call, choose_from (procs to re-route to), bypass (send
   to a proc that is initializing: the restore calls themselves).
-  Returns the record; rec.future is the Future (nil for broadcast). ]]
+  Returns the record; rec.future is the Future (nil for broadcast).
+  A transaction: it raises only before anything is registered or sent (arguments that cannot be sent,
+  named by their position and the kernel); after that, each slot is sent, queued or failed. ]]
 function M.submit(procs, kernel, args, nargs, opts)
   local t0 = trace.on and trace.now()
   next_call = next_call + 1
@@ -322,7 +350,6 @@ function M.submit(procs, kernel, args, nargs, opts)
     rec.future = future.new(opts.what or ("call '" .. kernel .. "'"))
     rec.future.call = rec -- so that fut:cancel() reaches the call
   end
-  calls[id] = rec
   -- The common case: every proc takes calls now; one encoding, copied to every connection.
   -- The conns list is kept per procs list and refreshed in place: no garbage per call; while no proc
   -- changed since (its epoch), it is used as it is.
@@ -343,11 +370,17 @@ function M.submit(procs, kernel, args, nargs, opts)
     if all_sendable and not rec.bypass then targets.epoch = M.epoch end
   end
   if all_sendable and #procs > 0 then
+    -- core.call raises only before it queued anything; rec is registered after it. No answer can come
+    -- before the next pump, so collecting from here on misses none.
+    local depth, skipped, oom_from = core.call(id, targets, kernel, unpack(args, 1, nargs))
+    calls[id] = rec
     -- Successes land in rec.values from C; only failures come per slot (no on_slot to tell).
     if #procs >= COLLECT_MIN and not rec.on_slot then rec.collected = core.collect(id, rec.values) end
-    local depth = core.call(id, targets, kernel, unpack(args, 1, nargs))
+    if skipped or oom_from then fail_unqueued(rec, skipped, oom_from) end
     if depth > loop.window then M.wait_window(procs) end
   else
+    if #procs > 0 then core.check_call(kernel, unpack(args, 1, nargs)) end -- raises before any slot goes
+    calls[id] = rec
     for i = 1, #procs do send_slot(rec, i) end
   end
   if #procs == 0 then

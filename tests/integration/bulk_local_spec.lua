@@ -283,6 +283,8 @@ describe("same-host bulk and a proc's failures", function()
     other:stop()
     t0 = monarch.now()
     while fd_count() > fds and monarch.now() - t0 < 5 do runtime.pump(0.05) end
-    assert.are.equal(fds, fd_count())
+    -- No leak: at most the fds of the start (a link an earlier case left may have closed since).
+    local now_fds = fd_count()
+    assert.is_true(now_fds <= fds, string.format("%d fds open, %d before", now_fds, fds))
   end)
 end)
