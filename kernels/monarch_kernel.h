@@ -212,6 +212,21 @@ static inline size_t mk_dtype_size(mk_dtype_t d) {
   }
 }
 
+/* The name scripts give an element type ("f32", as in tensor.lua and the signatures), or "unknown" for a
+ * value outside the ABI: the one table of names, for kernels' messages and the host alike. */
+static inline const char *mk_dtype_name(mk_dtype_t d) {
+  switch (d) {
+  case MK_F32: return "f32";
+  case MK_F64: return "f64";
+  case MK_F16: return "f16";
+  case MK_BF16: return "bf16";
+  case MK_I32: return "i32";
+  case MK_I64: return "i64";
+  case MK_U8: return "u8";
+  default: return "unknown";
+  }
+}
+
 /* Reads a numeric argument as double whether it arrived as int or float. */
 static inline double mk_arg_number(const mk_arg_t *a) {
   return a->type == MK_ARG_INT ? (double)a->v.i : a->v.num;

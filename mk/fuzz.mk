@@ -20,12 +20,12 @@ $(FUZZ_BUILD)/obj/%.o: %.c $(wildcard host/*/*.h) kernels/monarch_kernel.h tests
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -c $< -o $@
 
-$(FUZZ_BUILD)/fuzz/fuzz_frame: $(call FUZZ_OBJ,tests/fuzz/fuzz_frame.c host/core/wire.c host/core/err.c host/core/msg.c)
-$(FUZZ_BUILD)/fuzz/fuzz_handshake: $(call FUZZ_OBJ,tests/fuzz/fuzz_handshake.c host/core/wire.c host/core/err.c host/core/msg.c \
+$(FUZZ_BUILD)/fuzz/fuzz_frame: $(call FUZZ_OBJ,tests/fuzz/fuzz_frame.c host/core/wire.c host/core/err.c host/core/msg.c host/core/msg_pack.c)
+$(FUZZ_BUILD)/fuzz/fuzz_handshake: $(call FUZZ_OBJ,tests/fuzz/fuzz_handshake.c host/core/wire.c host/core/err.c host/core/msg.c host/core/msg_pack.c \
                                    host/core/auth.c host/core/handshake.c)
-$(FUZZ_BUILD)/fuzz/fuzz_join: $(call FUZZ_OBJ,tests/fuzz/fuzz_join.c host/core/wire.c host/core/err.c host/core/msg.c \
+$(FUZZ_BUILD)/fuzz/fuzz_join: $(call FUZZ_OBJ,tests/fuzz/fuzz_join.c host/core/wire.c host/core/err.c host/core/msg.c host/core/msg_pack.c \
                               host/core/auth.c host/core/join.c)
-$(FUZZ_BUILD)/fuzz/fuzz_exec: $(call FUZZ_OBJ,tests/fuzz/fuzz_exec.c host/core/wire.c host/core/err.c host/core/msg.c \
+$(FUZZ_BUILD)/fuzz/fuzz_exec: $(call FUZZ_OBJ,tests/fuzz/fuzz_exec.c host/core/wire.c host/core/err.c host/core/msg.c host/core/msg_pack.c \
                               host/core/dtype.c host/proc/exec.c host/proc/exec_builtins.c host/proc/exec_coll.c host/proc/sig.c \
                               host/proc/scratch.c host/proc/registry.c host/proc/cancel.c host/proc/trace.c)
 $(FUZZ_BINS):

@@ -3,7 +3,8 @@
 # Each layer is compiled with only its own and lower include paths, so a
 # header of a layer above or beside it must not be found. Checks that every
 # such include fails, and that each layer still finds its own and lower ones
-# (so a failure is the layering, not broken flags). Prints one line; exit 1 on a leak.
+# (so a failure is the layering, not broken flags); and that the controller's
+# engine includes no Lua header. Prints one line; exit 1 on a leak.
 set -u
 cd "$(dirname "$0")/.."
 # Run from `make test` too (a recursive make): its flags must not add "Entering directory" lines.
@@ -31,5 +32,19 @@ for r in "${rules[@]}"; do
     if probe "$inc" "$h"; then echo "layers: $layer can include $h, which is above or beside it"; bad=1; fi
   done
 done
-[ "$bad" -eq 0 ] && echo "layers: $checked include checks, every wrong-way include fails"
+# The controller's engine (ctl*.c, ctl*.h) includes no Lua header, directly or through another header:
+# only its Lua bindings (core_*.c, core_lua_int.h, repl_lua.c) see Lua, so the engine can be driven without it.
+inc=$(mk print-INC_controller)
+engine=0
+for f in host/controller/ctl*.c host/controller/ctl*.h; do
+  engine=$((engine + 1))
+  if ! deps=$(${CC:-cc} -M -D_GNU_SOURCE -x c $inc $pkg "$f" 2>/dev/null); then
+    echo "layers: cannot list the includes of $f"
+    bad=1
+  elif grep -qE '(^|[ /])(lua|lauxlib|lualib)\.h' <<<"$deps"; then
+    echo "layers: $f includes a Lua header (lua.h, lauxlib.h, lualib.h); only the controller's core_*.c bindings may"
+    bad=1
+  fi
+done
+[ "$bad" -eq 0 ] && echo "layers: $checked include checks, every wrong-way include fails; $engine controller engine files include no Lua header"
 exit "$bad"

@@ -9,13 +9,15 @@
  * Linux's PID_MAX_LIMIT, which no process can have (so the controller's
  * kill(pid, 0) finds nobody), and port 0, "no link of its own: reach it
  * through me". A CAST naming them is answered here, through the same RESULTS
- * batching as relayed real procs (agent_relay.c), by built-in kernels:
+ * batching as relayed real procs (agent_relay.c), by the kernels of its table
+ * sim_kernels (basic's names, answered here without basic's code):
  *   noop          nothing
  *   echo(...)     its arguments
  *   rank          rank, world
  *   sleep(s)      nothing, s seconds later, as basic's sleep; the proc's
  *                 later calls are answered after it (in order)
- *   __load(lib)   lib, MN_SIM_KERNELS: any library loads (its kernels are these)
+ *   __load(lib)   lib and how many kernels sim_kernels holds: any library loads
+ *                 (its kernels are these)
  * Anything else fails as unknown_kernel. KILL ends one with PROC_EXIT, STATUS
  * lists them. Not simulated: tensors, bulk, collectives, actors, persistence.
  */
@@ -26,7 +28,6 @@
 #define MN_SIM_PID_BASE 4194304 /* PID_MAX_LIMIT (2^22): no Linux process has a pid this high */
 #define MN_SIM_SLOT_BITS 14     /* a virtual pid is base + (port << 14) + slot: unique per agent on a host */
 #define MN_SIM_SLOTS (1u << MN_SIM_SLOT_BITS) /* most virtual procs one agent holds at once */
-#define MN_SIM_KERNELS 4        /* noop, echo, rank, sleep: what __load reports */
 #define MN_SIM_MAX_SLEEP 86400.0 /* seconds, as basic's sleep */
 
 typedef struct {
@@ -209,56 +210,88 @@ static sim_call_t fail(asim_t *s, const char *kind, const char *kernel, size_t k
   return (sim_call_t){0, 0, 0};
 }
 
-static int is_kernel(const mn_msg_call_t *c, const char *name) {
-  return c->kernel_len == strlen(name) && memcmp(c->kernel, name, c->kernel_len) == 0;
-}
-
 /* Bytes of the msgpack str header at p (the kernel name that starts a cast's rest). */
 static size_t str_header(const char *p) {
   uint8_t b = (uint8_t)p[0];
   return b == 0xd9 ? 2 : b == 0xda ? 3 : b == 0xdb ? 5 : 1;
 }
 
-/* Runs call c (decoded from rest) as the built-in kernels would: the value into s->val, or a failure. */
-static sim_call_t run(asim_t *s, const mn_msg_call_t *c, const char *rest, size_t rlen) {
+/* A simulated kernel: call c (decoded from rest, its CAST's bytes after the seq) answered into s->val. */
+typedef sim_call_t (*sim_fn)(asim_t *s, const mn_msg_call_t *c, const char *rest, size_t rlen);
+
+/* The answer of a kernel that returns nothing, after delay_ms. */
+static sim_call_t nothing(asim_t *s, uint64_t delay_ms) {
+  char empty = (char)0x90; /* [] */
+  mn_buf_append(&s->val, &empty, 1);
+  return (sim_call_t){1, 0, delay_ms};
+}
+
+static sim_call_t k_noop(asim_t *s, const mn_msg_call_t *c, const char *rest, size_t rlen) { return nothing(s, 0); }
+
+/* sleep(s): nothing, s seconds later; the delay defers the answer (agent's loop never waits), as basic's sleep. */
+static sim_call_t k_sleep(asim_t *s, const mn_msg_call_t *c, const char *rest, size_t rlen) {
   const msgpack_object_array *args = &c->args->via.array;
+  const msgpack_object *a = args->size == 1 ? &args->ptr[0] : NULL;
+  int num = a && (a->type == MSGPACK_OBJECT_FLOAT64 || a->type == MSGPACK_OBJECT_FLOAT32 ||
+                  a->type == MSGPACK_OBJECT_POSITIVE_INTEGER || a->type == MSGPACK_OBJECT_NEGATIVE_INTEGER);
+  if (!num) return fail(s, "bad_args", c->kernel, c->kernel_len, "sleep wants one number (seconds)");
+  double secs = a->type == MSGPACK_OBJECT_POSITIVE_INTEGER   ? (double)a->via.u64
+                : a->type == MSGPACK_OBJECT_NEGATIVE_INTEGER ? (double)a->via.i64
+                                                             : a->via.f64;
+  if (!(secs >= 0 && secs <= MN_SIM_MAX_SLEEP))
+    return fail(s, "kernel", c->kernel, c->kernel_len, "sleep: seconds must be in [0, 86400], got %g", secs);
+  return nothing(s, (uint64_t)(secs * 1e3 + 0.5));
+}
+
+/* echo(...): its arguments, as they came: the bytes after the kernel name. */
+static sim_call_t k_echo(asim_t *s, const mn_msg_call_t *c, const char *rest, size_t rlen) {
+  size_t h = str_header(rest) + c->kernel_len;
+  mn_buf_append(&s->val, rest + h, rlen - h);
+  return (sim_call_t){1, 0, 0};
+}
+
+/* rank: each target's own [rank, world], packed per proc by build(). */
+static sim_call_t k_rank(asim_t *s, const mn_msg_call_t *c, const char *rest, size_t rlen) {
+  return (sim_call_t){1, 1, 0};
+}
+
+/* The kernels a virtual proc has: basic's names, answered without running basic's code. */
+static const struct {
+  const char *name;
+  sim_fn fn;
+} sim_kernels[] = {{"noop", k_noop}, {"echo", k_echo}, {"rank", k_rank}, {"sleep", k_sleep}};
+
+#define MN_SIM_NKERNELS (sizeof(sim_kernels) / sizeof(sim_kernels[0]))
+
+/* __load(lib): lib and the count of sim_kernels, whatever lib is (its kernels are these). */
+static sim_call_t k_load(asim_t *s, const mn_msg_call_t *c) {
+  const msgpack_object_array *args = &c->args->via.array;
+  if (args->size != 1 || args->ptr[0].type != MSGPACK_OBJECT_STR)
+    return fail(s, "bad_args", c->kernel, c->kernel_len, "__load wants a library name");
+  msgpack_packer pk;
+  msgpack_packer_init(&pk, &s->val, mn_buf_write_cb);
+  msgpack_pack_array(&pk, 2);
+  msgpack_pack_object(&pk, args->ptr[0]);
+  msgpack_pack_int(&pk, (int)MN_SIM_NKERNELS);
+  return (sim_call_t){1, 0, 0};
+}
+
+static int named(const mn_msg_call_t *c, const char *name) {
+  return c->kernel_len == strlen(name) && memcmp(c->kernel, name, c->kernel_len) == 0;
+}
+
+/* Runs call c (decoded from rest) as its kernel in sim_kernels would: the value into s->val, or a failure. */
+static sim_call_t run(asim_t *s, const mn_msg_call_t *c, const char *rest, size_t rlen) {
   s->val.len = 0;
-  if (is_kernel(c, "noop") || is_kernel(c, "sleep")) {
-    double secs = 0;
-    if (is_kernel(c, "sleep")) {
-      const msgpack_object *a = args->size == 1 ? &args->ptr[0] : NULL;
-      int num = a && (a->type == MSGPACK_OBJECT_FLOAT64 || a->type == MSGPACK_OBJECT_FLOAT32 ||
-                      a->type == MSGPACK_OBJECT_POSITIVE_INTEGER || a->type == MSGPACK_OBJECT_NEGATIVE_INTEGER);
-      if (!num) return fail(s, "bad_args", c->kernel, c->kernel_len, "sleep wants one number (seconds)");
-      secs = a->type == MSGPACK_OBJECT_POSITIVE_INTEGER   ? (double)a->via.u64
-             : a->type == MSGPACK_OBJECT_NEGATIVE_INTEGER ? (double)a->via.i64
-                                                          : a->via.f64;
-      if (!(secs >= 0 && secs <= MN_SIM_MAX_SLEEP))
-        return fail(s, "kernel", c->kernel, c->kernel_len, "sleep: seconds must be in [0, 86400], got %g", secs);
-    }
-    char empty = (char)0x90; /* [] */
-    mn_buf_append(&s->val, &empty, 1);
-    return (sim_call_t){1, 0, (uint64_t)(secs * 1e3 + 0.5)};
-  }
-  if (is_kernel(c, "echo")) { /* its arguments, as they came: the bytes after the kernel name */
-    size_t h = str_header(rest) + c->kernel_len;
-    mn_buf_append(&s->val, rest + h, rlen - h);
-    return (sim_call_t){1, 0, 0};
-  }
-  if (is_kernel(c, "rank")) return (sim_call_t){1, 1, 0};
-  if (is_kernel(c, "__load")) {
-    if (args->size != 1 || args->ptr[0].type != MSGPACK_OBJECT_STR)
-      return fail(s, "bad_args", c->kernel, c->kernel_len, "__load wants a library name");
-    msgpack_packer pk;
-    msgpack_packer_init(&pk, &s->val, mn_buf_write_cb);
-    msgpack_pack_array(&pk, 2);
-    msgpack_pack_object(&pk, args->ptr[0]);
-    msgpack_pack_int(&pk, MN_SIM_KERNELS);
-    return (sim_call_t){1, 0, 0};
-  }
+  for (size_t i = 0; i < MN_SIM_NKERNELS; i++)
+    if (named(c, sim_kernels[i].name)) return sim_kernels[i].fn(s, c, rest, rlen);
+  if (named(c, "__load")) return k_load(s, c);
+  char list[64] = "";
+  for (size_t i = 0, off = 0; i < MN_SIM_NKERNELS && off < sizeof(list); i++)
+    off += (size_t)snprintf(list + off, sizeof(list) - off, "%s%s", i ? ", " : "", sim_kernels[i].name);
   return fail(s, "unknown_kernel", c->kernel, c->kernel_len,
-              "no kernel named '%.*s' on a simulated proc (monarch-worker --simulate runs noop, echo, rank, sleep)",
-              (int)c->kernel_len, c->kernel);
+              "no kernel named '%.*s' on a simulated proc (monarch-worker --simulate runs %s)", (int)c->kernel_len,
+              c->kernel, list);
 }
 
 /* ---- answers ------------------------------------------------------------------------------- */

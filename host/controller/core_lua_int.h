@@ -1,4 +1,10 @@
-/* core_lua_int.h - what core_lua.c (the monarch.core module) and core_results.c (its results path) share. */
+/*
+ * core_lua_int.h - what the files of the monarch.core module share: its
+ * state (lctl_t), and the functions core_lua.c registers, by the file that
+ * holds each (core_conn.c, core_call.c, core_results.c, core_bulk.c,
+ * core_join.c, core_config.c). The controller's engine (ctl*.c) includes no
+ * Lua header; these files are its only Lua face (tests/layers.sh checks).
+ */
 #ifndef MN_CORE_LUA_INT_H
 #define MN_CORE_LUA_INT_H
 
@@ -62,9 +68,51 @@ lctl_t *mn__core_ctl(lua_State *L);
 
 static inline void mn__core_push_obj(lua_State *L, const msgpack_object *o) { mn_lua_push(L, o, NULL, NULL); }
 
-/* core.poll, core.collect and core.uncollect (core_results.c). */
+/* Packs Lua value idx as argument argn of a CALL (kernel named in errors, or NULL) or of a message; raises
+ * for a value that cannot be sent. The frame's and the argument array's nesting levels are counted. */
+void mn__core_encode(lua_State *L, msgpack_packer *pk, int idx, int argn, const char *kernel);
+/* Connection id, if it can take frames now (or, with or_reconnecting, calls once it is back); else raises. */
+mn_conn_t *mn__core_ready_conn(lua_State *L, lctl_t *c, int id, int or_reconnecting);
+
+/* ---- core.X, by file ---- */
+
+/* core_conn.c */
+int mn__core_start_agent(lua_State *L);
+int mn__core_connect(lua_State *L);
+int mn__core_connect_relayed(lua_State *L);
+int mn__core_connect_pooled(lua_State *L);
+int mn__core_unlinked(lua_State *L);
+int mn__core_disconnect(lua_State *L);
+int mn__core_info(lua_State *L);
+int mn__core_relay(lua_State *L);
+int mn__core_relayed(lua_State *L);
+int mn__core_send(lua_State *L);
+int mn__core_spawn(lua_State *L);
+int mn__core_tree_build(lua_State *L);
+/* core_call.c */
+int mn__core_check_call(lua_State *L);
+int mn__core_test_fail_queue(lua_State *L);
+int mn__core_call(lua_State *L);
+int mn__core_call_as(lua_State *L);
+int mn__core_oldest(lua_State *L);
+int mn__core_take_pending(lua_State *L);
+int mn__core_inflight(lua_State *L);
+int mn__core_cancel(lua_State *L);
+/* core_results.c */
 int mn__core_poll(lua_State *L);
 int mn__core_collect(lua_State *L);
 int mn__core_uncollect(lua_State *L);
+/* core_bulk.c */
+int mn__core_put_chunk(lua_State *L);
+int mn__core_fetch_into(lua_State *L);
+int mn__core_bulk_self(lua_State *L);
+int mn__core_hold(lua_State *L);
+int mn__core_holds(lua_State *L);
+/* core_join.c */
+int mn__core_listen(lua_State *L);
+int mn__core_joins(lua_State *L);
+/* core_config.c */
+int mn__core_cast_stats(lua_State *L);
+int mn__core_configure(lua_State *L);
 
 #endif

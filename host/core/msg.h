@@ -1,7 +1,8 @@
 /*
  * msg.h - the protocol's messages: their numbers and names (in one place for
  * C and, as core.MSG, for Lua), the builders that write them and the
- * parsers that check the ones received. docs/protocol.md describes each.
+ * parsers that check the ones received (the table and the parsers in msg.c,
+ * the builders in msg_pack.c). docs/protocol.md describes each.
  *
  * Builders write message heads and fixed fields; a payload (kernel results,
  * Lua values, a description) is packed by its owner after the head, straight

@@ -299,12 +299,12 @@ static void reset_results(mn_exec_t *x) {
 }
 
 /* mn_exec_frame without the timeline. */
-/* Takes CALL seq in order: 0, 1 for a resend of what already ran (the caller replays its
- * result), or a protocol error for a gap. */
+/* Takes CALL seq in order: MN_EXEC_DONE, MN_EXEC_ALREADY_RAN for a resend (the caller replays
+ * its result), or a protocol error for a gap. */
 static int take_seq(mn_exec_t *x, uint64_t seq) {
   if (seq <= x->last_seq) {
     x->dup_seq = seq;
-    return 1;
+    return MN_EXEC_ALREADY_RAN;
   }
   if (seq != x->last_seq + 1) {
     char err[96];
@@ -313,7 +313,7 @@ static int take_seq(mn_exec_t *x, uint64_t seq) {
     return protocol_error(x, MN_EPROTO, err);
   }
   x->last_seq = seq;
-  return 0;
+  return MN_EXEC_DONE;
 }
 
 static int exec_frame(mn_exec_t *x, const char *body, size_t len) {
@@ -335,7 +335,7 @@ static int exec_frame(mn_exec_t *x, const char *body, size_t len) {
   x->call_name = kname;
   x->call_len = kl;
   x->call_args = args;
-  if ((rc = take_seq(x, seq)) != 0) return rc;
+  if ((rc = take_seq(x, seq)) != MN_EXEC_DONE) return rc;
   if (kl > MN_MAX_NAME) {
     reply_err(x, seq, "bad_args", kname, 64, "kernel name longer than MN_MAX_NAME");
     return 0;
@@ -412,7 +412,7 @@ static int traced_frame(mn_exec_t *x, const char *body, size_t len) {
   x->replied_err = 0;
   t->label_len = 0;
   int rc = exec_frame(x, body, len);
-  if (rc != 0 || x->call_name == NULL || !t->on || (x->call_len == 7 && memcmp(x->call_name, "__trace", 7) == 0))
+  if (rc != MN_EXEC_DONE || x->call_name == NULL || !t->on || (x->call_len == 7 && memcmp(x->call_name, "__trace", 7) == 0))
     return rc;
   mn_trace_span_t *s = t->label_len > 0 ? mn_trace_push(t, (mn_trace_kind_t)t->label_kind, t->label, t->label_len, t0)
                                         : mn_trace_push(t, MN_TRACE_CALL, x->call_name, x->call_len, t0);

@@ -35,7 +35,7 @@ typedef struct {
   mn_cancel_t *cancels;   /* calls the controller asked to stop (NULL: none are asked) */
   uint64_t session;       /* the controller session whose calls run now (for `cancels`) */
   uint64_t last_seq;      /* highest CALL sequence number executed */
-  uint64_t dup_seq;       /* seq of the resent CALL when mn_exec_frame returns 1 */
+  uint64_t dup_seq;       /* seq of the resent CALL when mn_exec_frame returns MN_EXEC_ALREADY_RAN */
   msgpack_zone zone;
   const char *running;    /* kernel now running, for crash reports */
   const char *err_kind;   /* a built-in's error kind; "bad_args" unless it sets another */
@@ -168,13 +168,18 @@ mk_tensor_t *mn_exec_tensor_arg(mn_exec_t *x, const msgpack_object *args, uint32
 /* 0, or MN_ENOMEM. */
 int mn_exec_init(mn_exec_t *x, const char *prefix, int rank, int world, atomic_int *cancel);
 void mn_exec_close(mn_exec_t *x);
+/* What mn_exec_frame made of a frame when it returns no negative MN_E* code. */
+typedef enum {
+  MN_EXEC_DONE = 0,        /* the CALL was taken: its RESULT (ok or failed) is in x->out */
+  MN_EXEC_ALREADY_RAN = 1, /* a resend of a CALL that ran before: its seq in x->dup_seq, nothing appended */
+} mn_exec_outcome_t;
 /*
  * Executes one frame. Appends a RESULT (or, for a protocol violation, an
- * ERROR) frame to x->out. Returns 0, the documented non-negative 1 for a
- * CALL that already ran (its seq in x->dup_seq; nothing appended), or a
- * negative MN_E* code (the decoder's, or MN_EPROTO) when the connection
- * should be closed after the ERROR is written. While x->trace.on, a call
- * that ran (other than __trace) also leaves its span in x->trace.
+ * ERROR) frame to x->out. Returns MN_EXEC_DONE, MN_EXEC_ALREADY_RAN (the
+ * caller replays that call's result), or a negative MN_E* code (the
+ * decoder's, or MN_EPROTO) when the connection should be closed after the
+ * ERROR is written. While x->trace.on, a call that ran (other than __trace)
+ * also leaves its span in x->trace.
  */
 int mn_exec_frame(mn_exec_t *x, const char *body, size_t len);
 /* Starts a new controller session: CALL sequence numbers restart at 1. */

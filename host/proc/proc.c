@@ -225,7 +225,7 @@ typedef struct {
 } run_t;
 
 /* Runs one call, leaving its result in the batch (a replayed one is written at once). Returns
- * mn_exec_frame's code, its "already ran" 1 taken care of as 0. */
+ * mn_exec_frame's code, MN_EXEC_ALREADY_RAN taken care of (replayed) as MN_EXEC_DONE. */
 static int run_one(proc_t *p, run_t *r, const item_t *it) {
   mn_exec_t *x = &p->exec;
   if (it->session != r->session) {
@@ -249,14 +249,14 @@ static int run_one(proc_t *p, run_t *r, const item_t *it) {
   size_t before = x->out.len;
   int rc = mn_exec_frame(x, it->data, it->len);
   mn_cancel_end(&p->cancels);
-  if (rc == 1) {
+  if (rc == MN_EXEC_ALREADY_RAN) {
     if (x->out.len > 0) flush_out(p, r->session, r->relay, &x->out, r->seqs, r->offs, r->nb, NULL, 0);
     r->nb = 0;
     replay_one(p, r->session, r->relay, x->dup_seq);
-    return 0;
+    return MN_EXEC_DONE;
   }
   if (x->out.len > before) {
-    r->seqs[r->nb] = rc == 0 ? x->last_seq : 0; /* ERROR frames are not replayed */
+    r->seqs[r->nb] = rc == MN_EXEC_DONE ? x->last_seq : 0; /* ERROR frames are not replayed */
     r->offs[r->nb] = before;
     r->nb++;
   }

@@ -18,19 +18,6 @@
 /* Room for "bf16[" + MK_MAX_DIMS 20-digit dims with separators + "]". */
 #define SHAPE_BUF 200
 
-static const char *dtype_name(mk_dtype_t d) {
-  switch (d) {
-  case MK_F32: return "f32";
-  case MK_F64: return "f64";
-  case MK_F16: return "f16";
-  case MK_BF16: return "bf16";
-  case MK_I32: return "i32";
-  case MK_I64: return "i64";
-  case MK_U8: return "u8";
-  default: return "unknown";
-  }
-}
-
 /* Writes "3x4" (or "" for a 0-d tensor) into buf. */
 static const char *dims_str(const int64_t *shape, int ndim, char *buf, size_t n) {
   size_t off = 0;
@@ -47,7 +34,7 @@ static const char *dims_str(const int64_t *shape, int ndim, char *buf, size_t n)
 /* Writes "f32[3x4]": error messages that compare two tensors need both. */
 static const char *desc(const mk_tensor_t *t, char *buf, size_t n) {
   char dims[SHAPE_BUF];
-  snprintf(buf, n, "%s[%s]", dtype_name(t->dtype),
+  snprintf(buf, n, "%s[%s]", mk_dtype_name(t->dtype),
            dims_str(t->shape, t->ndim < MK_MAX_DIMS ? t->ndim : MK_MAX_DIMS, dims, sizeof(dims)));
   return buf;
 }
@@ -59,7 +46,7 @@ static int check_cpu(mk_ctx_t *ctx, const char *k, const mk_tensor_t *t) {
 }
 
 static int bad_dtype(mk_ctx_t *ctx, const char *k, const mk_tensor_t *t, const char *supported) {
-  return mk_errorf(ctx, "%s: unsupported dtype %s (supported: %s)", k, dtype_name(t->dtype),
+  return mk_errorf(ctx, "%s: unsupported dtype %s (supported: %s)", k, mk_dtype_name(t->dtype),
                    supported);
 }
 
@@ -82,7 +69,7 @@ static int to_int(mk_ctx_t *ctx, const char *k, mk_dtype_t d, double v, int64_t 
   default: lo = -9223372036854775808.0; hi = 9223372036854775808.0; break;
   }
   if (!(v >= lo && v < hi) || v != floor(v))
-    return mk_errorf(ctx, "%s: value %.17g does not fit in %s", k, v, dtype_name(d));
+    return mk_errorf(ctx, "%s: value %.17g does not fit in %s", k, v, mk_dtype_name(d));
   *out = (int64_t)v;
   return 0;
 }
@@ -161,7 +148,7 @@ static int k_iota(mk_ctx_t *ctx, int argc, const mk_arg_t *argv) {
     /* Check the last value in integer arithmetic: start + n - 1 must not overflow. */
     if (n > 0 && (is > INT64_MAX - (n - 1) || !int_max_ok(t->dtype, is + (n - 1))))
       return mk_errorf(ctx, "iota: %lld values from %lld do not fit in %s", (long long)n,
-                       (long long)is, dtype_name(t->dtype));
+                       (long long)is, mk_dtype_name(t->dtype));
   }
   switch (t->dtype) {
   case MK_F32: { float *p = t->data; for (int64_t i = 0; i < n; i++) p[i] = (float)(start + (double)i); break; }

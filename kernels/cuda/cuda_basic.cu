@@ -31,22 +31,9 @@
 
 /* ---- errors and checks ------------------------------------------------------- */
 
-static const char *dtype_name(mk_dtype_t d) {
-  switch (d) {
-  case MK_F32: return "f32";
-  case MK_F64: return "f64";
-  case MK_F16: return "f16";
-  case MK_BF16: return "bf16";
-  case MK_I32: return "i32";
-  case MK_I64: return "i64";
-  case MK_U8: return "u8";
-  default: return "unknown";
-  }
-}
-
 /* "f32[3x4]", for messages that compare tensors. */
 static const char *desc(const mk_tensor_t *t, char *buf, size_t n) {
-  size_t off = (size_t)snprintf(buf, n, "%s[", dtype_name(t->dtype));
+  size_t off = (size_t)snprintf(buf, n, "%s[", mk_dtype_name(t->dtype));
   for (int i = 0; i < t->ndim && i < MK_MAX_DIMS && off < n; i++)
     off += (size_t)snprintf(buf + off, n - off, i ? "x%lld" : "%lld", (long long)t->shape[i]);
   if (off < n) snprintf(buf + off, n - off, "]");
@@ -91,7 +78,7 @@ static int finish(mk_ctx_t *ctx, const char *k) {
 }
 
 static int bad_dtype(mk_ctx_t *ctx, const char *k, const mk_tensor_t *t, const char *supported) {
-  return mk_errorf(ctx, "%s: unsupported dtype %s (supported: %s)", k, dtype_name(t->dtype), supported);
+  return mk_errorf(ctx, "%s: unsupported dtype %s (supported: %s)", k, mk_dtype_name(t->dtype), supported);
 }
 
 static int is_int_dtype(mk_dtype_t d) { return d == MK_I32 || d == MK_I64 || d == MK_U8; }
@@ -105,7 +92,7 @@ static int to_int(mk_ctx_t *ctx, const char *k, mk_dtype_t d, double v, int64_t 
   default: lo = -9223372036854775808.0; hi = 9223372036854775808.0; break;
   }
   if (!(v >= lo && v < hi) || v != floor(v))
-    return mk_errorf(ctx, "%s: value %.17g does not fit in %s", k, v, dtype_name(d));
+    return mk_errorf(ctx, "%s: value %.17g does not fit in %s", k, v, mk_dtype_name(d));
   *out = (int64_t)v;
   return 0;
 }
@@ -275,7 +262,7 @@ static int k_iota(mk_ctx_t *ctx, int argc, const mk_arg_t *argv) {
     int64_t last_max = t->dtype == MK_I32 ? INT32_MAX : t->dtype == MK_U8 ? UINT8_MAX : INT64_MAX;
     if (n > 0 && (is > INT64_MAX - (n - 1) || is + (n - 1) > last_max))
       return mk_errorf(ctx, "iota: %lld values from %lld do not fit in %s", (long long)n, (long long)is,
-                       dtype_name(t->dtype));
+                       mk_dtype_name(t->dtype));
   }
   unsigned g = grid_for(n);
   cudaStream_t s = stream_of(ctx);

@@ -53,22 +53,9 @@ enum { ROW_WRONG = 0, ROW_RIGHT = 1, ROW_BAD_LABEL = 2 };
 
 /* ---- errors and checks --------------------------------------------------------- */
 
-static const char *dtype_name(mk_dtype_t d) {
-  switch (d) {
-  case MK_F32: return "f32";
-  case MK_F64: return "f64";
-  case MK_F16: return "f16";
-  case MK_BF16: return "bf16";
-  case MK_I32: return "i32";
-  case MK_I64: return "i64";
-  case MK_U8: return "u8";
-  default: return "unknown";
-  }
-}
-
 /* "f32[359x64]" and where it lives, for messages that show what a tensor is. */
 static const char *desc(const mk_tensor_t *t, char *buf, size_t n) {
-  size_t off = (size_t)snprintf(buf, n, "%s[", dtype_name(t->dtype));
+  size_t off = (size_t)snprintf(buf, n, "%s[", mk_dtype_name(t->dtype));
   for (int i = 0; i < t->ndim && i < MK_MAX_DIMS && off < n; i++)
     off += (size_t)snprintf(buf + off, n - off, i ? "x%lld" : "%lld", (long long)t->shape[i]);
   if (off < n) {
@@ -119,9 +106,9 @@ static int check_tensor(mk_ctx_t *ctx, const char *k, const char *name, const mk
   char w0[CM_DIM_BUF], w1[CM_DIM_BUF];
   snprintf(w0, sizeof(w0), d0 < 0 ? "*" : "%lld", (long long)d0);
   if (want_ndim == 1)
-    return mk_errorf(ctx, "%s: %s must be a GPU %s[%s], got %s", k, name, dtype_name(dtype), w0, desc(t, d, sizeof(d)));
+    return mk_errorf(ctx, "%s: %s must be a GPU %s[%s], got %s", k, name, mk_dtype_name(dtype), w0, desc(t, d, sizeof(d)));
   snprintf(w1, sizeof(w1), d1 < 0 ? "*" : "%lld", (long long)d1);
-  return mk_errorf(ctx, "%s: %s must be a GPU %s[%sx%s], got %s", k, name, dtype_name(dtype), w0, w1,
+  return mk_errorf(ctx, "%s: %s must be a GPU %s[%sx%s], got %s", k, name, mk_dtype_name(dtype), w0, w1,
                    desc(t, d, sizeof(d)));
 }
 

@@ -884,7 +884,7 @@ static void test_sequence(void **state) {
   /* Resends (seq <= last) run nothing: the caller replays their cached result. */
   for (uint64_t dup = 0; dup <= 2; dup++) {
     call_begin(&c, dup, "noop", 0);
-    assert_int_equal(call_run(&f->x, &c), 1);
+    assert_int_equal(call_run(&f->x, &c), MN_EXEC_ALREADY_RAN);
     assert_int_equal(f->x.dup_seq, dup);
     assert_int_equal(f->x.out.len, 0);
   }

@@ -17,7 +17,7 @@
  * Oracle: every reply (with the payload a fetch leaves in x->ref_ptr, as
  * proc.c writes it) is one or more whole frames that decode, a RESULT
  * for the CALL's own sequence number, or an ERROR when mn_exec_frame says
- * the connection must close; a resend (rc 1) appends nothing.
+ * the connection must close; a resend (MN_EXEC_ALREADY_RAN) appends nothing.
  *
  * Between inputs every tensor is freed and the session restarts, so inputs
  * do not depend on each other. What the harness will not run (a proc's
@@ -97,8 +97,8 @@ static int run_call(const char *body, size_t len) {
   size_t before = x.out.len;
   uint64_t last = x.last_seq;
   int rc = mn_exec_frame(&x, body, len);
-  FZ_CHECK(rc == 0 || rc == 1 || (rc < 0 && rc <= MN_EAGAIN), "mn_exec_frame returned %d", rc);
-  if (rc == 1) {
+  FZ_CHECK(rc == MN_EXEC_DONE || rc == MN_EXEC_ALREADY_RAN || (rc < 0 && rc <= MN_EAGAIN), "mn_exec_frame returned %d", rc);
+  if (rc == MN_EXEC_ALREADY_RAN) {
     FZ_CHECK(x.out.len == before, "a resend appended a reply");
     FZ_CHECK(x.dup_seq <= last, "resend of seq %llu beyond last %llu", (unsigned long long)x.dup_seq,
              (unsigned long long)last);
