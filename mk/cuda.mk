@@ -5,9 +5,9 @@
 #   $(KDIR)/cuda_basic.so       the "cuda_basic" kernel library
 #   $(KDIR)/cuda_mlp.so         the "cuda_mlp" kernel library (examples/train.lua on GPUs)
 #   $(BUILD)/bench/gpu_dispatch the bare-CUDA baseline of bench/gpu.sh
-# and checks gpu.c's CUDA/NCCL constants against the real headers. Without
+# and checks gpu_int.h's CUDA/NCCL constants against the real headers. Without
 # nvcc it prints one line and builds nothing: the worker never links CUDA
-# (gpu.c loads it at run time), so everything else builds and tests as usual.
+# (gpu_load.c loads it at run time), so everything else builds and tests as usual.
 #
 # Also usable alone, needing only nvcc (no LuaJIT, libuv, ...), e.g. on a GPU
 # machine whose host binaries were built elsewhere:
@@ -40,7 +40,7 @@ cuda: $(CUDA_TARGETS)
 
 all: $(CUDA_TARGETS) $(if $(CFLAGS),$(BUILD)/obj/gpu-abi-check.stamp)
 
-# One library per kernels/cuda/*.cu file (cuda_basic, cuda_mlp); the shared cudart is the one gpu.c dlopens, so a
+# One library per kernels/cuda/*.cu file (cuda_basic, cuda_mlp); the shared cudart is the one gpu_load.c dlopens, so a
 # proc holds a single CUDA runtime.
 $(KDIR)/%.so: kernels/cuda/%.cu kernels/cpu/mlp_common.h kernels/monarch_kernel.h
 	@mkdir -p $(KDIR)
@@ -50,11 +50,13 @@ $(BUILD)/bench/gpu_dispatch: bench/gpu_dispatch.cu
 	@mkdir -p $(BUILD)/bench
 	$(NVCC) $(NVCC_FLAGS) $< -o $@ $(NVCC_LINK) -ldl
 
-# gpu.c declares the CUDA and NCCL constants it needs instead of including
-# their headers (the worker builds without CUDA); here they meet the headers.
-$(BUILD)/obj/gpu-abi-check.stamp: host/proc/gpu.c host/proc/gpu.h
+# gpu_int.h declares the CUDA and NCCL constants the GPU module needs instead of
+# including their headers (the worker builds without CUDA); here they meet the
+# headers, in each file of the module.
+GPU_SRC := host/proc/gpu.c host/proc/gpu_load.c host/proc/gpu_comm.c
+$(BUILD)/obj/gpu-abi-check.stamp: $(GPU_SRC) host/proc/gpu.h host/proc/gpu_int.h
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -DMN_GPU_ABI_CHECK -I$(CUDA_INC) -fsyntax-only $<
+	$(CC) $(CFLAGS) -DMN_GPU_ABI_CHECK -I$(CUDA_INC) -fsyntax-only $(GPU_SRC)
 	@touch $@
 else
 cuda:

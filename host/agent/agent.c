@@ -276,20 +276,6 @@ static void handle_spawn(aconn_t *c, asession_t *s, const msgpack_object *m) {
   spawn_procs(s, &sp);
 }
 
-typedef struct {
-  int64_t pid;
-  int sig;
-  asession_t *owner;
-} kill_req_t;
-
-static void walk_signal(uv_handle_t *h, void *arg) {
-  kill_req_t *k = arg;
-  if (h->type != UV_PROCESS || uv_is_closing(h)) return;
-  aproc_t *p = h->data;
-  if (p->owner == k->owner && ((uv_process_t *)h)->pid == k->pid && k->sig > 0)
-    uv_process_kill((uv_process_t *)h, k->sig);
-}
-
 static void handle_kill(aconn_t *c, const msgpack_object *m) {
   mn_msg_kill_t kl;
   char err[300];
@@ -298,8 +284,8 @@ static void handle_kill(aconn_t *c, const msgpack_object *m) {
     return;
   }
   /* Only this controller's own procs: it cannot signal arbitrary pids. */
-  kill_req_t k = {kl.pid, kl.sig, c->session};
-  uv_walk(c->a->loop, walk_signal, &k);
+  aproc_t *p = mn__agent_pids_find(c->a, kl.pid);
+  if (p != NULL && p->owner == c->session && kl.sig > 0) uv_process_kill(&p->proc, kl.sig);
   if (c->a->sim != NULL) mn__agent_sim_kill(c->session, kl.pid, kl.sig);
 }
 
@@ -603,6 +589,7 @@ int mn_agent_main(const mn_agent_opts_t *o) {
   uv_close((uv_handle_t *)&sigterm, NULL);
   uv_close((uv_handle_t *)&sigint, NULL);
   uv_run(loop, UV_RUN_DEFAULT);
+  for (int i = 0; i < started; i++) mn__agent_pids_free(&g[i]);
   rc = g[0].exit_code;
   free(g);
   return rc;

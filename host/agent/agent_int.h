@@ -1,9 +1,14 @@
 /*
- * agent_int.h - what the host agent's files share: its structs and the
- * functions one part calls in another. agent.c holds the loop, controller
- * connections and sessions; agent_proc.c spawns procs and forwards their
- * ports, exits, status lines and output; agent_persist.c keeps persistent
- * meshes and answers STATUS and LIST. The public entry point is agent.h.
+ * agent_int.h - what the host agent's files share: first the state they all
+ * see, then one section per file with what that file defines for the
+ * others (its limits and functions). agent.c holds the loop, controller
+ * connections and sessions; agent_pids.c finds procs by pid; agent_proc.c
+ * spawns procs and forwards their ports, exits, status lines and output;
+ * agent_relay.c and agent_tree.c carry casts to procs and child agents;
+ * agent_sim.c has --simulate's virtual procs; agent_persist.c keeps
+ * persistent meshes and answers STATUS and LIST; agent_join.c joins a
+ * controller (--join); agent_stat.c and agent_gpu.c measure procs for
+ * STATUS. The public entry point is agent.h.
  */
 #ifndef MN_AGENT_INT_H
 #define MN_AGENT_INT_H
@@ -23,23 +28,10 @@
 #include <unistd.h>
 #include <uv.h>
 
-#define MN_MAX_SPAWN 4096         /* most procs one SPAWN may ask for */
+/* ---- the agent's state, which every file sees ---------------------------------------------- */
+
 #define MN_SPAWNS_SEEN 16         /* a session's latest SPAWN reqs, kept so that a resent one is not run twice */
-#define MN_AGENT_GRACE_MS 10000   /* a departed controller's procs live this long (default) */
-#define MN_AGENT_SILENCE_MS 10000 /* a controller connection silent this long is dropped */
-#define MN_MAX_BACKLOG (1u << 20) /* bytes of events kept for a detached session */
 #define MN_EXITS_KEPT 16          /* recent proc exits the agent remembers for STATUS */
-#define MN_MAX_LOG_LINE (64u << 10) /* a longer unterminated line is forwarded in pieces */
-#define MN_MAX_PERSISTED 256      /* most persistent meshes one agent keeps */
-#define MN_AGENT_SPIN_US 50       /* a proc's executor busy-wait while the host has a core per proc */
-#define MN_STATUS_MS_MAX 1000     /* longest interval between a proc's status lines */
-#define MN_STATUS_MS_MIN 20       /* shortest, however short the hang timeout */
-#define MN_RELAY_FLUSH_MS 1        /* cast results wait at most this long for their siblings */
-#define MN_RELAY_BATCH (256u << 10) /* a RESULTS frame this large goes at once */
-#define MN_JOIN_BACKOFF_MIN_MS 100 /* first wait before dialling a join port again; doubles per attempt */
-#define MN_JOIN_BACKOFF_MAX_MS 2000 /* longest wait between attempts */
-#define MN_JOIN_TIMEOUT_S 60.0     /* default of MONARCH_JOIN_TIMEOUT: how long to keep trying to join */
-#define MN_JOIN_WAIT_S 30.0        /* default of MONARCH_JOIN_WAIT: after JOINED, how long the controller has to connect */
 
 typedef struct aconn_s aconn_t;
 typedef struct ajoin_s ajoin_t;
@@ -47,6 +39,7 @@ typedef struct asession_s asession_t;
 typedef struct apersist_s apersist_t;
 typedef struct alink_s alink_t;
 typedef struct asim_s asim_t;
+typedef struct aproc_s aproc_t;
 
 /* A persistent mesh's record: its procs point at it. */
 struct apersist_s {
@@ -55,6 +48,16 @@ struct apersist_s {
   int nprocs;        /* live procs marked with this record; the record goes with the last */
   apersist_t *next;
 };
+
+/* The live procs by pid (agent_pids.c): open addressing over cap slots, a power of two. */
+typedef struct {
+  struct {
+    int64_t pid;
+    aproc_t *p; /* NULL: the slot is empty */
+  } *slot;
+  size_t cap;   /* 0 until the first proc */
+  size_t count;
+} apids_t;
 
 typedef struct {
   uv_loop_t *loop;
@@ -72,7 +75,8 @@ typedef struct {
   uint64_t hang_period;   /* 0 while no session asked for hang checks */
   uint64_t grace_ms;
   uint64_t silence_ms;
-  int nprocs;
+  int nprocs;          /* procs whose handles are not all closed yet */
+  apids_t pids;        /* the live ones (not exited), by pid */
   int served;          /* controllers authenticated so far */
   int stopping;
   uint64_t started;
@@ -130,7 +134,7 @@ struct aconn_s {
   aconn_t *next;
 };
 
-typedef struct {
+struct aproc_s {
   uv_process_t proc;
   uv_pipe_t pipe;     /* fd 3: the port report */
   uv_pipe_t out, err; /* the proc's stdout and stderr, forwarded as LOG */
@@ -158,28 +162,49 @@ typedef struct {
   uint64_t tag;         /* the controller's name for it in CAST and RESULTS */
   int64_t relayed;      /* cast CALLs handed to it and not answered yet */
   uint64_t running_since; /* uv_now of the first line that showed its current call; 0 while idle */
-} aproc_t;
+};
 
-/* ---- agent.c ------------------------------------------------------------------------------ */
+/* ---- agent.c: the loop, controller connections, sessions ------------------------------------ */
 
+#define MN_MAX_SPAWN 4096         /* most procs one SPAWN may ask for */
+#define MN_AGENT_GRACE_MS 10000   /* a departed controller's procs live this long (default) */
+#define MN_AGENT_SILENCE_MS 10000 /* a controller connection silent this long is dropped */
+#define MN_MAX_BACKLOG (1u << 20) /* bytes of events kept for a detached session */
+#define MN_AGENT_SPIN_US 50       /* a proc's executor busy-wait while the host has a core per proc */
+
+/* Ends the loop once a --once agent has nothing left: no connection, proc or session. */
 void mn__agent_maybe_exit(agent_t *a);
+/* Unmarks a persistent proc; its mesh's record goes with the last one. */
 void mn__agent_persist_unmark(aproc_t *p);
+/* Sends c an ERROR (code, msg) and closes it. */
 void mn__agent_refuse(aconn_t *c, int code, const char *msg);
+/* Sends b's bytes to c (copied; b stays the caller's). */
 void mn__agent_send_buf(aconn_t *c, const mn_buf_t *b);
 /* Completion of a uv_write whose data is a malloc'd buffer it owns: frees both. */
 void mn__agent_on_write(uv_write_t *w, int status);
+/* Delivers b to the session's controller, or keeps it (up to MN_MAX_BACKLOG) until the controller is back. */
 void mn__agent_session_send(asession_t *s, const mn_buf_t *b);
 /* Stops the agent: closes every connection, kills every proc, ends the loop. */
 void mn__agent_stop(agent_t *a);
 
-/* ---- agent_join.c ------------------------------------------------------------------------- */
+/* ---- agent_pids.c: the live procs by pid ------------------------------------------------------ */
 
-/* --join: starts asking the controller at a->o->join to dial us; 0, or 2 (an exit status) for a bad address. */
-int mn__agent_join_start(agent_t *a);
-/* Stops any attempt and closes its handles (the agent is stopping). */
-void mn__agent_join_close(agent_t *a);
+/* Makes room for one more proc, before it is spawned: 0, or UV_ENOMEM. */
+int mn__agent_pids_reserve(agent_t *a);
+/* Adds p under its pid (after uv_spawn, and a reserve); never fails. */
+void mn__agent_pids_add(agent_t *a, aproc_t *p);
+/* p exited: it is no longer found by its pid. */
+void mn__agent_pids_remove(agent_t *a, aproc_t *p);
+/* The live proc with this pid, or NULL. */
+aproc_t *mn__agent_pids_find(const agent_t *a, int64_t pid);
+/* Frees the table (the agent has stopped). */
+void mn__agent_pids_free(agent_t *a);
 
-/* ---- agent_proc.c ------------------------------------------------------------------------- */
+/* ---- agent_proc.c: spawning procs, their ports, exits, status lines and output ---------------- */
+
+#define MN_MAX_LOG_LINE (64u << 10) /* a longer unterminated line is forwarded in pieces */
+#define MN_STATUS_MS_MAX 1000     /* longest interval between a proc's status lines */
+#define MN_STATUS_MS_MIN 20       /* shortest, however short the hang timeout */
 
 void mn__agent_send_spawn_failed(asession_t *c, uint64_t req, int index, const char *msg);
 /* Close callback of each of a proc's handles; the last one frees it. */
@@ -197,7 +222,10 @@ void mn__agent_watch_hangs(agent_t *a, uint64_t hang_ms);
 /* Records an exit for STATUS's list of recent ones (sig 0: none). */
 void mn__agent_note_exit(agent_t *a, int rank, int64_t pid, int64_t status, int sig);
 
-/* ---- agent_relay.c ------------------------------------------------------------------------ */
+/* ---- agent_relay.c: casts to this host's procs, their RESULTs batched back -------------------- */
+
+#define MN_RELAY_FLUSH_MS 1        /* cast results wait at most this long for their siblings */
+#define MN_RELAY_BATCH (256u << 10) /* a RESULTS frame this large goes at once */
 
 /* Opens our end (fd) of p's relay and starts reading its RESULTs; 0 or libuv's code. */
 int mn__agent_relay_open(aproc_t *p, int fd);
@@ -207,14 +235,20 @@ void mn__agent_relay_proc_gone(aproc_t *p);
 void mn__agent_handle_cast(aconn_t *c, const msgpack_object *m);
 /* ACKS: each named proc of c's session gets its ACK over its relay. */
 void mn__agent_handle_acks(aconn_t *c, const msgpack_object *m);
+/* The session ends: its batch goes. */
 void mn__agent_relay_session_gone(asession_t *s);
+/* At exit: closes the batches' flush timer. */
 void mn__agent_relay_close(agent_t *a);
 /* A child agent's RESULTS entries (n of them, raw bytes after the frame's head) join s's batch. */
 void mn__agent_relay_take_batch(asession_t *s, const char *entries, size_t len, uint32_t n);
 /* Sends s's batch now, if it has one. */
 void mn__agent_relay_flush(asession_t *s);
+/* Adds one RESULT body, named tag, to s's batch (sent at once if that makes it MN_RELAY_BATCH). */
+void mn__agent_relay_answer(asession_t *s, uint64_t tag, const char *body, size_t len);
+/* The end of a burst of answers: sends s's batch now, unless its procs still owe answers (then within MN_RELAY_FLUSH_MS). */
+void mn__agent_relay_push(asession_t *s);
 
-/* ---- agent_tree.c ------------------------------------------------------------------------- */
+/* ---- agent_tree.c: the cast tree's links to child agents ------------------------------------ */
 
 /* TREE from c's controller: (re)opens relay links to the children it names. */
 void mn__agent_tree_set(aconn_t *c, const msgpack_object *m);
@@ -230,11 +264,6 @@ int mn__agent_tree_heard(agent_t *a, const asession_t *s, uint64_t ms);
 void mn__agent_tree_stop(agent_t *a);
 /* Closes s's links (the session ends). */
 void mn__agent_tree_close(asession_t *s);
-
-/* Adds one RESULT body, named tag, to s's batch (sent at once if that makes it MN_RELAY_BATCH). */
-void mn__agent_relay_answer(asession_t *s, uint64_t tag, const char *body, size_t len);
-/* The end of a burst of answers: sends s's batch now, unless its procs still owe answers (then within MN_RELAY_FLUSH_MS). */
-void mn__agent_relay_push(asession_t *s);
 
 /* ---- agent_sim.c: --simulate, virtual procs answered inside the agent ------------------------ */
 
@@ -253,7 +282,9 @@ void mn__agent_sim_session_end(asession_t *s);
 int mn__agent_sim_count(const agent_t *a);
 void mn__agent_sim_status(const agent_t *a, msgpack_packer *pk, const asession_t *me, uint64_t now);
 
-/* ---- agent_persist.c ---------------------------------------------------------------------- */
+/* ---- agent_persist.c: persistent meshes (PERSIST, ATTACH, DETACH), STATUS, LIST --------------- */
+
+#define MN_MAX_PERSISTED 256      /* most persistent meshes one agent keeps */
 
 void mn__agent_handle_attach(aconn_t *c, const msgpack_object *m);
 void mn__agent_handle_detach(aconn_t *c, const msgpack_object *m);
@@ -261,13 +292,28 @@ void mn__agent_handle_list(aconn_t *c, const msgpack_object *m);
 void mn__agent_handle_persist(aconn_t *c, const msgpack_object *m);
 void mn__agent_handle_status(aconn_t *c, const msgpack_object *m);
 
-/* ---- agent_stat.c, agent_gpu.c: what STATUS adds for `monarch-run --top` ------------------ */
+/* ---- agent_join.c: --join, asking a controller to dial us ------------------------------------ */
+
+#define MN_JOIN_BACKOFF_MIN_MS 100 /* first wait before dialling a join port again; doubles per attempt */
+#define MN_JOIN_BACKOFF_MAX_MS 2000 /* longest wait between attempts */
+#define MN_JOIN_TIMEOUT_S 60.0     /* default of MONARCH_JOIN_TIMEOUT: how long to keep trying to join */
+#define MN_JOIN_WAIT_S 30.0        /* default of MONARCH_JOIN_WAIT: after JOINED, how long the controller has to connect */
+
+/* --join: starts asking the controller at a->o->join to dial us; 0, or 2 (an exit status) for a bad address. */
+int mn__agent_join_start(agent_t *a);
+/* Stops any attempt and closes its handles (the agent is stopping). */
+void mn__agent_join_close(agent_t *a);
+
+/* ---- agent_stat.c: what STATUS adds per proc for `monarch-run --top` -------------------------- */
 
 #define MN_STAT_FIELDS 7 /* the map entries mn__agent_stat_pack adds */
 /* Notes a status line of p before its fields take the values: when its current call began. */
 void mn__agent_stat_line(aproc_t *p, uint64_t executed, const char *running, uint64_t now);
 /* Packs MN_STAT_FIELDS entries: cpu, rss, gpu_mem, running_for, status_age, hung, ready. */
 void mn__agent_stat_pack(msgpack_packer *pk, const aproc_t *p, int64_t pid, uint64_t now);
+
+/* ---- agent_gpu.c: procs' GPU memory from NVML ------------------------------------------------- */
+
 /* Starts a query of the procs' GPU memory on the thread pool, unless one runs or there is no NVML. */
 void mn__agent_gpu_refresh(uv_loop_t *loop);
 /* pid's GPU memory in bytes as the last query found it, or -1 (no GPU, no NVML, not known yet). */

@@ -24,23 +24,6 @@ static void reply_fail(aconn_t *c, uint64_t req, const char *msg) {
   reply_end(c, &b, s);
 }
 
-typedef struct {
-  int64_t pid;
-  aproc_t *found;
-} find_t;
-
-static void walk_find(uv_handle_t *h, void *arg) {
-  find_t *f = arg;
-  if (h->type == UV_PROCESS && !uv_is_closing(h) && ((uv_process_t *)h)->pid == f->pid) f->found = h->data;
-}
-
-/* The live proc with this pid, or NULL. */
-static aproc_t *find_proc(agent_t *a, int64_t pid) {
-  find_t f = {pid, NULL};
-  uv_walk(a->loop, walk_find, &f);
-  return f.found;
-}
-
 static apersist_t *find_record(agent_t *a, const char *name, size_t n) {
   for (apersist_t *r = a->persisted; r; r = r->next)
     if (strlen(r->name) == n && memcmp(r->name, name, n) == 0) return r;
@@ -105,7 +88,7 @@ static const char *persist_refusal(aconn_t *c, const mn_msg_request_t *q, apersi
   if (pids->type != MSGPACK_OBJECT_ARRAY || pids->via.array.size == 0) return "PERSIST names no procs";
   for (uint32_t i = 0; i < pids->via.array.size; i++) {
     const msgpack_object *o = &pids->via.array.ptr[i];
-    aproc_t *p = o->type == MSGPACK_OBJECT_POSITIVE_INTEGER ? find_proc(a, (int64_t)o->via.u64) : NULL;
+    aproc_t *p = o->type == MSGPACK_OBJECT_POSITIVE_INTEGER ? mn__agent_pids_find(a, (int64_t)o->via.u64) : NULL;
     if (p == NULL || p->owner != c->session) {
       snprintf(msg, n, "pid %lld is not a live proc of this controller on this host",
                o->type == MSGPACK_OBJECT_POSITIVE_INTEGER ? (long long)o->via.u64 : -1LL);
@@ -166,7 +149,7 @@ void mn__agent_handle_persist(aconn_t *c, const msgpack_object *m) {
   r->nprocs++; /* holds the record while its procs change */
   each_proc(a, r, c->session, EACH_UNMARK, NULL);
   for (uint32_t i = 0; i < pids->via.array.size; i++) {
-    aproc_t *p = find_proc(a, (int64_t)pids->via.array.ptr[i].via.u64);
+    aproc_t *p = mn__agent_pids_find(a, (int64_t)pids->via.array.ptr[i].via.u64);
     if (p->persist == r) continue; /* listed twice */
     mn__agent_persist_unmark(p);
     p->persist = r;

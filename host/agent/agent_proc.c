@@ -50,6 +50,7 @@ static void on_proc_exit(uv_process_t *h, int64_t status, int sig) {
   }
   mn__agent_persist_unmark(p);
   mn__agent_relay_proc_gone(p);
+  mn__agent_pids_remove(p->a, p);
   uv_close((uv_handle_t *)&p->proc, mn__agent_proc_handle_closed);
   if (!uv_is_closing((uv_handle_t *)&p->pipe)) uv_close((uv_handle_t *)&p->pipe, mn__agent_proc_handle_closed);
 }
@@ -261,7 +262,7 @@ int mn__agent_spawn_one(asession_t *c, uint64_t req, int index, int rank, int wo
   char **env = malloc(sizeof(char *) * (nenv + PROC_ENV_VARS + 1)), bufs[PROC_ENV_VARS][48];
   aproc_t *p = calloc(1, sizeof(*p));
   char srank[16], sworld[16], sparent[16], sorphan[32], sdevice[16];
-  if (p == NULL || env == NULL) {
+  if (p == NULL || env == NULL || mn__agent_pids_reserve(a) != 0) { /* reserved: the add below cannot fail */
     free(p);
     free(env);
     return UV_ENOMEM;
@@ -305,6 +306,7 @@ int mn__agent_spawn_one(asession_t *c, uint64_t req, int index, int rank, int wo
   }
   p->open_handles = 5;
   a->nprocs++;
+  mn__agent_pids_add(a, p);
   mn__agent_relay_open(p, sv[0]); /* on failure the proc still serves, only not through casts */
   uv_read_start((uv_stream_t *)&p->pipe, pipe_alloc, on_port);
   uv_read_start((uv_stream_t *)&p->out, log_alloc, log_read);

@@ -23,14 +23,8 @@ typedef struct {
   char head[MN_MSG_CALL_HEAD];
 } cast_write_t;
 
-/* A walk over a session's procs that calls fn for each one a flat list of uints names (its pid first, `width` per proc). */
-typedef struct {
-  asession_t *s;
-  const msgpack_object *t;
-  uint32_t width;
-  void (*fn)(aproc_t *p, const msgpack_object *entry, void *arg);
-  void *arg;
-} walk_t;
+/* What each_target does for one proc named in a list: entry is its part of the list, its pid first. */
+typedef void (*target_fn)(aproc_t *p, const msgpack_object *entry, void *arg);
 
 static void flush_session(asession_t *s);
 
@@ -64,15 +58,19 @@ static void relay_write(aproc_t *p, const msgpack_object *e, void *arg) {
   p->owner->relayed++;
 }
 
-static void walk_targets(uv_handle_t *h, void *arg) {
-  walk_t *w = arg;
-  if (h->type != UV_PROCESS || uv_is_closing(h)) return;
-  aproc_t *p = h->data;
-  if (p->owner != w->s || !p->relay_open) return;
-  uint64_t pid = (uint64_t)((uv_process_t *)h)->pid;
-  const msgpack_object *v = w->t->via.array.ptr;
-  for (uint32_t i = 0; i + w->width <= w->t->via.array.size; i += w->width)
-    if (v[i].via.u64 == pid) w->fn(p, &v[i], w->arg);
+/*
+ * Calls fn for each entry of t, a flat list of uints (`width` per proc, its
+ * pid first), that names a live proc of s with its relay open. A pid that
+ * is not one is skipped: it died, and the controller hears so.
+ */
+static void each_target(asession_t *s, const msgpack_object *t, uint32_t width, target_fn fn, void *arg) {
+  const msgpack_object *v = t->via.array.ptr;
+  if (s->a->pids.count == 0) return; /* a simulated agent's targets are all virtual: not even a probe each */
+  for (uint32_t i = 0; i + width <= t->via.array.size; i += width) {
+    uint64_t pid = v[i].via.u64;
+    aproc_t *p = pid <= INT64_MAX ? mn__agent_pids_find(s->a, (int64_t)pid) : NULL;
+    if (p != NULL && p->owner == s && p->relay_open) fn(p, &v[i], arg);
+  }
 }
 
 void mn__agent_handle_cast(aconn_t *c, const msgpack_object *m) {
@@ -98,10 +96,7 @@ void mn__agent_handle_cast(aconn_t *c, const msgpack_object *m) {
   r->refs = 1;
   r->len = rlen;
   memcpy(r->data, rest, rlen);
-  /* A pid that is not one of this session's procs is skipped: it died, and the controller hears so. */
-  walk_t w = {s, t, 3, relay_write, r};
-  /* Only real procs are handles; a simulated group's loop holds thousands of other agents' handles. */
-  if (c->a->nprocs > 0) uv_walk(c->a->loop, walk_targets, &w);
+  each_target(s, t, 3, relay_write, r);
   if (c->a->sim != NULL) mn__agent_sim_cast(s, t, r->data, r->len); /* virtual procs answer here */
   rest_unref(r);
 }
@@ -129,8 +124,7 @@ void mn__agent_handle_acks(aconn_t *c, const msgpack_object *m) {
   }
   asession_t *s = c->relay_of != NULL ? c->relay_of : c->session;
   if (subs != NULL) mn__agent_tree_forward_acks(s, subs);
-  walk_t w = {s, t, 2, ack_write, NULL};
-  if (t->via.array.size > 0 && c->a->nprocs > 0) uv_walk(c->a->loop, walk_targets, &w);
+  each_target(s, t, 2, ack_write, NULL);
 }
 
 /* ---- results ------------------------------------------------------------------- */
