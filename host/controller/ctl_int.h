@@ -229,6 +229,13 @@ void mn__ctl_pool_tick(mn_ctl_t *c, uint64_t now);
 void mn__ctl_relayed_back(mn_ctl_t *c, int agent);
 /* Agent conn `agent` is closed for good: its relay-only procs are closed with it. */
 void mn__ctl_relayed_lost(mn_ctl_t *c, int agent);
+/* k's reason, "" before it has one. */
+static inline const char *mn__ctl_reason(const mn_conn_t *k) { return k->reason ? k->reason : ""; }
+/* ctl_io.c: an agent the tree vouches for hears nothing from us directly: the kernel's keepalive, at the
+ * heartbeat timeout, sees its link die. */
+void mn__ctl_keep_alive(mn_conn_t *k);
+/* ctl_io.c: tells agents we are leaving on purpose (GOODBYE, written now if it can be), so they stop our procs at once. */
+void mn__ctl_say_goodbye(mn_ctl_t *c);
 /* Sets *dst to a copy of the formatted text (at most 1 KiB); keeps the old text if out of memory. */
 void mn__ctl_set_text(char **dst, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
