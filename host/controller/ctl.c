@@ -139,7 +139,7 @@ static void on_agent_closed(uv_handle_t *h) { (void)h; }
 
 void mn_ctl_close(mn_ctl_t *c) {
   c->closing = 1;
-  mn_ctl_flush(c);
+  mn__ctl_before_sleep(c);
   mn__ctl_say_goodbye(c);
   for (int i = 1; i <= c->nconns; i++) mn_ctl_disconnect(c, i, "controller closing");
   if (c->agent_running) {

@@ -3,7 +3,7 @@
  *
  * One libuv loop and a table of connections (host agents and procs), each a
  * client that authenticates with the cluster token. Calls are appended to a
- * connection's output buffer and flushed once per loop turn; replies stay
+ * connection's output buffer and written before the loop sleeps; replies stay
  * in the connection's input buffer until the Lua side drains them, so libuv
  * never calls into Lua. Each connection keeps a FIFO of the calls in flight:
  * a proc answers in order, so a RESULT always matches the oldest entry.
@@ -317,8 +317,6 @@ void mn_ctl_events_done(mn_ctl_t *c);
 const char *mn_ctl_event_name(mn_ev_kind_t kind);
 /* The pid of the embedded local agent (0 if none was started). */
 int mn_ctl_agent_pid(const mn_ctl_t *c);
-/* Writes every dirty connection's output (one syscall each, where possible). */
-void mn_ctl_flush(mn_ctl_t *c);
 /*
  * Runs the loop until something arrives or timeout_ms passes (<0: no limit,
  * 0: just poll). Returns 1 if frames or events are waiting to be drained, else 0 (never fails).

@@ -85,5 +85,5 @@ void mn__ctl_on_heartbeat(uv_timer_t *t) {
   }
   mn__ctl_relay_acks_end(c);
   if (c->npool > 0 || c->nwaitq > c->waitq_at) mn__ctl_pool_tick(c, now);
-  mn_ctl_flush(c);
+  mn__ctl_before_sleep(c); /* the loop may block right after this tick */
 }

@@ -125,12 +125,14 @@ const uint64_t *mn__ctl_batch(const mn_ctl_t *c, const mn_conn_t *a, size_t widt
 /* The batch went out: every agent's is empty again (the caller cleared their in_cast). */
 void mn__ctl_batch_done(mn_ctl_t *c);
 
+/* ctl_io.c: before the loop sleeps (uv_run, or the script between waits), every queued write goes out. */
+void mn__ctl_before_sleep(mn_ctl_t *c);
 /* Queues an event for the Lua face; 0 or MN_ENOMEM. */
 int mn__ctl_push_event(mn_ctl_t *c, mn_ev_kind_t k, int conn, int64_t a, int64_t b);
 /* A timer callback that does nothing: its firing only ends a uv_run(UV_RUN_ONCE). */
 void mn__ctl_on_timer(uv_timer_t *t);
 
-/* Marks k for the next flush. */
+/* Marks k for the next mn__ctl_before_sleep. */
 void mn__ctl_set_dirty(mn_ctl_t *c, mn_conn_t *k);
 /* Appends a pending entry (call, slot, relayed with its shared bytes) to k's ring; 0 or MN_ENOMEM. */
 int mn__ctl_push_pending(mn_conn_t *k, double call, int32_t slot, int relay, mn_cast_rest_t *rest);
@@ -218,7 +220,7 @@ int mn__ctl_pool_up(mn_ctl_t *c, mn_conn_t *k);
 void mn__ctl_pool_lost(mn_conn_t *k, const char *why);
 /* k is closed: its link no longer counts. */
 void mn__ctl_pool_forget(mn_ctl_t *c, mn_conn_t *k);
-/* Opens links for procs waiting for one, as room frees (mn_ctl_flush calls it when any waits). */
+/* Opens links for procs waiting for one, as room frees (mn__ctl_before_sleep calls it when any waits). */
 void mn__ctl_pool_serve(mn_ctl_t *c);
 /* The heartbeat's part: idle links past direct_idle close, the pool shrinks to direct_max. */
 void mn__ctl_pool_tick(mn_ctl_t *c, uint64_t now);

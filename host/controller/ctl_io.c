@@ -237,16 +237,6 @@ int mn_ctl_call_bulk(mn_ctl_t *c, mn_conn_t *k, char *head, size_t n, const char
   return 0;
 }
 
-void mn_ctl_flush(mn_ctl_t *c) {
-  for (int i = 0; i < c->ndirty; i++) {
-    mn_conn_t *k = mn_ctl_conn(c, c->dirty[i]);
-    if (k == NULL) continue;
-    k->dirty = 0;
-    if (k->state == MN_CS_READY) flush_conn(k);
-  }
-  c->ndirty = 0;
-  if (c->nwaitq > c->waitq_at) mn__ctl_pool_serve(c);
-}
 
 /* ---- reading and the handshake ------------------------------------------------ */
 
@@ -521,22 +511,43 @@ int mn_ctl_take_readable(mn_ctl_t *c) {
   return 0;
 }
 
-/* ---- waiting ---------------------------------------------------------------------- */
+/* ---- the loop's turn ------------------------------------------------------------- */
+
+/*
+ * Before the loop sleeps (Redis's beforeSleep): every conn marked dirty
+ * writes what was queued for it (one uv_try_write each where it can), and
+ * pooled procs waiting for a link get one as room frees. Queued frames
+ * go out elsewhere only to keep an order (a handshake's AUTH, what a bulk
+ * call's payload must follow, the rest once a uv_write is done). The loop
+ * "sleeps" for the controller both while uv_run blocks and while the
+ * script runs between waits: mn_ctl_wait runs this before each, and a
+ * heartbeat tick at its end (the loop may block right after a timer).
+ */
+void mn__ctl_before_sleep(mn_ctl_t *c) {
+  for (int i = 0; i < c->ndirty; i++) {
+    mn_conn_t *k = mn_ctl_conn(c, c->dirty[i]);
+    if (k == NULL) continue;
+    k->dirty = 0;
+    if (k->state == MN_CS_READY) flush_conn(k);
+  }
+  c->ndirty = 0;
+  if (c->nwaitq > c->waitq_at) mn__ctl_pool_serve(c);
+}
 
 int mn_ctl_has_work(const mn_ctl_t *c) { return c->nreadable > 0 || c->nevents > 0; }
 
 void mn__ctl_on_timer(uv_timer_t *t) { (void)t; }
 
 int mn_ctl_wait(mn_ctl_t *c, int timeout_ms) {
-  mn_ctl_flush(c);
+  mn__ctl_before_sleep(c);
   if (mn_ctl_has_work(c) || timeout_ms == 0) {
     uv_run(&c->loop, UV_RUN_NOWAIT);
-    mn_ctl_flush(c);
-    return mn_ctl_has_work(c);
+  } else {
+    if (timeout_ms > 0) uv_timer_start(&c->timer, mn__ctl_on_timer, (uint64_t)timeout_ms, 0);
+    uv_run(&c->loop, UV_RUN_ONCE);
+    if (timeout_ms > 0) uv_timer_stop(&c->timer);
   }
-  if (timeout_ms > 0) uv_timer_start(&c->timer, mn__ctl_on_timer, (uint64_t)timeout_ms, 0);
-  uv_run(&c->loop, UV_RUN_ONCE);
-  if (timeout_ms > 0) uv_timer_stop(&c->timer);
-  mn_ctl_flush(c);
+  /* The script runs next, perhaps for long: what the loop's callbacks queued (a SESSION, resends) goes now. */
+  mn__ctl_before_sleep(c);
   return mn_ctl_has_work(c);
 }
