@@ -102,16 +102,14 @@ void mn_ctl_disconnect(mn_ctl_t *c, int id, const char *reason) {
   k->state = MN_CS_CLOSED;
   mn__ctl_set_text(&k->reason, "%s", reason);
   mn__ctl_drop_link(k);
-  mn__ctl_pool_forget(c, k);
   stop_retry(k);
   k->out.len = 0;
   if (k->pl != NULL) mn_buf_free(&k->pl->waiting);
   mn_buf_free(&k->unacked);
   k->unacked_off = 0;
-  /* Closing: every connection goes anyway, and a walk of them all per agent would cost agents x procs. */
-  if (k->kind == MN_CONN_AGENT && !c->closing) mn__ctl_unrelay_agent(c, id);
   mn__ctl_push_event(c, MN_EV_CLOSED, id, 0, 0);
-  if (k->kind == MN_CONN_AGENT && !c->closing) mn__ctl_relayed_lost(c, id); /* after the agent's event: the script hears of the host first */
+  /* After the event: a host's relay-only procs close with it, and the script hears of the host first. */
+  (void)mn__ctl_conn_changed(c, k, MN_CHANGE_CLOSED); /* fails only for a link up */
 }
 
 static void free_conn(mn_conn_t *k) {
@@ -237,10 +235,7 @@ int mn__ctl_call_direct(mn_ctl_t *c, mn_conn_t *k, char *frame, size_t n, double
 }
 
 int mn_ctl_call(mn_ctl_t *c, mn_conn_t *k, char *frame, size_t n, double call, int32_t slot) {
-  /* Behind calls in flight through the agent, the same way; a relay-only proc has no other way. */
-  if (k->on_relay > 0 || mn__ctl_no_link(k)) return mn_ctl_cast_add(c, k, frame, n, call, slot, 0);
-  if (k->lazy) mn__ctl_pool_want(c, k, 0); /* its link is up: this use keeps it */
-  return mn__ctl_call_direct(c, k, frame, n, call, slot);
+  return mn__ctl_send_call(c, k, frame, n, call, slot, MN_SEND_ONE); /* the hub routes it (ctl_route.c) */
 }
 
 /* Records that the RESULT for `seq` arrived: drops its frame copy (a relayed call has none). */
@@ -304,7 +299,8 @@ void mn__ctl_conn_lost(mn_conn_t *k, const char *why) {
   mn_ctl_t *c = k->ctl;
   if (k->state == MN_CS_CLOSED || k->state == MN_CS_RECONNECTING) return;
   if (k->lazy && k->state == MN_CS_READY) {
-    mn__ctl_pool_lost(k, why); /* only its link: its agent reports the proc's death */
+    /* Only its link: its agent reports the proc's death. */
+    (void)mn__ctl_conn_changed(c, k, MN_CHANGE_LINK_LOST); /* fails only for a link up */
     return;
   }
   mn__ctl_drop_link(k);
@@ -322,9 +318,20 @@ void mn__ctl_conn_lost(mn_conn_t *k, const char *why) {
     mn__ctl_push_event(c, MN_EV_RECONNECTING, k->id, 0, 0);
   }
   k->state = MN_CS_RECONNECTING;
-  /* Once it is not ready: nothing is resent to it until it is back (mn__ctl_relayed_back). */
-  if (k->kind == MN_CONN_AGENT) mn__ctl_unrelay_agent(c, k->id);
+  /* Once it is not ready: nothing is resent to it until it is back (MN_CHANGE_BACK). */
+  (void)mn__ctl_conn_changed(c, k, MN_CHANGE_LOST); /* fails only for a link up */
   mn__ctl_schedule_retry(k, why);
+}
+
+void mn__ctl_attempt_failed(mn_conn_t *k, const char *why) {
+  if (k->lazy && k->state == MN_CS_READY) {
+    /* Only its link: the proc stays ready, its agent reports a death. */
+    (void)mn__ctl_conn_changed(k->ctl, k, MN_CHANGE_LINK_LOST); /* fails only for a link up */
+    return;
+  }
+  mn__ctl_drop_link(k);
+  if (k->ever_ready) mn__ctl_schedule_retry(k, why);
+  else mn_ctl_disconnect(k->ctl, k->id, why);
 }
 
 /* ---- new connections -------------------------------------------------------------- */

@@ -281,17 +281,17 @@ static int welcomed(mn_ctl_t *c, mn_conn_t *k, const mn_msg_welcome_t *w, char *
     return MN_EPEER;
   }
   if (w->host != NULL) mn__ctl_set_text(&k->info_host, "%.*s", (int)w->host_len, w->host);
-  if (k->lazy && k->state == MN_CS_READY) return mn__ctl_pool_up(c, k); /* no event: the proc never left */
+  /* A pooled proc's reopened link: no event, the proc never left. */
+  if (k->lazy && k->state == MN_CS_READY) return mn__ctl_conn_changed(c, k, MN_CHANGE_LINK_UP);
   k->info_pid = w->pid;
   int again = k->ever_ready;
   k->state = MN_CS_READY;
-  if (k->kind == MN_CONN_AGENT) mn__ctl_tree_changed(c);
   k->peer_closed = 0;
   k->ever_ready = 1;
   k->attempt = 0;
   int rc = open_session(c, k);
-  if (k->lazy) mn__ctl_pool_first_up(c, k); /* its spawn's link: it carried the SESSION */
-  if (rc == 0 && again && k->kind == MN_CONN_AGENT) mn__ctl_relayed_back(c, k->id);
+  /* A session that could not open is closed next (handshake_step): the modules hear of that instead. */
+  if (rc == 0) rc = mn__ctl_conn_changed(c, k, again ? MN_CHANGE_BACK : MN_CHANGE_UP);
   mn__ctl_push_event(c, again ? MN_EV_RECONNECTED : MN_EV_CONNECTED, k->id, k->info_pid, 0);
   return rc;
 }
@@ -451,16 +451,6 @@ void mn__ctl_start_link(mn_conn_t *k) {
     snprintf(msg, sizeof(msg), "cannot connect to %s:%d: %s", k->host, k->port, uv_strerror(rc));
   }
   mn__ctl_attempt_failed(k, msg);
-}
-
-void mn__ctl_attempt_failed(mn_conn_t *k, const char *why) {
-  if (k->lazy && k->state == MN_CS_READY) {
-    mn__ctl_pool_lost(k, why); /* only its link: the proc stays ready, its agent reports a death */
-    return;
-  }
-  mn__ctl_drop_link(k);
-  if (k->ever_ready) mn__ctl_schedule_retry(k, why);
-  else mn_ctl_disconnect(k->ctl, k->id, why);
 }
 
 /* Releases the bytes drained so far; moves a partial frame down only when the
