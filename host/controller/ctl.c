@@ -419,14 +419,14 @@ static mn_pending_t pop_pending(mn_conn_t *k) {
   return p;
 }
 
-int mn_ctl_take_result(mn_conn_t *k, uint64_t seq, mn_pending_t *out) {
-  if (seq <= k->acked && k->via > 0) return 1; /* answered both ways after a resend: see ctl_cast.c */
+mn_take_t mn_ctl_take_result(mn_conn_t *k, uint64_t seq, mn_pending_t *out) {
+  if (seq <= k->acked && k->via > 0) return MN_TAKE_SECOND; /* answered both ways after a resend: see ctl_cast.c */
   /* The oldest call in flight has seq k->seq - k->rcount + 1. */
-  if (k->rcount == 0 || seq != k->seq - k->rcount + 1) return MN_EPROTO;
+  if (k->rcount == 0 || seq != k->seq - k->rcount + 1) return MN_TAKE_STRAY;
   *out = pop_pending(k);
   acked(k, seq, out->rest == NULL);
   out->rest = NULL;
-  return 0;
+  return MN_TAKE_ANSWERED;
 }
 
 int mn_ctl_take_pending(mn_conn_t *k, mn_pending_t *out) {

@@ -181,14 +181,20 @@ mn_conn_state_t mn_ctl_conn_state(const mn_conn_t *conn);
 mn_conn_kind_t mn_ctl_conn_kind(const mn_conn_t *conn);
 /* Calls sent to conn and not answered yet. */
 size_t mn_ctl_inflight(const mn_conn_t *conn);
+/* What a RESULT's seq is to its conn (mn_ctl_take_result); the values are those its callers knew as 0, 1, -code. */
+typedef enum {
+  MN_TAKE_ANSWERED = 0,       /* the oldest call in flight: taken */
+  MN_TAKE_SECOND = 1,         /* answered already (a resent call, answered both ways): to be ignored */
+  MN_TAKE_STRAY = MN_EPROTO   /* no call in flight has it: nothing taken, the peer is at fault */
+} mn_take_t;
 /*
  * A RESULT for `seq` arrived on conn: if it answers the oldest call in
  * flight (procs answer in order), pops that call's (call, slot) into *out,
- * drops its frame copy and returns 0; 1 if seq was answered already (a
- * call resent after a reconnect, answered both through the proc's agent and
- * directly: the copy is to be ignored); otherwise MN_EPROTO, nothing taken.
+ * drops its frame copy and returns MN_TAKE_ANSWERED; MN_TAKE_SECOND if seq
+ * was answered already (a call resent after a reconnect, answered both
+ * through the proc's agent and directly); otherwise MN_TAKE_STRAY.
  */
-int mn_ctl_take_result(mn_conn_t *conn, uint64_t seq, mn_pending_t *out);
+mn_take_t mn_ctl_take_result(mn_conn_t *conn, uint64_t seq, mn_pending_t *out);
 /*
  * Asks the proc to stop every call of Lua call `call` still in flight on
  * conn (CANCEL with their sequence numbers). Their RESULTs still come, in
