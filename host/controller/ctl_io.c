@@ -85,7 +85,7 @@ int mn_ctl_send(mn_ctl_t *c, mn_conn_t *k, const char *frame, size_t n) {
   int ping = k->lazy && is_ping(frame, n);
   if (ping) k->pl->owed_at = uv_now(&c->loop); /* its PONG comes on the link: it waits */
   if (k->lazy && !k->direct && k->state == MN_CS_READY) {
-    /* A pooled proc's link is closed or opening: the frame waits for it (mn__ctl_pool_up). */
+    /* A pooled proc's link is closed or opening: the frame waits for it (MN_CHANGE_LINK_UP sends it). */
     k->pl->ping_waits |= ping;
     if (mn_buf_append(&k->pl->waiting, frame, n) != 0) return MN_ENOMEM;
     mn__ctl_pool_want(c, k, 1);
