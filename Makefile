@@ -108,6 +108,12 @@ $(BUILD)/tests/%: tests/c/%.c $(call OBJ,$(CORE_SRC) $(WRK_SRC))
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -O0 $^ -o $@ $(shell pkg-config --cflags --libs cmocka) $(LDLIBS)
 
+# Controller tests (test_ctl_*.c) link the controller's engine, its ctl*.c without the Lua face.
+CTL_ENGINE := $(filter host/controller/ctl%,$(CTL_SRC))
+$(BUILD)/tests/test_ctl_%: tests/c/test_ctl_%.c $(call OBJ,$(CTL_ENGINE) $(CORE_SRC))
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -O0 $^ -o $@ $(shell pkg-config --cflags --libs cmocka) $(LDLIBS)
+
 # A fake NVML that top_spec.lua gives a host agent (MONARCH_NVML): the GPU memory column without a GPU.
 $(BUILD)/tests/libmonarch_fakenvml.so: tests/c/fake_nvml.c
 	@mkdir -p $(dir $@)

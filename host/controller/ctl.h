@@ -3,7 +3,7 @@
  *
  * One libuv loop and a table of connections (host agents and procs), each a
  * client that authenticates with the cluster token. Calls are appended to a
- * connection's output buffer and flushed once per loop turn; replies stay
+ * connection's output buffer and written before the loop sleeps; replies stay
  * in the connection's input buffer until the Lua side drains them, so libuv
  * never calls into Lua. Each connection keeps a FIFO of the calls in flight:
  * a proc answers in order, so a RESULT always matches the oldest entry.
@@ -181,14 +181,20 @@ mn_conn_state_t mn_ctl_conn_state(const mn_conn_t *conn);
 mn_conn_kind_t mn_ctl_conn_kind(const mn_conn_t *conn);
 /* Calls sent to conn and not answered yet. */
 size_t mn_ctl_inflight(const mn_conn_t *conn);
+/* What a RESULT's seq is to its conn (mn_ctl_take_result); the values are those its callers knew as 0, 1, -code. */
+typedef enum {
+  MN_TAKE_ANSWERED = 0,       /* the oldest call in flight: taken */
+  MN_TAKE_SECOND = 1,         /* answered already (a resent call, answered both ways): to be ignored */
+  MN_TAKE_STRAY = MN_EPROTO   /* no call in flight has it: nothing taken, the peer is at fault */
+} mn_take_t;
 /*
  * A RESULT for `seq` arrived on conn: if it answers the oldest call in
  * flight (procs answer in order), pops that call's (call, slot) into *out,
- * drops its frame copy and returns 0; 1 if seq was answered already (a
- * call resent after a reconnect, answered both through the proc's agent and
- * directly: the copy is to be ignored); otherwise MN_EPROTO, nothing taken.
+ * drops its frame copy and returns MN_TAKE_ANSWERED; MN_TAKE_SECOND if seq
+ * was answered already (a call resent after a reconnect, answered both
+ * through the proc's agent and directly); otherwise MN_TAKE_STRAY.
  */
-int mn_ctl_take_result(mn_conn_t *conn, uint64_t seq, mn_pending_t *out);
+mn_take_t mn_ctl_take_result(mn_conn_t *conn, uint64_t seq, mn_pending_t *out);
 /*
  * Asks the proc to stop every call of Lua call `call` still in flight on
  * conn (CANCEL with their sequence numbers). Their RESULTs still come, in
@@ -317,8 +323,6 @@ void mn_ctl_events_done(mn_ctl_t *c);
 const char *mn_ctl_event_name(mn_ev_kind_t kind);
 /* The pid of the embedded local agent (0 if none was started). */
 int mn_ctl_agent_pid(const mn_ctl_t *c);
-/* Writes every dirty connection's output (one syscall each, where possible). */
-void mn_ctl_flush(mn_ctl_t *c);
 /*
  * Runs the loop until something arrives or timeout_ms passes (<0: no limit,
  * 0: just poll). Returns 1 if frames or events are waiting to be drained, else 0 (never fails).

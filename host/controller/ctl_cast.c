@@ -6,20 +6,19 @@
  * as for a direct call, so replay, retries and failure handling do not
  * change; only the bytes travel another way.
  *
- * Order per proc: a proc's calls in flight all travel one way. A call goes
- * through the agent only if nothing is in flight on the proc's own link,
- * and once calls are in flight through the agent, every call to that proc
- * follows them until they are answered. If the agent's link is lost, each
- * proc's relayed calls are resent on its own link; a proc that already ran
- * one answers from its replay cache, and whichever answer comes second is
- * ignored (mn_ctl_take_result), so nothing runs twice or is lost.
+ * Which way each call goes is the hub's answer (mn__ctl_route, ctl_route.c,
+ * with the rule that keeps order per proc); this file sends it that way:
+ * gathered for its agent's CAST (flat, or down the tree: ctl_tree.c), kept
+ * (parked), or on the proc's own link. If the agent's link is lost, each
+ * proc's relayed calls are resent the way the hub says is left (its own
+ * link, mostly); a proc that already ran one answers from its replay cache,
+ * and whichever answer comes second is ignored (mn_ctl_take_result), so
+ * nothing runs twice or is lost.
  */
 #include "ctl_int.h"
 
 #include <stdlib.h>
 #include <string.h>
-
-#define MN_CAST_MAX_REST (64u << 10) /* larger calls go straight to each proc: the agent would only copy them */
 
 static int relay_enabled(void) {
   static int on = -1;
@@ -61,11 +60,6 @@ void mn_ctl_prefetch(mn_ctl_t *c, uint64_t id, mn_prefetch_t what) {
     __builtin_prefetch(&k->ring[at & (k->rcap - 1)], 1);
     if (a != NULL) __builtin_prefetch(a);
   }
-}
-
-static int relay_usable(mn_ctl_t *c, mn_conn_t *k) {
-  mn_conn_t *a = k->via > 0 ? mn_ctl_conn(c, k->via) : NULL;
-  return a != NULL && a->state == MN_CS_READY && k->state == MN_CS_READY;
 }
 
 /* Adds n uints (one cast target, or one ACK) to agent a's batch, putting a on the list of agents to send to.
@@ -110,20 +104,16 @@ void mn__ctl_batch_done(mn_ctl_t *c) {
   c->gather_last = 0;
 }
 
-int mn_ctl_cast_add(mn_ctl_t *c, mn_conn_t *k, char *frame, size_t n, double call, int32_t slot, int prefer) {
-  /* The tree is rebuilt before a cast gathers anything: a rebuild resends what is relayed, and must not
-   * take this cast's own calls off their routes after they were counted on them. */
-  if (c->tree_dirty && c->ncasting == 0 && c->cur_rest == NULL) mn__ctl_tree_refresh(c);
-  if (k->lazy && !prefer) mn__ctl_pool_want(c, k, 0); /* a call to a few procs: a direct link pays (ctl_pool.c) */
-  int no_link = mn__ctl_no_link(k);
-  /* Behind relayed calls, any call goes that way too (order); else a small one of a mesh-wide call, on an idle link. */
-  int relay = relay_usable(c, k) &&
-              (no_link || k->on_relay > 0 || (prefer && k->rcount == 0 && n - MN_MSG_CALL_HEAD <= MN_CAST_MAX_REST));
-  /* No link and its agent away: kept in unacked, cast once the agent is back (mn__ctl_relayed_back), or
-   * sent on a pooled proc's link once that is up (mn__ctl_pool_up). */
-  if (!relay && no_link) return mn__ctl_track(c, k, frame, n, call, slot, 0, NULL);
-  /* Not through the agent: it is away (unrelay resends what it had) or the call does not qualify. */
-  if (!relay) return mn__ctl_call_direct(c, k, frame, n, call, slot);
+/* The tree is rebuilt before a cast gathers anything: a rebuild resends what is relayed, and must not take this
+ * cast's own calls off their routes after they were counted on them. A call to one proc (call_as) asks only
+ * when it may go through its agent (calls relayed ahead of it, or no link). */
+static void tree_first(mn_ctl_t *c, const mn_conn_t *k, mn_send_t what) {
+  int may_relay = what != MN_SEND_ONE || k->on_relay > 0 || mn__ctl_no_link(k);
+  if (may_relay && c->tree_dirty && c->ncasting == 0 && c->cur_rest == NULL) mn__ctl_tree_refresh(c);
+}
+
+/* Records k's relayed call and gathers its (pid, seq, tag) for its agent's CAST; 0 or MN_ENOMEM. */
+static int cast_relayed(mn_ctl_t *c, mn_conn_t *k, char *frame, size_t n, double call, int32_t slot) {
   if (c->cur_rest == NULL) {
     size_t rlen = n - MN_MSG_CALL_HEAD;
     c->cur_rest = malloc(sizeof(*c->cur_rest) + rlen);
@@ -138,6 +128,22 @@ int mn_ctl_cast_add(mn_ctl_t *c, mn_conn_t *k, char *frame, size_t n, double cal
   k->on_relay++;
   c->cast_calls++;
   return 0;
+}
+
+int mn__ctl_send_call(mn_ctl_t *c, mn_conn_t *k, char *frame, size_t n, double call, int32_t slot, mn_send_t what) {
+  tree_first(c, k, what);
+  if (k->lazy && what != MN_SEND_CAST) mn__ctl_pool_want(c, k, 0); /* a call to a few procs: a direct link pays (ctl_pool.c) */
+  switch (mn__ctl_route(c, k, what, n)) {
+  case MN_ROUTE_RELAY:
+  case MN_ROUTE_TREE: return cast_relayed(c, k, frame, n, call, slot); /* mn_ctl_cast_end sends the batch */
+  case MN_ROUTE_PARK: return mn__ctl_track(c, k, frame, n, call, slot, 0, NULL);
+  case MN_ROUTE_DIRECT: break;
+  }
+  return mn__ctl_call_direct(c, k, frame, n, call, slot);
+}
+
+int mn_ctl_cast_add(mn_ctl_t *c, mn_conn_t *k, char *frame, size_t n, double call, int32_t slot, int prefer) {
+  return mn__ctl_send_call(c, k, frame, n, call, slot, prefer ? MN_SEND_CAST : MN_SEND_CALL);
 }
 
 void mn__ctl_rest_unref(mn_cast_rest_t *r) {
@@ -155,7 +161,7 @@ int mn_ctl_cast_end(mn_ctl_t *c, const char *frame, size_t n) {
 
 static int cast_send(mn_ctl_t *c, const char *frame, size_t n) {
   int rc = 0;
-  if (mn__ctl_tree_active(c)) return mn__ctl_tree_cast_end(c, frame + MN_MSG_CALL_HEAD, n - MN_MSG_CALL_HEAD);
+  if (mn__ctl_route_batch(c) == MN_ROUTE_TREE) return mn__ctl_tree_cast_end(c, frame + MN_MSG_CALL_HEAD, n - MN_MSG_CALL_HEAD);
   for (int i = 0; i < c->ncasting; i++) {
     mn_conn_t *a = mn_ctl_conn(c, c->casting[i]);
     size_t nt;
@@ -170,13 +176,12 @@ static int cast_send(mn_ctl_t *c, const char *frame, size_t n) {
 }
 
 int mn__ctl_relay_ack(mn_ctl_t *c, mn_conn_t *k) {
-  if (!relay_usable(c, k)) return 0;
   uint64_t t[2] = {k->via_pid, k->acked};
-  return gather(c, mn_ctl_conn(c, k->via), t, 2) == 0;
+  return gather(c, mn_ctl_conn(c, k->via), t, 2);
 }
 
 void mn__ctl_relay_acks_end(mn_ctl_t *c) {
-  if (c->ncasting > 0 && mn__ctl_tree_active(c)) {
+  if (c->ncasting > 0 && mn__ctl_route_batch(c) == MN_ROUTE_TREE) {
     (void)mn__ctl_tree_acks_end(c); /* out of memory: as below */
     return;
   }
@@ -233,26 +238,32 @@ void mn__ctl_unrelay(mn_conn_t *k) {
 
 void mn__ctl_unrelay_resend(mn_ctl_t *c, mn_conn_t *k) {
   mn__ctl_unrelay(k);
-  mn_conn_t *a = mn_ctl_conn(c, k->via);
-  int no_link = mn__ctl_no_link(k);
-  /* No link: straight to its agent if that is here, else the agent's reconnect resends (relayed_back), or a
-   * pooled proc's link, wanted now, once up (mn__ctl_pool_up). Ready: on its own link now. Reconnecting:
-   * its own reconnect resends it. */
-  if (no_link && a != NULL && a->state == MN_CS_READY) mn__ctl_relayed_resend(c, a, k);
-  else if (no_link && k->lazy && k->state == MN_CS_READY) mn__ctl_pool_want(c, k, 1);
-  else if (!no_link && k->state == MN_CS_READY) mn__ctl_resend_unacked(c, k);
+  switch (mn__ctl_route(c, k, MN_SEND_RESEND, 0)) {
+  case MN_ROUTE_RELAY: mn__ctl_relayed_resend(c, mn_ctl_conn(c, k->via), k); break;
+  case MN_ROUTE_DIRECT: mn__ctl_resend_unacked(c, k); break;
+  case MN_ROUTE_TREE: break; /* not an answer for a resend */
+  case MN_ROUTE_PARK:
+    /* Its agent's reconnect resends it (mn__ctl_relayed_changed), or its own reconnect; a pooled proc's
+     * link, wanted now, once up (mn__ctl_pool_changed). */
+    if (k->lazy && k->state == MN_CS_READY) mn__ctl_pool_want(c, k, 1);
+    break;
+  }
 }
 
-void mn__ctl_unrelay_agent(mn_ctl_t *c, int agent) {
+/* Agent conn `agent` is gone or reconnecting: its procs' relayed calls are resent the way left to each. */
+static void unrelay_agent(mn_ctl_t *c, int agent) {
   mn_conn_t *a = mn_ctl_conn(c, agent);
   /* One outside the current tree (say, a host already gone reaching the end of its reconnect window)
    * carried nothing for the others: only its own procs' calls move. */
-  if (a != NULL && a->ag != NULL && a->ag->tree_pos >= 0) {
-    mn__ctl_tree_changed(c);
-    if (mn__ctl_tree_unrelay_agent(c)) return;
-  }
+  if (a != NULL && a->ag != NULL && a->ag->tree_pos >= 0 && mn__ctl_tree_unrelay_agent(c)) return;
   for (int i = 1; i <= c->nconns; i++) {
     mn_conn_t *k = c->conns[i];
     if (k->via == agent && k->on_relay > 0) mn__ctl_unrelay_resend(c, k);
   }
+}
+
+void mn__ctl_cast_changed(mn_ctl_t *c, mn_conn_t *k, mn_conn_change_t what) {
+  /* Closing: every connection goes anyway, and a walk of them all per agent would cost agents x procs. */
+  if (k->kind == MN_CONN_AGENT && !c->closing && (what == MN_CHANGE_LOST || what == MN_CHANGE_CLOSED))
+    unrelay_agent(c, k->id);
 }

@@ -13,8 +13,11 @@
 static void send_ack(mn_ctl_t *c, mn_conn_t *k) {
   if (k->acked <= k->ack_sent) return;
   k->ack_sent = k->acked;
-  /* One ACKS frame per agent, not one write per proc; a relay-only proc has no link of its own for it. */
-  if (mn__ctl_relay_ack(c, k) || mn__ctl_no_link(k)) return;
+  /* One ACKS frame per agent, not one write per proc (the hub says whether its agent can take it). */
+  mn_route_t r = mn__ctl_route(c, k, MN_SEND_ACK, 0);
+  if ((r == MN_ROUTE_RELAY || r == MN_ROUTE_TREE) && mn__ctl_relay_ack(c, k) == 0) return;
+  /* Not gathered (out of memory): on its own link, if it has one; with none, the next ACK covers it. */
+  if (r == MN_ROUTE_PARK || mn__ctl_no_link(k)) return;
   char f[16];
   mn_buf_t b = {f, 0, sizeof(f)}; /* an ACK is at most 14 bytes: the buffer never grows */
   if (mn_msg_pack_ack(&b, k->acked) == 0) mn_ctl_send(c, k, b.data, b.len);
@@ -85,5 +88,5 @@ void mn__ctl_on_heartbeat(uv_timer_t *t) {
   }
   mn__ctl_relay_acks_end(c);
   if (c->npool > 0 || c->nwaitq > c->waitq_at) mn__ctl_pool_tick(c, now);
-  mn_ctl_flush(c);
+  mn__ctl_before_sleep(c); /* the loop may block right after this tick */
 }

@@ -44,11 +44,6 @@ static void pool_remove(mn_ctl_t *c, mn_conn_t *k) {
   k->pl->at = 0;
 }
 
-void mn__ctl_pool_forget(mn_ctl_t *c, mn_conn_t *k) {
-  pool_remove(c, k);
-  k->direct = 0;
-}
-
 /* Closes k's idle link: it goes back to its agent, quietly (no event: nothing failed). */
 static void close_link(mn_ctl_t *c, mn_conn_t *k) {
   mn__ctl_drop_link(k);
@@ -78,7 +73,7 @@ static int open_link(mn_ctl_t *c, mn_conn_t *k) {
   if (mn__ctl_room(&c->pool, &c->pool_cap, c->npool) != 0) return MN_ENOMEM;
   c->pool[c->npool++] = k->id;
   k->pl->at = c->npool;
-  mn__ctl_start_link(k); /* a failure comes back as mn__ctl_pool_lost, or closes a first link's conn */
+  mn__ctl_start_link(k); /* a failure comes back as MN_CHANGE_LINK_LOST, or closes a first link's conn */
   return 0;
 }
 
@@ -142,12 +137,16 @@ static void link_up(mn_ctl_t *c, mn_conn_t *k) {
   c->pool_opened++;
 }
 
-void mn__ctl_pool_first_up(mn_ctl_t *c, mn_conn_t *k) {
+/* k's first link (its spawn's) finished its handshake and opened its session: it counts as up, and as the
+ * first to close for another proc's. */
+static void pool_first_up(mn_ctl_t *c, mn_conn_t *k) {
   link_up(c, k);
   k->pl->used_at = 0; /* unused since: the first link to close for another proc's */
 }
 
-int mn__ctl_pool_up(mn_ctl_t *c, mn_conn_t *k) {
+/* k's reopened link finished its handshake: SESSION, its unanswered calls unless they travel through its
+ * agent, then what waited for it. 0 or MN_ENOMEM. */
+static int pool_up(mn_ctl_t *c, mn_conn_t *k) {
   char f[32];
   mn_buf_t b = {f, 0, sizeof(f)}; /* a SESSION is at most 23 bytes: the buffer never grows */
   int rc = mn_msg_pack_session(&b, k->session, k->acked);
@@ -162,9 +161,9 @@ int mn__ctl_pool_up(mn_ctl_t *c, mn_conn_t *k) {
   return rc;
 }
 
-void mn__ctl_pool_lost(mn_conn_t *k, const char *why) {
-  mn_ctl_t *c = k->ctl;
-  (void)why; /* not a failure of the proc: if it died, its agent says so (PROC_EXIT) */
+/* k's link failed or was lost (k stays ready): its direct calls go again through its agent. Not a failure
+ * of the proc: if it died, its agent says so (PROC_EXIT). */
+static void pool_lost(mn_ctl_t *c, mn_conn_t *k) {
   mn__ctl_drop_link(k);
   pool_remove(c, k);
   k->direct = 0;
@@ -175,6 +174,21 @@ void mn__ctl_pool_lost(mn_conn_t *k, const char *why) {
   /* Its direct calls go again through the agent; one the proc ran already is answered from its replay cache.
    * What waits for the link (a CANCEL, a PING) is tried again by the heartbeat (mn__ctl_pool_tick's caller). */
   if (k->rcount > k->on_relay) mn__ctl_unrelay_resend(c, k);
+}
+
+int mn__ctl_pool_changed(mn_ctl_t *c, mn_conn_t *k, mn_conn_change_t what) {
+  switch (what) {
+  case MN_CHANGE_UP: if (k->lazy) pool_first_up(c, k); break; /* its spawn's link: it carried the SESSION */
+  case MN_CHANGE_LINK_UP: return pool_up(c, k);
+  case MN_CHANGE_LINK_LOST: pool_lost(c, k); break;
+  case MN_CHANGE_CLOSED: /* its link no longer counts */
+    pool_remove(c, k);
+    k->direct = 0;
+    break;
+  case MN_CHANGE_BACK:
+  case MN_CHANGE_LOST: break; /* a pooled proc never reconnects: its link only goes back to the pool */
+  }
+  return 0;
 }
 
 void mn__ctl_pool_tick(mn_ctl_t *c, uint64_t now) {

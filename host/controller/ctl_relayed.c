@@ -52,22 +52,29 @@ void mn__ctl_relayed_resend(mn_ctl_t *c, mn_conn_t *a, mn_conn_t *k) {
   mn__ctl_set_dirty(c, a);
 }
 
-void mn__ctl_relayed_back(mn_ctl_t *c, int agent) {
-  mn_conn_t *a = mn_ctl_conn(c, agent);
+/* Agent a is back (same session): its relay-only procs' unanswered calls go to it again, as casts. */
+static void relayed_back(mn_ctl_t *c, mn_conn_t *a) {
   for (int i = 1; i <= c->nconns; i++) {
     mn_conn_t *k = c->conns[i];
     /* A pooled proc without its link too (ctl_pool.c); one whose link is up sent them on it already. */
-    if (mn__ctl_no_link(k) && k->via == agent && k->state == MN_CS_READY && k->rcount > 0) mn__ctl_relayed_resend(c, a, k);
+    if (mn__ctl_no_link(k) && k->via == a->id && k->state == MN_CS_READY && k->rcount > 0) mn__ctl_relayed_resend(c, a, k);
   }
 }
 
-void mn__ctl_relayed_lost(mn_ctl_t *c, int agent) {
-  mn_conn_t *a = mn_ctl_conn(c, agent);
+/* Agent a is closed for good: its relay-only procs are closed with it. */
+static void relayed_lost(mn_ctl_t *c, mn_conn_t *a) {
   for (int i = 1; i <= c->nconns; i++) {
     mn_conn_t *k = c->conns[i];
-    if (!k->relay_only || k->via != agent || k->state == MN_CS_CLOSED) continue;
+    if (!k->relay_only || k->via != a->id || k->state == MN_CS_CLOSED) continue;
     char why[1100];
     snprintf(why, sizeof(why), "its host agent is gone: %s", a->reason ? a->reason : "closed");
     mn_ctl_disconnect(c, k->id, why);
   }
+}
+
+void mn__ctl_relayed_changed(mn_ctl_t *c, mn_conn_t *k, mn_conn_change_t what) {
+  if (k->kind != MN_CONN_AGENT) return;
+  if (what == MN_CHANGE_BACK) relayed_back(c, k);
+  /* Called after the agent's CLOSED event: the script hears of the host first. */
+  if (what == MN_CHANGE_CLOSED && !c->closing) relayed_lost(c, k);
 }

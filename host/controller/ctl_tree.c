@@ -41,9 +41,13 @@ static mn_conn_t *parent_of(mn_ctl_t *c, const mn_conn_t *a) {
 
 static mn_conn_t *route_of(mn_ctl_t *c, const mn_conn_t *a) { return a->ag->route > 0 ? mn_ctl_conn(c, a->ag->route) : NULL; }
 
-int mn__ctl_tree_active(const mn_ctl_t *c) { return c->tree_k > 1 && c->ntree > c->tree_k; }
-
-void mn__ctl_tree_changed(mn_ctl_t *c) { c->tree_dirty = 1; }
+/* The agents changed (one is up, back, lost or closed): the next cast rebuilds the tree. One lost outside the
+ * current tree changes nothing in it; while closing, nothing is rebuilt. */
+void mn__ctl_tree_conn_changed(mn_ctl_t *c, mn_conn_t *k, mn_conn_change_t what) {
+  if (k->kind != MN_CONN_AGENT) return;
+  if (what == MN_CHANGE_UP || what == MN_CHANGE_BACK) c->tree_dirty = 1;
+  if ((what == MN_CHANGE_LOST || what == MN_CHANGE_CLOSED) && !c->closing && k->ag->tree_pos >= 0) c->tree_dirty = 1;
+}
 
 /* Takes the answers counted since the last flush off their agent's in-flight count. */
 static void answered_flush(mn_ctl_t *c) {
