@@ -21,7 +21,7 @@ local function kind_of(f)
   return err.kind, err
 end
 
-local alive = require("procstat").alive
+local alive = require("support.procstat").alive
 
 -- Runs the loop until pred() or `limit` seconds; returns the seconds it took (nil: never).
 local function wait_for(pred, limit)

@@ -276,7 +276,7 @@ describe("GPU procs", function()
     os.remove(dir)
     local data_arg = ""
     if not file_exists("data/digits.csv.gz") then -- no fetch: a GPU machine may not reach the network
-      require("digits").synthetic(dir .. ".csv")
+      require("support.digits").synthetic(dir .. ".csv")
       data_arg = " --data " .. dir .. ".csv"
     end
     local function train(args)
@@ -335,7 +335,7 @@ describe("GPU built-ins on a fake CUDA runtime", function()
   setup(function()
     if not file_exists(fake) then return end
     -- An empty CUDA_VISIBLE_DEVICES: every fake device visible, whatever this machine has set.
-    daemon = require("agent").start{ token = runtime.token,
+    daemon = require("support.agent").start{ token = runtime.token,
       env = string.format("MONARCH_CUDART='%s' MONARCH_NCCL='%s' CUDA_VISIBLE_DEVICES=", fake, fake) }
     hosts = mesh_mod.host_mesh(mesh_mod.connect_agents{ daemon.addr })
     procs = hosts:spawn_procs{ { "dp", 2 }, { "tp", 2 } }

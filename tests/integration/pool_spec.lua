@@ -8,12 +8,12 @@ local monarch = require "monarch"
 local core = require "monarch.core"
 local mesh_mod = require "monarch.mesh"
 local runtime = require "monarch.runtime"
-local agent = require "agent"
-local order = require "order"
+local agent = require "support.agent"
+local order = require "support.order"
 local ffi = require "ffi"
 
-local sh = require("shell").quiet
-local alive = require("procstat").alive
+local sh = require("support.shell").quiet
+local alive = require("support.procstat").alive
 
 pcall(ffi.cdef, "int setenv(const char *, const char *, int); int unsetenv(const char *);")
 

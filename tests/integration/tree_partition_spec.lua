@@ -1,6 +1,6 @@
 -- The cast tree under real network cuts (needs root and iproute2; skipped
 -- otherwise). Ten host agents, each in its own network namespace on one
--- bridge (tests/netns.lua), and the local agent (monarch.hosts()), with
+-- bridge (tests/support/netns.lua), and the local agent (monarch.hosts()), with
 -- fanout 2, make three levels: positions 0-1 (the local agent, daemons[1]),
 -- 2-5, 6-10, where daemons[1] relays to daemons[4] and daemons[5], and
 -- daemons[4] relays to daemons[10]. Position p is daemons[p], mesh host p-1
@@ -11,8 +11,8 @@ local monarch = require "monarch"
 local core = require "monarch.core"
 local mesh_mod = require "monarch.mesh"
 local runtime = require "monarch.runtime"
-local agent = require "agent"
-local netns = require "netns"
+local agent = require "support.agent"
+local netns = require "support.netns"
 
 local ok_netns, why = netns.check(netns.name("mnt") .. "probe")
 if not ok_netns then
