@@ -6,6 +6,7 @@ local ffi = require "ffi"
 local core = require "monarch.core"
 local raw = require "support.rawpeer"
 local agent = require "support.agent"
+local wait_for = require("support.wait").wait_for
 
 local B = os.getenv("MONARCH_BUILD") or "build"
 local TOKEN = "join-spec-token"
@@ -26,19 +27,6 @@ end
 -- Sleeps without starting a process (a poll on nothing): waiting loops must not use up pids.
 local function nap(s) ffi.C.poll(nil, 0, math.floor(s * 1000)) end
 
--- Waits until pred() returns something true (then returns it); fails naming `what` (a string, or
--- a function that says it at that moment) after timeout seconds.
-local function wait_for(pred, timeout, what)
-  local deadline = core.now() + timeout
-  while true do
-    local v = pred()
-    if v then return v end
-    if core.now() > deadline then
-      error("timed out after " .. timeout .. " s waiting for " .. (type(what) == "function" and what() or what), 2)
-    end
-    nap(0.05)
-  end
-end
 
 -- A port nothing listens on now: the kernel's pick for a socket we close again.
 local function free_port()
@@ -79,10 +67,10 @@ end
 
 function Job:output() return slurp(self.log) end
 
---- Waits for a line matching pattern; returns its captures.
+--- Waits for a line matching pattern; returns its first capture.
 function Job:expect(pattern, timeout)
-  return wait_for(function() return self:output():match(pattern) end, timeout or 60,
-    function() return "'" .. pattern .. "' in the job's output:\n" .. self:output() end)
+  return (wait_for(function() return self:output():match(pattern) end, timeout or 60,
+    function() return "'" .. pattern .. "' in the job's output:\n" .. self:output() end))
 end
 
 --- Waits for the job to end; returns its exit status.
