@@ -140,9 +140,7 @@ local function parse_args(argv)
   if opts.device ~= "auto" and opts.device ~= "cpu" and opts.device ~= "gpu" then
     die("--device must be auto, cpu or gpu, got '" .. opts.device .. "'")
   end
-  if not (opts["test-fraction"] > 0 and opts["test-fraction"] < 1) then
-    die("--test-fraction must be between 0 and 1")
-  end
+  if not (opts["test-fraction"] > 0 and opts["test-fraction"] < 1) then die("--test-fraction must be between 0 and 1") end
   -- A bad output path stops the run now, not after the training.
   for _, name in ipairs { "plot", "csv" } do
     if opts[name] then
@@ -199,9 +197,7 @@ local repo = realpath((script:match("^(.*)/[^/]*$") or ".") .. "/..") or "."
 
 local function ensure_data()
   local data = opts.data
-  if data then
-    return realpath(data) or die("data file " .. data .. " does not exist")
-  end
+  if data then return realpath(data) or die("data file " .. data .. " does not exist") end
   data = repo .. "/data/digits.csv.gz"
   if not file_exists(data) then
     local fetch = repo .. "/scripts/fetch-digits.sh"

@@ -65,13 +65,14 @@ cuda:
 all: cuda
 endif
 
-# Not CUDA at all: a fake CUDA runtime and NCCL on host memory (the fake in
-# tests/c/test_gpu.c, built as a library) that gpu_spec.lua gives to procs of
-# its own, so the GPU built-ins and monarch.gpu are tested on every machine.
+# Not CUDA at all: a fake CUDA runtime and NCCL on host memory (the fake of
+# tests/c/fake_gpu.h that test_gpu.c uses, built as a library by fake_gpu.c)
+# that gpu_spec.lua gives to procs of its own, so the GPU built-ins and
+# monarch.gpu are tested on every machine.
 ifdef CFLAGS_BASE
-$(BUILD)/tests/libmonarch_fakegpu.so: tests/c/test_gpu.c host/proc/gpu.h
+$(BUILD)/tests/libmonarch_fakegpu.so: tests/c/fake_gpu.c tests/c/fake_gpu.h host/proc/gpu.h
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_BASE) -fvisibility=hidden -shared -Ihost/proc -DMN_GPU_FAKE_LIB $< -o $@
+	$(CC) $(CFLAGS_BASE) -fvisibility=hidden -shared -Ihost/proc $< -o $@
 
 tests: $(BUILD)/tests/libmonarch_fakegpu.so
 endif

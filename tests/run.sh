@@ -10,7 +10,7 @@ export MONARCH_PREFIX=$P MONARCH_BUILD=$B OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_TH
 export MONARCH_KERNEL_DIR=$PWD/$B/lib/monarch # test_kernels: this build's libraries
 # An ASan build (make test-asan): its Lua module needs the ASan runtime loaded
 # first into plain luajit (busted), so busted runs with it preloaded and
-# tests/helper.lua takes LD_PRELOAD out again, so that what the specs start
+# tests/support/helper.lua takes LD_PRELOAD out again, so that what the specs start
 # does not inherit it (pgrep hangs under it). handle_segv=0: the specs expect
 # a kernel's SIGSEGV to kill its proc with that signal.
 asan=$(ldd "$B/lib/monarch/lua/monarch/core.so" 2>/dev/null | awk '/libasan/ {print $3}')

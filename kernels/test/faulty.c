@@ -8,6 +8,7 @@
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -103,6 +104,22 @@ static int k_bumps(mk_ctx_t *ctx, int argc, const mk_arg_t *argv) {
   return mk_return_int(ctx, bumps);
 }
 
+/* Appends "PID\n" to the file at path: a spec queues it just before the call it waits for and polls the
+ * file, so it knows when the proc's executor reached that call instead of sleeping a guessed time. */
+static int k_mark(mk_ctx_t *ctx, int argc, const mk_arg_t *argv) {
+  (void)argc;
+  char path[4096];
+  size_t len = argv[0].v.str.len;
+  if (len == 0 || len >= sizeof(path)) return mk_errorf(ctx, "mark: a path of 1..%zu bytes", sizeof(path) - 1);
+  memcpy(path, argv[0].v.str.ptr, len);
+  path[len] = '\0';
+  FILE *f = fopen(path, "a");
+  if (f == NULL) return mk_errorf(ctx, "mark: cannot open %s", path);
+  int bad = fprintf(f, "%d\n", (int)getpid()) < 0;
+  if (fclose(f) != 0 || bad) return mk_errorf(ctx, "mark: cannot write %s", path);
+  return 0;
+}
+
 static const mk_kernel_t kernels[] = {
   { "segv", k_segv, "", "Dereferences NULL: the proc dies with SIGSEGV." },
   { "abort", k_abort, "", "Calls abort(): the proc dies with SIGABRT." },
@@ -114,6 +131,7 @@ static const mk_kernel_t kernels[] = {
   { "eprint", k_eprint, "s", "eprint(s): writes s and a newline to stderr and flushes." },
   { "bump", k_bump, "", "Adds one to this proc's counter; returns the new value and the pid." },
   { "bumps", k_bumps, "", "Returns this proc's counter without changing it." },
+  { "mark", k_mark, "s", "mark(path): appends this proc's pid and a newline to the file at path." },
 };
 
 MK_EXPORT const mk_library_t *monarch_kernels(void) {

@@ -3,8 +3,8 @@
 local monarch = require "monarch"
 local mesh = require "monarch.mesh"
 local runtime = require "monarch.runtime"
-local raw = require "rawpeer"
-local agent = require "agent"
+local raw = require "support.rawpeer"
+local agent = require "support.agent"
 
 describe("a host agent daemon", function()
   local token, port, daemon

@@ -9,7 +9,7 @@ local core = require "monarch.core"
 local mesh_mod = require "monarch.mesh"
 local runtime = require "monarch.runtime"
 local tensor = require "monarch.tensor"
-local agent = require "agent"
+local agent = require "support.agent"
 
 pcall(ffi.cdef, "int setenv(const char *, const char *, int); int unsetenv(const char *);")
 

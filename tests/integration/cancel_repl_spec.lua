@@ -2,7 +2,7 @@
 -- stops the wait and cancels the calls it stopped waiting for (issue 19):
 -- the remote sleep stops, so the next call to that proc answers at once.
 local core = require "monarch.core"
-local pty = require "pty"
+local pty = require "support.pty"
 
 local B = os.getenv("MONARCH_BUILD") or "build"
 local RUN = B .. "/bin/monarch-run"

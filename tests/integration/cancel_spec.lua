@@ -21,17 +21,9 @@ local function kind_of(f)
   return err.kind, err
 end
 
-local alive = require("procstat").alive
-
--- Runs the loop until pred() or `limit` seconds; returns the seconds it took (nil: never).
-local function wait_for(pred, limit)
-  local t0 = monarch.now()
-  while not pred() do
-    if monarch.now() - t0 > limit then return nil end
-    monarch.sleep(0.01)
-  end
-  return monarch.now() - t0
-end
+local procstat = require "support.procstat"
+local alive = procstat.alive
+local wait_for = require("support.wait").wait_for
 
 local function since(t0) return monarch.now() - t0 end
 
@@ -48,6 +40,23 @@ end
 
 local function quick(took, limit, what)
   assert.is_true(took < limit, string.format("%s after %.3f s (want < %g s)", what, took, limit))
+end
+
+-- A fresh file for faulty's mark, removed when the spec ends, and a function that waits until n procs
+-- have marked it: queued just before a call, the mark says the proc's executor has reached that call
+-- (the call is running, or about to be: nothing else is queued between them), where a sleep would guess.
+local function marker()
+  local path = os.tmpname()
+  finally(function() os.remove(path) end)
+  local function reached(n)
+    wait_for(function()
+      local f = io.open(path, "rb")
+      local lines = f and select(2, f:read("*a"):gsub("\n", "")) or 0
+      if f then f:close() end
+      return lines >= n
+    end, 10, n .. " proc(s) to reach the call after the mark")
+  end
+  return path, reached
 end
 
 -- n procs with basic and faulty loaded, stopped when the spec ends (passed or not).
@@ -84,8 +93,10 @@ describe("cancelling a call", function()
   it("fails a running sleep's future at once with kind cancelled; the proc answers the next call promptly", function()
     local m = mesh(1)
     local pid = m:procs()[1].pid
+    local mark, reached = marker()
+    m:call_one("mark", mark)
     local f = m:call_one("sleep", 5)
-    monarch.sleep(0.3) -- running on the proc by now
+    reached(1)
     assert.is_false(f:done())
     local t0 = monarch.now()
     f:cancel()
@@ -123,12 +134,14 @@ describe("cancelling a call", function()
 
   it("drops a call queued behind another before it runs, and never runs it later (bumps stays 0)", function()
     local m = mesh(1)
+    local mark, reached = marker()
     local t0 = monarch.now()
+    m:call_one("mark", mark)
     local s = m:call_one("sleep", 1)
     local early = m:call_one("bump") -- cancelled before the loop even sent it
     local queued = m:call_one("bump") -- cancelled once it waits in the proc's queue
     early:cancel()
-    monarch.sleep(0.2)
+    reached(1) -- the sleep runs, the bump sent right behind it waits in the queue
     queued:cancel()
     local control = m:call_one("bump") -- not cancelled: it counts
     assert.are.equal("cancelled", (kind_of(early)))
@@ -137,7 +150,7 @@ describe("cancelling a call", function()
     assert.is_true(since(t0) >= 0.95, "the sleep ended early, after " .. since(t0) .. " s")
     local v = control:get()
     assert.are.equal(1, v[1], "a cancelled bump ran before the control bump")
-    monarch.sleep(0.3)
+    -- The proc runs its calls in order: a cancelled bump that ran would have run before this one.
     assert.are.equal(1, m:call_one("bumps"):get(), "a cancelled bump ran after all")
   end)
 
@@ -145,9 +158,11 @@ describe("cancelling a call", function()
     local m = mesh(3)
     local pids = {}
     for i, p in ipairs(m:procs()) do pids[i] = p.pid end
+    local mark, reached = marker()
+    m:call("mark", mark)
     local f = m:call("sleep", 5)
     local g = m:call("bump")
-    monarch.sleep(0.3)
+    reached(3)
     local t0 = monarch.now()
     f:cancel()
     g:cancel()
@@ -162,8 +177,10 @@ describe("cancelling a call", function()
 
   it("cancels a choose future on the proc it chose", function()
     local m = mesh(2)
+    local mark, reached = marker()
+    m:call("mark", mark) -- on both procs: whichever choose picks reaches the sleep after its mark
     local f = m:choose("sleep", 5)
-    monarch.sleep(0.3)
+    reached(2)
     local t0 = monarch.now()
     f:cancel()
     assert.are.equal("cancelled", (kind_of(f)))
@@ -174,10 +191,12 @@ describe("cancelling a call", function()
   it("does not kill a proc whose kernel stopped when cancelled, once the grace is over", function()
     local m, events = mesh(1)
     local pid = m:procs()[1].pid
+    local mark, reached = marker()
+    m:call_one("mark", mark)
     local f = m:options{ cancel_grace = 0.3 }:call_one("sleep", 5)
-    monarch.sleep(0.2)
+    reached(1)
     f:cancel()
-    monarch.sleep(0.8) -- well past the grace
+    monarch.sleep(0.8) -- what is tested: a time well past the grace with no kill
     assert.are.equal(0, #events, #events > 0 and tostring(events[1].message) or "")
     assert.are.equal(pid, m:procs()[1].pid)
     assert.are.equal("ready", m:procs()[1].state)
@@ -196,8 +215,10 @@ describe("cancelling an actor endpoint", function()
 local W = {}
 W.__index = W
 function W.new() return setmetatable({ polls = 0 }, W) end
--- Spins until the controller asks it to stop; says how it ended.
-function W:wait_for_cancel(limit)
+-- Spins until the controller asks it to stop; says how it ended. Creates the file `mark` first, for
+-- the spec to see that it runs.
+function W:wait_for_cancel(limit, mark)
+  assert(io.open(mark, "wb")):close()
   local t0 = os.clock()
   while not proc.cancelled() do
     self.polls = self.polls + 1
@@ -216,8 +237,11 @@ return W
   it("lets the endpoint see proc.cancelled() and frees its proc for the next call", function()
     local m = mesh(1)
     local w = m:spawn("waiter", path, {})
-    local f = w:call_one("wait_for_cancel", 20)
-    monarch.sleep(0.3)
+    local mark = os.tmpname()
+    os.remove(mark)
+    finally(function() os.remove(mark) end)
+    local f = w:call_one("wait_for_cancel", 20, mark)
+    wait_for(function() return io.open(mark) ~= nil end, 10, "the endpoint to start")
     local t0 = monarch.now()
     f:cancel()
     assert.are.equal("cancelled", (kind_of(f)))
@@ -236,8 +260,7 @@ describe("a kernel that ignores the cancel", function()
     local t0 = monarch.now()
     local f = m:options{ timeout = 0.2, cancel_grace = 0.5, restart = true }:call_one("hang")
     assert.are.equal("timeout", (kind_of(f)))
-    local took = wait_for(function() return #events > 0 end, 5)
-    assert.is_number(took, "no failure event within 5 s of the timeout")
+    wait_for(function() return #events > 0 end, 5, "a failure event after the timeout")
     local after = since(t0)
     assert.is_true(after >= 0.6, "killed " .. after .. " s after the call: before timeout + cancel_grace (0.7 s)")
     local e = events[1]
@@ -259,13 +282,14 @@ describe("a kernel that ignores the cancel", function()
   it("(spin, cut by fut:cancel()) gets its proc killed after cancel_grace and restart serves calls again", function()
     local m, events = mesh(1)
     local pid = m:procs()[1].pid
+    -- Running, spin burns CPU: a mark queued before it would not do, as its answer waits behind the spin.
+    local idle = procstat.cpu_ticks(pid)
     local f = m:options{ cancel_grace = 0.5, restart = true }:call_one("spin", 30)
-    monarch.sleep(0.2)
+    wait_for(function() return procstat.cpu_ticks(pid) >= idle + 10 end, 10, "the spin to burn 0.1 s of CPU")
     local t0 = monarch.now()
     f:cancel()
     assert.are.equal("cancelled", (kind_of(f)))
-    local took = wait_for(function() return #events > 0 end, 5)
-    assert.is_number(took, "no failure event within 5 s of the cancel")
+    wait_for(function() return #events > 0 end, 5, "a failure event after the cancel")
     assert.is_true(since(t0) >= 0.4, "killed " .. since(t0) .. " s after the cancel: before its 0.5 s grace")
     assert.are.equal("unresponsive", events[1].kind)
     assert.is_truthy(said(events[1]):find("hung", 1, true), "the event does not say the proc hung: " .. said(events[1]))
@@ -283,8 +307,8 @@ describe("a kernel that ignores the cancel", function()
     local f = m:options{ timeout = 0.2, restart = true }:call_one("hang")
     assert.are.equal("timeout", (kind_of(f)))
     local t0 = monarch.now()
-    local took = wait_for(function() return #events > 0 end, 8)
-    assert.is_number(took, "the hung proc was not killed within 8 s of the cancel (the default grace is a few seconds)")
+    -- the default grace is a few seconds
+    wait_for(function() return #events > 0 end, 8, "the hung proc to be killed after the cancel")
     assert.is_true(since(t0) >= 0.5, "killed at once, with no grace")
     assert.are.equal("unresponsive", events[1].kind)
     m:ready(10)
@@ -300,11 +324,11 @@ describe("a kernel that ignores the cancel", function()
     b:cancel()
     assert.are.equal("cancelled", (kind_of(b)))
     assert.are.equal("timeout", (kind_of(h)))
-    assert.is_number(wait_for(function() return #events > 0 end, 5), "no failure event within 5 s")
+    wait_for(function() return #events > 0 end, 5, "a failure event")
     m:ready(10)
     -- A retried hang would hold the new proc (get times out); a retried bump would count.
     assert.are.equal(0, m:call_one("bumps"):get(3))
-    monarch.sleep(0.3)
+    monarch.sleep(0.3) -- what is tested: a while (six backoffs) in which a wrong retry would have come
     assert.are.equal(0, m:call_one("bumps"):get(3))
     assert.are.equal(1, m:call_one("bump"):get(3)[1]) -- the new proc counts what does run
     assert.are.equal(1, #events, "the proc was killed again")
@@ -319,7 +343,7 @@ describe("a kernel that ignores the cancel", function()
     assert.are.equal("timeout", (kind_of(second)))
     assert.is_nil(first:get()) -- not "sleep: cancelled": it was not the call cancelled
     assert.is_true(since(t0) >= 1.45, "the first sleep ended after " .. since(t0) .. " s")
-    monarch.sleep(math.max(0, 2 - since(t0)))
+    monarch.sleep(math.max(0, 2 - since(t0))) -- what is tested: no kill past timeout + grace of the bump
     assert.are.equal(0, #events, #events > 0 and tostring(events[1].message) or "")
     assert.are.equal(pid, m:procs()[1].pid)
     assert.are.equal("ready", m:procs()[1].state)
@@ -347,8 +371,10 @@ describe("cancelling a collective", function()
     local m = mesh(2)
     local gid = collective.setup_groups(m)[1]
     local t = m:tensor("f32", { 100 })
+    local mark, reached = marker()
+    m:slice{ procs = 0 }:call_one("mark", mark)
     local f = m:slice{ procs = 0 }:call_one("__coll_all_reduce", gid, t, "sum")
-    monarch.sleep(0.3)
+    reached(1)
     assert.is_false(f:done(), "the lone all_reduce ended on its own")
     local t0 = monarch.now()
     f:cancel()
@@ -366,9 +392,11 @@ describe("cancelling a collective", function()
     local t = m:tensor("f64", { 1000 })
     m:all_reduce(t, "sum"):get() -- the group is up
     fill_ranks(m, t)
+    local mark, reached = marker()
+    m:call("mark", mark) -- proc 0 reaches the all_reduce, proc 1 the sleep before it
     local s = m:slice{ procs = 1 }:call_one("sleep", 30)
     local ar = m:all_reduce(t, "sum")
-    monarch.sleep(0.3)
+    reached(2)
     assert.is_false(ar:done())
     local t0 = monarch.now()
     s:cancel()
@@ -382,10 +410,12 @@ describe("cancelling a collective", function()
     local m = mesh(2)
     local gid = collective.setup_groups(m)[1]
     local t = m:tensor("f32", { 100 })
+    local mark, reached = marker()
+    m:call("mark", mark) -- proc 0 reaches its all_reduce, proc 1 the sleep before its own
     local s = m:slice{ procs = 1 }:call_one("sleep", 30)
     local late = m:slice{ procs = 1 }:call_one("__coll_all_reduce", gid, t, "sum")
     local f = m:slice{ procs = 0 }:call_one("__coll_all_reduce", gid, t, "sum")
-    monarch.sleep(0.3)
+    reached(2)
     local t0 = monarch.now()
     f:cancel()
     assert.are.equal("cancelled", (kind_of(f)))

@@ -6,10 +6,10 @@ local monarch = require "monarch"
 local core = require "monarch.core"
 local mesh_mod = require "monarch.mesh"
 local runtime = require "monarch.runtime"
-local agent = require "agent"
-local order = require "order"
+local agent = require "support.agent"
+local order = require "support.order"
 
-local sh = require("shell").quiet
+local sh = require("support.shell").quiet
 
 describe("casts through host agents", function()
   local daemons = {}

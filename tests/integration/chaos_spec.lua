@@ -3,7 +3,7 @@
 -- and no process is left behind.
 local monarch = require "monarch"
 
-local alive = require("procstat").alive
+local alive = require("support.procstat").alive
 
 describe("chaos", function()
   it("keeps every call exactly-once or clearly failed while procs die at random", function()

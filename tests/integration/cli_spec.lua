@@ -10,7 +10,7 @@ local function sh(cmd)
   return out:gsub("::rc=%d+%s*$", ""), rc
 end
 
-local alive = require("procstat").alive
+local alive = require("support.procstat").alive
 
 describe("monarch-run", function()
   it("prints usage with --help and exits 0", function()
@@ -158,7 +158,7 @@ end)
 describe("monarch-run --status", function()
   local B = os.getenv("MONARCH_BUILD") or "build"
   it("lists a daemon agent's procs with what they run, and recent exits", function()
-    local daemon = require("agent").start{ token = "st" }
+    local daemon = require("support.agent").start{ token = "st" }
     local port = daemon.port
     local run = ("MONARCH_TOKEN=st %s/bin/monarch-run --hosts 127.0.0.1:%d "):format(B, port)
     local f = io.popen(run .. [[-e "local m = require 'monarch'; local p = m.hosts():spawn_procs{procs = 2}; ]] ..

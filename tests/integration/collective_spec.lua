@@ -270,7 +270,7 @@ end)
 describe("collectives over two hosts with two procs each", function()
   local mesh_mod = require "monarch.mesh"
   local runtime = require "monarch.runtime"
-  local agent = require "agent"
+  local agent = require "support.agent"
   local a, b, procs
 
   setup(function()

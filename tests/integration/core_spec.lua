@@ -199,7 +199,7 @@ describe("a host agent spawning procs", function()
 
   -- An agent of our own, with env before its command line; returns its mesh and the agent.
   local function agent_with(env)
-    local a = require("agent").start{ token = runtime.token, env = env }
+    local a = require("support.agent").start{ token = runtime.token, env = env }
     return mesh_mod.host_mesh(mesh_mod.connect_agents{ a.addr }), a
   end
 

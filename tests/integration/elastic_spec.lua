@@ -5,12 +5,12 @@
 local monarch = require "monarch"
 local mesh_mod = require "monarch.mesh"
 local runtime = require "monarch.runtime"
-local agent = require "agent"
+local agent = require "support.agent"
 
 local B = os.getenv("MONARCH_BUILD") or "build"
-local alive = require("procstat").alive
+local alive = require("support.procstat").alive
 
-local shell = require "shell"
+local shell = require "support.shell"
 local sh = shell.run
 
 -- A fresh directory for this test's files, removed after the run (at exit of the spec file).
@@ -140,7 +140,7 @@ describe("a host lost for good", function()
 
   it("lets examples/train.lua take in a host that joins mid-run: its procs get the state from a peer and step", function()
     local dir = scratch()
-    local data_arg = require("digits").data_arg(dir)
+    local data_arg = require("support.digits").data_arg(dir)
     local out_path = dir .. "/out"
     -- train.lua waits at step 50 for a host to join (unless one has); the join port is any free one, printed.
     background(("OPENBLAS_NUM_THREADS=1 MONARCH_TOKEN=%s timeout 120 %s/bin/monarch-run --hosts %s,%s "
@@ -165,7 +165,7 @@ describe("a host lost for good", function()
     for i, d in ipairs(daemons) do addrs[i] = d.addr end
     local dir = os.tmpname()
     os.remove(dir)
-    local data_arg = require("digits").data_arg((os.execute("mkdir -p " .. dir) and dir))
+    local data_arg = require("support.digits").data_arg((os.execute("mkdir -p " .. dir) and dir))
     local out, rc = sh(("OPENBLAS_NUM_THREADS=1 MONARCH_TOKEN=%s timeout 120 %s/bin/monarch-run --hosts %s "
       .. "examples/train.lua --device cpu --procs 2 --quiet --kill-host-at 60 --checkpoint-dir %s/ck%s"):format(
       runtime.token, B, table.concat(addrs, ","), dir, data_arg))

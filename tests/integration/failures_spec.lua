@@ -3,7 +3,7 @@
 local monarch = require "monarch"
 local mesh_mod = require "monarch.mesh"
 local runtime = require "monarch.runtime"
-local agent = require "agent"
+local agent = require "support.agent"
 
 local function fails(fn)
   local ok, err = pcall(fn)
@@ -11,8 +11,8 @@ local function fails(fn)
   return err
 end
 
-local sh = require("shell").quiet
-local alive = require("procstat").alive
+local sh = require("support.shell").quiet
+local alive = require("support.procstat").alive
 
 describe("failure handling", function()
   setup(function()

@@ -6,6 +6,7 @@
 local monarch = require "monarch"
 local gpu = require "monarch.gpu"
 
+local wait_for = require("support.wait").wait_for
 local build = os.getenv("MONARCH_BUILD") or "build"
 
 local function file_exists(path)
@@ -276,7 +277,7 @@ describe("GPU procs", function()
     os.remove(dir)
     local data_arg = ""
     if not file_exists("data/digits.csv.gz") then -- no fetch: a GPU machine may not reach the network
-      require("digits").synthetic(dir .. ".csv")
+      require("support.digits").synthetic(dir .. ".csv")
       data_arg = " --data " .. dir .. ".csv"
     end
     local function train(args)
@@ -322,7 +323,7 @@ end)
 
 -- The same built-ins and monarch.gpu on every machine: procs of a host agent
 -- of our own load the fake CUDA runtime and NCCL that mk/cuda.mk builds from
--- tests/c/test_gpu.c (host memory for device memory; each proc its own fake
+-- tests/c/fake_gpu.c (host memory for device memory; each proc its own fake
 -- device). A fake f32 all_reduce writes what its communicator is into the
 -- tensor: {nranks, rank, pid of the proc that made the NCCL id, id serial}.
 describe("GPU built-ins on a fake CUDA runtime", function()
@@ -330,13 +331,15 @@ describe("GPU built-ins on a fake CUDA runtime", function()
   local runtime = require "monarch.runtime"
   local dir = build:sub(1, 1) == "/" and build or (os.getenv("PWD") or ".") .. "/" .. build
   local fake = dir .. "/tests/libmonarch_fakegpu.so"
+  local hung = os.tmpname() -- the fake appends a proc's pid here when its all_reduce of 17 starts to hang
   local hosts, procs, daemon, no_hooks
 
   setup(function()
     if not file_exists(fake) then return end
     -- An empty CUDA_VISIBLE_DEVICES: every fake device visible, whatever this machine has set.
-    daemon = require("agent").start{ token = runtime.token,
-      env = string.format("MONARCH_CUDART='%s' MONARCH_NCCL='%s' CUDA_VISIBLE_DEVICES=", fake, fake) }
+    daemon = require("support.agent").start{ token = runtime.token,
+      env = string.format("MONARCH_CUDART='%s' MONARCH_NCCL='%s' MONARCH_FAKEGPU_HUNG='%s' CUDA_VISIBLE_DEVICES=",
+        fake, fake, hung) }
     hosts = mesh_mod.host_mesh(mesh_mod.connect_agents{ daemon.addr })
     procs = hosts:spawn_procs{ { "dp", 2 }, { "tp", 2 } }
     -- A proc built without the registry's device hooks (MN_DEVICE_HOOKS) holds no GPU tensors.
@@ -349,7 +352,19 @@ describe("GPU built-ins on a fake CUDA runtime", function()
   teardown(function()
     if procs then procs:stop() end
     if daemon then daemon:stop() end
+    os.remove(hung)
   end)
+
+  -- Empties the file of hung all_reduces; then hung_in(n) waits until n procs wait on their streams there.
+  local function hung_reset() assert(io.open(hung, "wb")):close() end
+  local function hung_in(n)
+    wait_for(function()
+      local f = assert(io.open(hung, "rb"))
+      local _, lines = f:read("*a"):gsub("\n", "")
+      f:close()
+      return lines >= n
+    end, 10, n .. " procs to wait on their streams in the all_reduce")
+  end
 
   local function need_fake(tensors)
     if not procs then pending(fake .. " is not built (make tests)") end
@@ -459,8 +474,9 @@ describe("GPU built-ins on a fake CUDA runtime", function()
     local three = hosts:spawn_procs{ procs = 3 }
     three:on_failure(function() end)
     local t = three:gpu_tensor("f32", { 17 }) -- the fake's all_reduce of 17 never completes: as with a dead peer
+    hung_reset()
     local f = three:gpu_all_reduce(t, "sum")
-    monarch.sleep(0.3) -- every member is waiting on the stream now
+    hung_in(3)
     local survivors = three:slice{ procs = { 0, 2 } }
     os.execute("kill -9 " .. three:procs()[3].pid)
     local t0 = monarch.now()
@@ -513,8 +529,9 @@ describe("GPU built-ins on a fake CUDA runtime", function()
     local g = three:group{ gpu = true }
     local t = three:gpu_tensor("f32", { 17 }) -- never completes on the fake, as when a peer died
     three:call("kc_barrier", g):get() -- the tensor exists everywhere before anyone dies
+    hung_reset()
     local f = three:call("kc_all_reduce", g, t, "sum")
-    monarch.sleep(0.3) -- every member agreed on the call and waits on its stream now
+    hung_in(3) -- every member agreed on the call and waits on its stream
     os.execute("kill -9 " .. three:procs()[3].pid)
     local t0 = monarch.now()
     local ok, err = pcall(f.get, f)

@@ -4,7 +4,7 @@
 local monarch = require "monarch"
 local core = require "monarch.core"
 local runtime = require "monarch.runtime"
-local raw = require "rawpeer"
+local raw = require "support.rawpeer"
 
 local B = os.getenv("MONARCH_BUILD") or "build"
 local WORKER = B .. "/bin/monarch-worker"

@@ -1,11 +1,12 @@
--- Hosts that join a running job: real monarch-run jobs (tests/join_job.lua)
+-- Hosts that join a running job: real monarch-run jobs (tests/support/join_job.lua)
 -- with the join port open, real `monarch-worker --join` agents started
 -- while they run, and raw sockets that misbehave on the join port. Every
 -- wait is for a line or an exit, with a generous deadline.
 local ffi = require "ffi"
 local core = require "monarch.core"
-local raw = require "rawpeer"
-local agent = require "agent"
+local raw = require "support.rawpeer"
+local agent = require "support.agent"
+local wait_for = require("support.wait").wait_for
 
 local B = os.getenv("MONARCH_BUILD") or "build"
 local TOKEN = "join-spec-token"
@@ -26,19 +27,6 @@ end
 -- Sleeps without starting a process (a poll on nothing): waiting loops must not use up pids.
 local function nap(s) ffi.C.poll(nil, 0, math.floor(s * 1000)) end
 
--- Waits until pred() returns something true (then returns it); fails naming `what` (a string, or
--- a function that says it at that moment) after timeout seconds.
-local function wait_for(pred, timeout, what)
-  local deadline = core.now() + timeout
-  while true do
-    local v = pred()
-    if v then return v end
-    if core.now() > deadline then
-      error("timed out after " .. timeout .. " s waiting for " .. (type(what) == "function" and what() or what), 2)
-    end
-    nap(0.05)
-  end
-end
 
 -- A port nothing listens on now: the kernel's pick for a socket we close again.
 local function free_port()
@@ -79,10 +67,10 @@ end
 
 function Job:output() return slurp(self.log) end
 
---- Waits for a line matching pattern; returns its captures.
+--- Waits for a line matching pattern; returns its first capture.
 function Job:expect(pattern, timeout)
-  return wait_for(function() return self:output():match(pattern) end, timeout or 60,
-    function() return "'" .. pattern .. "' in the job's output:\n" .. self:output() end)
+  return (wait_for(function() return self:output():match(pattern) end, timeout or 60,
+    function() return "'" .. pattern .. "' in the job's output:\n" .. self:output() end))
 end
 
 --- Waits for the job to end; returns its exit status.
@@ -189,7 +177,7 @@ describe("a job listening for joins", function()
   setup(function()
     -- Its first host listens on every loopback address, so that a JOIN can name it at another one.
     first = agent.start { token = TOKEN, host = "0.0.0.0" }
-    job = start_job("--hosts 127.0.0.1:" .. first.port .. " --listen-joins 127.0.0.1:0 tests/join_job.lua join")
+    job = start_job("--hosts 127.0.0.1:" .. first.port .. " --listen-joins 127.0.0.1:0 tests/support/join_job.lua join")
     port = tonumber(job:expect("listening for joining hosts on 127%.0%.0%.1:(%d+)"))
     job:expect("waiting for a host")
   end)
@@ -283,7 +271,7 @@ describe("monarch-worker --join", function()
     local w = agent.start { token = TOKEN, args = "--once --join 127.0.0.1:" .. port }
     later(function() w:stop() end)
     nap(0.5) -- a few refused attempts first
-    local job = start_job(("--listen-joins 127.0.0.1:%d tests/join_job.lua join"):format(port))
+    local job = start_job(("--listen-joins 127.0.0.1:%d tests/support/join_job.lua join"):format(port))
     later(function() job:stop() end)
     wait_for(function() return w:output():match("joined the controller") end, 60,
       function() return "the agent to join; it said:\n" .. w:output() .. "\nthe job said:\n" .. job:output() end)
@@ -349,7 +337,7 @@ describe("a job started with --hostfile", function()
     local f = assert(io.open(hostfile, "w"))
     f:write("# the job's first host\n", first.addr, "\n")
     f:close()
-    local job = start_job(("--hostfile %s tests/join_job.lua refresh %s %s"):format(hostfile, hostfile, second.addr))
+    local job = start_job(("--hostfile %s tests/support/join_job.lua refresh %s %s"):format(hostfile, hostfile, second.addr))
     later(function() job:stop() end)
     assert.are.equal(0, job:wait(), job:output())
     local out = job:output()

@@ -3,11 +3,11 @@
 local monarch = require "monarch"
 local mesh_mod = require "monarch.mesh"
 local runtime = require "monarch.runtime"
-local agent = require "agent"
+local agent = require "support.agent"
 
--- Named after this process (tests/netns.lua), so that suites running side by side (other checkouts on
+-- Named after this process (tests/support/netns.lua), so that suites running side by side (other checkouts on
 -- one machine) never share a namespace, an interface or a subnet.
-local netns = require "netns"
+local netns = require "support.netns"
 local NS, HOST_IF, NS_IF = netns.name("mn_part"), "mnp" .. netns.ID .. "a", "mnp" .. netns.ID .. "b"
 local NET = netns.subnet(64)
 local NS_IP = NET .. ".2"

@@ -1,6 +1,6 @@
 -- The curves of examples/train.lua and examples/rl/run.lua (--csv, --plot),
 -- from real runs: the CSV's values, the SVG's series, and the picture that
--- headless Chromium renders from the SVG (decoded by tests/png_curve.py,
+-- headless Chromium renders from the SVG (decoded by tests/support/png_curve.py,
 -- which needs Python's Pillow: Debian's python3-pil).
 local B = os.getenv("MONARCH_BUILD") or "build"
 local TMP = os.getenv("TMPDIR") or "/tmp"
@@ -10,7 +10,7 @@ local STEPS = 30
 local LOSS, ACCURACY = "1f6fb4", "e8710a"    -- monarch.plot's first two colours (train.lua's series)
 local RETURN, MEAN100 = "9cc3e6", "e8710a"   -- rl/run.lua's colours
 
-local shell = require "shell"
+local shell = require "support.shell"
 local sh = shell.run
 
 local read = shell.read
@@ -61,7 +61,7 @@ end
 
 --[[ Renders svg_path in headless Chromium at the SVG's size and reads the
   picture back: returns { size = {w, h}, nonwhite = n, [colour] = { pixels,
-  bands, first, last } } (see tests/png_curve.py). ]]
+  bands, first, last } } (see tests/support/png_curve.py). ]]
 local function render(svg_path, colours)
   local _, box, w, h = svg_parts(read(svg_path))
   local png = svg_path:gsub("%.svg$", "") .. ".png"
@@ -70,9 +70,9 @@ local function render(svg_path, colours)
     "--user-data-dir=%s --screenshot=%s --window-size=%d,%d file://%s", q(scratch), chromium, q(profile), q(png), w, h,
     q(svg_path)))
   assert.are.equal(0, rc, "chromium failed:\n" .. out)
-  out, rc = sh(string.format("%s tests/png_curve.py %s %.0f %.0f %.0f %.0f %s", python, q(png), box[1], box[2],
+  out, rc = sh(string.format("%s tests/support/png_curve.py %s %.0f %.0f %.0f %.0f %s", python, q(png), box[1], box[2],
     box[3], box[4], table.concat(colours, " ")))
-  assert.are.equal(0, rc, "tests/png_curve.py failed (it needs python3-pil):\n" .. out)
+  assert.are.equal(0, rc, "tests/support/png_curve.py failed (it needs python3-pil):\n" .. out)
   local pic = {}
   local pw, ph = out:match("size (%d+) (%d+)")
   pic.size = { tonumber(pw), tonumber(ph) }
@@ -94,7 +94,7 @@ local data_arg
 local runs = {}
 local function train(name, args)
   if not runs[name] then
-    data_arg = data_arg or require("digits").data_arg(scratch)
+    data_arg = data_arg or require("support.digits").data_arg(scratch)
     local base = scratch .. "/" .. name
     local out, rc = sh(string.format("%s%s --steps %d --csv %s --plot %s %s", TRAIN, data_arg, STEPS,
       q(base .. ".csv"), q(base .. ".svg"), args or ""))

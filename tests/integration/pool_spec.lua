@@ -8,12 +8,13 @@ local monarch = require "monarch"
 local core = require "monarch.core"
 local mesh_mod = require "monarch.mesh"
 local runtime = require "monarch.runtime"
-local agent = require "agent"
-local order = require "order"
+local agent = require "support.agent"
+local order = require "support.order"
 local ffi = require "ffi"
 
-local sh = require("shell").quiet
-local alive = require("procstat").alive
+local sh = require("support.shell").quiet
+local alive = require("support.procstat").alive
+local wait_for = require("support.wait").wait_for
 
 pcall(ffi.cdef, "int setenv(const char *, const char *, int); int unsetenv(const char *);")
 
@@ -33,15 +34,6 @@ describe("direct links to the procs of a large mesh", function()
 
   local function stats() return core.cast_stats() end
 
-  -- Runs the loop until pred() or `limit` seconds; returns whether pred() came true.
-  local function wait_for(pred, limit)
-    local deadline = monarch.now() + limit
-    while not pred() do
-      if monarch.now() > deadline then return false end
-      monarch.sleep(0.02)
-    end
-    return true
-  end
 
   -- Whether proc p's direct link is up now (core.info's sixth value: nil for a proc that is not pooled).
   local function linked(p) return select(6, core.info(p.conn)) end
@@ -71,8 +63,9 @@ describe("direct links to the procs of a large mesh", function()
     m:load "basic"
     m:load "faulty"
     for _, p in ipairs(m._procs) do assert.is_not_nil(linked(p), "a proc of a large mesh is not pooled") end
-    assert.is_true(wait_for(function() return stats().direct_links == 0 end, 3),
-      "the spawn's links stayed open: " .. stats().direct_links .. " open, " .. stats().direct_waiting .. " waiting")
+    wait_for(function() return stats().direct_links == 0 end, 3, function()
+      return "the spawn's links to close: " .. stats().direct_links .. " open, " .. stats().direct_waiting .. " waiting"
+    end)
     return m, events
   end
 
@@ -113,10 +106,10 @@ describe("direct links to the procs of a large mesh", function()
     local opened, closed = stats().direct_opened, stats().direct_closed
     assert.is_false(linked(p))
     assert.are.equal(1, one(m, 2):call_one("echo", 1):get(10)) -- through its agent while the link opens
-    assert.is_true(wait_for(function() return linked(p) end, 3), "call_one opened no link")
+    wait_for(function() return linked(p) end, 3, "call_one to open a link")
     assert.are.equal(opened + 1, stats().direct_opened)
     for i = 1, 20 do assert.are.equal(i, one(m, 2):call_one("echo", i):get(10)) end
-    assert.is_true(wait_for(function() return not linked(p) end, 3), "the idle link stayed open")
+    wait_for(function() return not linked(p) end, 3, "the idle link to close")
     assert.are.equal(closed + 1, stats().direct_closed)
     assert.are.equal("ready", p.state) -- nothing failed, nothing reconnected
     monarch.sleep(1.5) -- past the procs' orphan timeout, with no link: their agent's relay carries the session
@@ -130,12 +123,12 @@ describe("direct links to the procs of a large mesh", function()
     local procs = m._procs
     for rank = 0, CAP - 1 do
       one(m, rank):call_one("noop"):get(10)
-      assert.is_true(wait_for(function() return linked(procs[rank + 1]) end, 3))
+      wait_for(function() return linked(procs[rank + 1]) end, 3, "a link to proc " .. rank)
     end
     monarch.sleep(1.1)
     one(m, 0):call_one("noop"):get(10) -- the first is used again: the second is the least recently used
     one(m, CAP):call_one("noop"):get(10)
-    assert.is_true(wait_for(function() return linked(procs[CAP + 1]) end, 3), "no link for the new proc")
+    wait_for(function() return linked(procs[CAP + 1]) end, 3, "a link for the new proc")
     assert.is_true(linked(procs[1]), "the link used last was closed")
     assert.is_false(linked(procs[2]), "the least recently used link stayed open")
     assert.is_true(stats().direct_links <= CAP)
@@ -196,18 +189,18 @@ describe("direct links to the procs of a large mesh", function()
     assert.is_false(linked(p))
     -- Another proc with a call in flight on its link, killed too: the lost link is no answer, its agent's report is.
     assert.are.equal(1, one(r, 5):call_one("echo", 1):get(10))
-    assert.is_true(wait_for(function() return linked(q) end, 3), "call_one opened no link")
+    wait_for(function() return linked(q) end, 3, "call_one to open a link")
     local busy = one(r, 5):call_one("sleep", 5)
     monarch.sleep(0.2)
     sh("kill -9 " .. old .. " " .. q.pid)
     local ok, err = pcall(busy.get, busy, 5)
     assert.is_false(ok, "a call on a killed proc was answered")
     assert.are.equal("proc_failed", err.kind)
-    assert.is_true(wait_for(function() return #events >= 2 end, 5), "the deaths were not reported")
+    wait_for(function() return #events >= 2 end, 5, "the deaths to be reported")
     table.sort(events, function(x, y) return x.rank < y.rank end)
     assert.are.equal(4, events[1].rank)
     assert.are.equal(5, events[2].rank)
-    assert.is_true(wait_for(function() return p.state == "ready" and p.pid ~= old end, 10), "no restart")
+    wait_for(function() return p.state == "ready" and p.pid ~= old end, 10, "the restart")
     assert.are.equal(4, one(r, 4):call_one("rank"):get(10)[1])
     assert.are.equal(2 * PER, #r:call("rank"):get(10):values())
   end)

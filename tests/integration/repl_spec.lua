@@ -1,8 +1,8 @@
 -- The REPL (monarch-run -i), typed at through a pseudo-terminal, against a
 -- host agent run as a daemon (monarch-worker --listen), as a user would.
 local core = require "monarch.core"
-local pty = require "pty"
-local agent = require "agent"
+local pty = require "support.pty"
+local agent = require "support.agent"
 
 local B = os.getenv("MONARCH_BUILD") or "build"
 local RUN = B .. "/bin/monarch-run"
@@ -16,7 +16,7 @@ end
 
 local sleep = pty.sleep
 
-local alive = require("procstat").alive
+local alive = require("support.procstat").alive
 
 describe("the REPL", function()
   local token, port, daemon, dir

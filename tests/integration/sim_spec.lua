@@ -9,9 +9,9 @@ local mesh_mod = require "monarch.mesh"
 local procs_mod = require "monarch.procs"
 local status = require "monarch.status"
 local runtime = require "monarch.runtime"
-local agent = require "agent"
+local agent = require "support.agent"
 
-local sh = require("shell").quiet
+local sh = require("support.shell").quiet
 
 -- This process's open file descriptors (the controller is this busted process).
 local function open_fds()

@@ -12,7 +12,7 @@ local SLURM_DIR = "/tmp/monarch-slurm" -- setup.sh's default: a Slurm already ru
 local SETUP_TIMEOUT = 120 -- seconds for setup.sh: another run's setup or stop, then the node coming up
 local JOB_TIMEOUT = 90   -- seconds for the whole test job, queueing included
 
-local shell = require "shell"
+local shell = require "support.shell"
 local sh = shell.run
 
 local function read_file(path)

@@ -4,7 +4,7 @@
 local monarch = require "monarch"
 local core = require "monarch.core"
 local runtime = require "monarch.runtime"
-local shell = require "shell"
+local shell = require "support.shell"
 
 local RUN = (os.getenv("MONARCH_BUILD") or "build") .. "/bin/monarch-run"
 

@@ -4,11 +4,11 @@
 local monarch = require "monarch"
 local mesh_mod = require "monarch.mesh"
 local runtime = require "monarch.runtime"
-local agent = require "agent"
+local agent = require "support.agent"
 
-local sh = require("shell").quiet
+local sh = require("support.shell").quiet
 
-local alive = require("procstat").alive
+local alive = require("support.procstat").alive
 
 describe("supervision through the host agents", function()
   local daemon

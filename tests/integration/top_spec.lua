@@ -6,8 +6,8 @@
 local monarch = require "monarch"
 local mesh_mod = require "monarch.mesh"
 local runtime = require "monarch.runtime"
-local agent = require "agent"
-local pty = require "pty"
+local agent = require "support.agent"
+local pty = require "support.pty"
 
 local B = os.getenv("MONARCH_BUILD") or "build"
 local RUN = B .. "/bin/monarch-run"

@@ -1,6 +1,6 @@
 -- The job's timeline (monarch.trace, docs/tracing.md): a real monarch-run
 -- with MONARCH_TRACE on real procs, read back with a JSON library.
-local agent = require "agent"
+local agent = require "support.agent"
 local cjson = require "cjson"
 local monarch = require "monarch"
 local mesh_mod = require "monarch.mesh"

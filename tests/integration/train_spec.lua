@@ -7,7 +7,7 @@ local B = os.getenv("MONARCH_BUILD") or "build"
 local RUN = "timeout 120 " .. B .. "/bin/monarch-run examples/train.lua --device cpu"
 local TMP = os.getenv("TMPDIR") or "/tmp"
 
-local shell = require "shell"
+local shell = require "support.shell"
 local sh = shell.run
 
 local exists = shell.exists
@@ -32,7 +32,7 @@ end
 -- The real data set when it is here or can be fetched, else a synthetic one.
 local data_arg = ""
 local function ensure_data()
-  data_arg = require("digits").data_arg(tmpdir())
+  data_arg = require("support.digits").data_arg(tmpdir())
 end
 
 -- Runs train.lua with args; returns its output and exit code.

@@ -8,9 +8,9 @@ local monarch = require "monarch"
 local core = require "monarch.core"
 local mesh_mod = require "monarch.mesh"
 local runtime = require "monarch.runtime"
-local tree = require "tree_fixture"
+local tree = require "support.tree_fixture"
 
-local sh = require("shell").quiet
+local sh = require("support.shell").quiet
 
 describe("spawns through the cast tree", function()
   local daemons = {}

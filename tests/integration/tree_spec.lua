@@ -7,10 +7,10 @@
 local monarch = require "monarch"
 local core = require "monarch.core"
 local mesh_mod = require "monarch.mesh"
-local tree = require "tree_fixture"
-local order = require "order"
+local tree = require "support.tree_fixture"
+local order = require "support.order"
 
-local sh = require("shell").quiet
+local sh = require("support.shell").quiet
 
 describe("the cast tree", function()
   local daemons = {}

@@ -1,6 +1,6 @@
 -- A pseudo-terminal driver for tests: runs a program on a new terminal and
 -- talks to it like a user at the keyboard (LuaJIT FFI, forkpty).
---   local pty = require "pty"
+--   local pty = require "support.pty"
 --   local t = pty.spawn({ "build/bin/monarch-run", "-i" }, { HOME = dir })
 --   t:send("1 + 1\n")
 --   t:expect("\n2\n")          -- a plain-text pattern; escape sequences and \r removed

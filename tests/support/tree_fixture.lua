@@ -1,4 +1,4 @@
--- tests/tree_fixture.lua: the three-level cast tree tree_spec and tree_spawn_spec share. The local agent
+-- tests/support/tree_fixture.lua: the three-level cast tree tree_spec and tree_spawn_spec share. The local agent
 -- (monarch.hosts()) and seven real agents with fanout 2 (cast_min 2) are positions 0-1, 2-5 (children
 -- of 0 and 1) and 6-7 (children of 2, which is daemons[2]).
 --
@@ -7,9 +7,9 @@
 local monarch = require "monarch"
 local mesh_mod = require "monarch.mesh"
 local runtime = require "monarch.runtime"
-local agent = require "agent"
+local agent = require "support.agent"
 
-local sh = require("shell").quiet
+local sh = require("support.shell").quiet
 
 local M = {}
 

@@ -1,7 +1,7 @@
--- tests/order.lua: checks that every proc ran its calls in submission order, once each, with
+-- tests/support/order.lua: checks that every proc ran its calls in submission order, once each, with
 -- faulty's bump (each call returns the proc's count after it).
 --
---   local order = require "order"
+--   local order = require "support.order"
 --   local seen = order.check(futs, base)  -- futs: {all = true, f = mesh-wide future} or {rank = r, f = call_one future}
 local assert = require "luassert" -- a module's globals are not a spec's: busted's assert is luassert
 local M = {}

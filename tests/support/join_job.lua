@@ -2,8 +2,8 @@
 -- for a host to join (by the join port, or with `refresh HOSTFILE ADDR` by
 -- a line it adds to its --hostfile), grows its mesh onto it and hands the
 -- new procs a tensor from a peer, printing what the spec checks.
---   monarch-run --listen-joins 127.0.0.1:0 tests/join_job.lua join
---   monarch-run --hostfile F tests/join_job.lua refresh F HOST:PORT
+--   monarch-run --listen-joins 127.0.0.1:0 tests/support/join_job.lua join
+--   monarch-run --hostfile F tests/support/join_job.lua refresh F HOST:PORT
 local monarch = require "monarch"
 local bulk = require "monarch.bulk"
 

@@ -1,7 +1,7 @@
--- tests/agent.lua: a host agent daemon of a spec's own (`monarch-worker
+-- tests/support/agent.lua: a host agent daemon of a spec's own (`monarch-worker
 -- --listen HOST:0`), started in the background and stopped again.
 --
---   local agent = require "agent"
+--   local agent = require "support.agent"
 --   local a = agent.start{ token = runtime.token, env = "MONARCH_HOST_KEY=x" }
 --   ... mesh.connect_agents{ a.addr } ...
 --   a:stop()

@@ -1,7 +1,7 @@
--- tests/digits.lua: the data set for specs that run examples/train.lua.
+-- tests/support/digits.lua: the data set for specs that run examples/train.lua.
 -- The real one (data/digits.csv.gz, git-ignored) when it is here or can be
 -- fetched; otherwise a digits-like synthetic set, for machines offline.
---   local data_arg = require("digits").data_arg(dir)   -- "" or " --data DIR/synthetic.csv"
+--   local data_arg = require("support.digits").data_arg(dir)   -- "" or " --data DIR/synthetic.csv"
 local M = {}
 
 local function exists(p)

@@ -1,5 +1,5 @@
--- tests/shell.lua: what specs that run programs share.
---   local shell = require "shell"
+-- tests/support/shell.lua: what specs that run programs share.
+--   local shell = require "support.shell"
 --   local out, rc = shell.run("build/bin/monarch-run -e 'print(1)'")  -- stdout and stderr, exit status
 --   shell.quiet("kill -STOP " .. pid)                                   -- true if it exited 0
 local M = {}

@@ -1,7 +1,7 @@
--- tests/netns.lua: real network cuts for specs, made with network namespaces
+-- tests/support/netns.lua: real network cuts for specs, made with network namespaces
 -- (needs root and iproute2; `netns.check` says why not). Two layouts:
 --
---   local netns = require "netns"
+--   local netns = require "support.netns"
 --   -- one host behind a veth pair; the cut takes the whole link down
 --   local p = netns.pair{ ns = netns.name("mn_part"), host_if = ..., ns_if = ..., net = netns.subnet(64) }
 --   p:down() ... p:up() ... p:destroy()
@@ -12,7 +12,7 @@
 -- Every name carries this process's pid, so suites running side by side
 -- (other checkouts on one machine) never share a namespace, an interface or a
 -- subnet.
-local sh = require("shell").quiet
+local sh = require("support.shell").quiet
 
 local M = {}
 
