@@ -145,10 +145,10 @@ local function declare_hung(p, why)
 end
 
 -- A proc still running a call it was asked to stop, `grace` seconds on, is hung.
-require("monarch.calls").on_hung = function(p, kernel, grace)
+table.insert(calls.hooks.on_hung, function(p, kernel, grace)
   if p.state ~= "ready" and p.state ~= "reconnecting" then return end
   declare_hung(p, string.format("hung: '%s' still running %gs after it was cancelled", kernel, grace))
-end
+end)
 
 runtime.tick(function(now)
   for p in pairs(dying) do
@@ -290,6 +290,7 @@ function M.each()
     return p
   end
 end
+trace.set_procs(M.each)
 
 --- Connects to a spawned proc; p.state goes connecting -> ready (or dead).
 -- Port 0 in SPAWNED (a simulated agent's virtual proc): no link of its own, every call a cast through
@@ -457,7 +458,6 @@ M.TREE_WAIT = 1
 --- Re-creates what a restarted proc must have before it serves the script
 -- again: its kernel libraries, its tensors (zeroed), then the init hooks.
 local function restore(p)
-  local single = require("monarch.mesh").proc_mesh({ p }, require("monarch.shape").new({ "procs" }, { 1 }), {})
   local function call(kernel, ...)
     local rec = runtime.submit({ p }, kernel, { ... }, select("#", ...), { mode = "one", bypass = true })
     return rec.future:await()
@@ -472,7 +472,7 @@ local function restore(p)
   end
   -- The hooks use the ordinary verbs; their calls go through while others wait.
   set(p, "in_hooks", true)
-  for _, fn in ipairs(p.init_hooks or {}) do fn(single, p.rank) end
+  for _, fn in ipairs(p.init_hooks or {}) do fn(p) end -- each fn(p): ProcMesh:on_restart's, which makes p's mesh
   set(p, "in_hooks", false)
 end
 
