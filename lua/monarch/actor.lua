@@ -545,7 +545,7 @@ end
 function ActorMesh:stream(endpoint, ...)
   check_endpoint(endpoint, 2)
   local args, nargs = { ... }, select("#", ...)
-  return require("monarch.mesh").stream_results(self._mesh.shape, self._mesh:size(), function(on_slot)
+  return mesh.stream_results(self._mesh.shape, self._mesh:size(), function(on_slot)
     return call_all(self, endpoint, nargs, on_slot, unpack(args, 1, nargs))
   end)
 end

@@ -216,13 +216,17 @@ local function check_reducible(t, what, level)
   end
 end
 
+-- A GPU tensor (monarch.gpu's, which requires this module: t.device says where a tensor lives): its
+-- collectives are the gpu_ methods, NCCL's.
+local function on_gpu(t) return type(t) == "table" and t.device == "cuda" end
+
 --[[ Runs one collective: one call per group, each preceded on first use by
   the group's setup. args_for(gid, members) gives the call's arguments.
   Returns a Future of nil. ]]
 local function run(m, what, opts, args_for, level)
   local timeout = opts.timeout or m._opts.timeout
   local parts = partition(m, opts.dim, level + 1)
-  tensor.flush_frees()
+  mesh.before_call()
   local futs, used = {}, {}
   for _, idx in ipairs(parts) do
     local procs = {}
@@ -253,7 +257,7 @@ end
 -- truncate). dtype f32, f64, i32 or i64. opts: {dim = name, timeout = s}.
 -- Returns a Future of nil. The result is bitwise identical on every member.
 function methods:all_reduce(t, op, opts)
-  if require("monarch.gpu").is(t) then return self:gpu_all_reduce(t, op, opts) end -- NCCL for GPU tensors
+  if on_gpu(t) then return self:gpu_all_reduce(t, op, opts) end -- NCCL for GPU tensors
   op = op or "sum"
   check_tensor(t, "all_reduce", "the tensor", 2)
   check_op(op, "all_reduce", 2)
@@ -267,7 +271,7 @@ end
 -- the root's 0-based position in the group (for a 1-D mesh, its coordinate).
 -- Returns a Future of nil. (ProcMesh:broadcast is the kernel fan-out.)
 function methods:broadcast_tensor(t, root, opts)
-  if require("monarch.gpu").is(t) then return self:gpu_broadcast(t, root, opts) end -- NCCL for GPU tensors
+  if on_gpu(t) then return self:gpu_broadcast(t, root, opts) end -- NCCL for GPU tensors
   check_tensor(t, "broadcast_tensor", "the tensor", 2)
   opts = check_opts(opts, "broadcast_tensor", 2)
   local r = M.root_position(self, root, opts.dim, "broadcast_tensor")
@@ -278,7 +282,7 @@ end
 -- dst holds n * numel(src) elements of src's dtype (n members per group).
 -- Returns a Future of nil.
 function methods:all_gather(src, dst, opts)
-  if require("monarch.gpu").is(src) then return self:gpu_all_gather(src, dst, opts) end -- NCCL for GPU tensors
+  if on_gpu(src) then return self:gpu_all_gather(src, dst, opts) end -- NCCL for GPU tensors
   check_tensor(src, "all_gather", "src", 2)
   check_tensor(dst, "all_gather", "dst", 2)
   opts = check_opts(opts, "all_gather", 2)
@@ -293,7 +297,7 @@ end
 --- Reduces src (n * numel(dst) elements) over the members and leaves block
 -- i of the result in member i's dst. src is not modified. Returns a Future of nil.
 function methods:reduce_scatter(src, dst, op, opts)
-  if require("monarch.gpu").is(src) then return self:gpu_reduce_scatter(src, dst, op, opts) end -- NCCL for GPU tensors
+  if on_gpu(src) then return self:gpu_reduce_scatter(src, dst, op, opts) end -- NCCL for GPU tensors
   op = op or "sum"
   check_tensor(src, "reduce_scatter", "src", 2)
   check_tensor(dst, "reduce_scatter", "dst", 2)
@@ -341,7 +345,7 @@ function methods:copy(src, src_at, dst, dst_at, opts)
   local sp, dp = self._procs[position(self, src_at, "src_at")], self._procs[position(self, dst_at, "dst_at")]
   local timeout = opts.timeout or self._opts.timeout
   local tag = new_id()
-  tensor.flush_frees()
+  mesh.before_call()
   local function submit(p, kernel, args, nargs)
     return runtime.submit({ p }, kernel, args, nargs, { mode = "one", timeout = timeout, what = "copy" }).future
   end
@@ -429,7 +433,7 @@ function methods:group(opts)
   combine(futs, "kernel group setup"):get()
   if opts.gpu then
     -- The communicators take the group's id: a kernel's collective finds its group's communicator by it.
-    local ok, err = pcall(require("monarch.gpu")._group_comms, self, parts, id, 1)
+    local ok, err = pcall(self._gpu_group_comms, self, parts, id, 1)
     if not ok then
       self:_submit("__coll_free", { id }, 1, { what = "group free" }):get()
       error(err, 2)
@@ -481,7 +485,7 @@ function Group:free()
   local m = self._mesh
   if self.gpu then
     -- A failed call dropped the communicators on the procs it reached; release any the others still hold.
-    local ok, err = pcall(require("monarch.gpu")._free_group_comms, m, self.id)
+    local ok, err = pcall(m._gpu_free_group_comms, m, self.id)
     if not ok and not self._dead then error(err, 2) end
   end
   if self._dead then return end

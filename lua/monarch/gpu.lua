@@ -11,6 +11,7 @@
 -- first time a mesh (or one dimension of it) runs a collective: proc 0 of
 -- each group makes an NCCL id, the controller hands it to every member, and
 -- the communicator is cached on the procs and here, per mesh and dimension.
+local collective = require "monarch.collective"
 local errors = require "monarch.errors"
 local mesh = require "monarch.mesh"
 local runtime = require "monarch.runtime"
@@ -51,12 +52,8 @@ local function flush_frees()
   end
 end
 
--- Every call flushes tensor.lua's queue; GPU frees ride along with it.
-local flush_cpu_frees = tensor.flush_frees
-function tensor.flush_frees()
-  flush_cpu_frees()
-  flush_frees()
-end
+-- Every call a mesh sends flushes tensor.lua's queue; GPU frees ride along with it.
+table.insert(mesh.hooks.before_call, flush_frees)
 
 local function numel_of(shape)
   local n = 1
@@ -78,7 +75,7 @@ function methods:gpu_tensor(dtype, shape)
       error(string.format("tensor shape entry %d must be a non-negative integer, got %s", i, tostring(s)), 2)
     end
   end
-  tensor.flush_frees()
+  mesh.before_call()
   next_id = next_id + 1
   local id = ID_BASE + next_id
   local procs = self._procs
@@ -233,7 +230,7 @@ local function make_comms(m, groups, cid, level)
     local procs = {}
     for k, i in ipairs(members) do procs[k] = m._procs[i] end
     local ok, gid = true, 0
-    if #procs > 1 then ok, gid = pcall(require("monarch.collective").watch_group, procs, M.init_timeout) end
+    if #procs > 1 then ok, gid = pcall(collective.watch_group, procs, M.init_timeout) end
     watches[g] = ok and gid or 0
   end
   -- Every member must be asked before any answers: ncclCommInitRank waits for the whole group.
@@ -267,19 +264,20 @@ local function bootstrap(m, dim, level)
   return make_comms(m, groups_of(m, dim), next_comm, level + 1)
 end
 
---[[ For mesh:group{ gpu = true } (collective.lua): makes the NCCL
+--[[ ProcMesh:_gpu_group_comms, for mesh:group{ gpu = true } (collective.lua): makes the NCCL
   communicators of kernel group gid, whose lines are `groups` (lists of flat
   indices of m, in position order), under the group's own id, so that a
   kernel's mk_all_reduce on GPU tensors finds the communicator of its group.
   Each line gets a watch group, as mesh collectives' communicators do. ]]
-function M._group_comms(m, groups, gid, level)
-  tensor.flush_frees()
+function methods:_gpu_group_comms(groups, gid, level)
+  local m = self
+  mesh.before_call()
   make_comms(m, groups, gid, level + 1)
 end
 
---- Releases the NCCL communicators of kernel group gid on m's procs (Group:free). Blocks.
-function M._free_group_comms(m, gid)
-  m:_submit("__gpu_nccl_free", { gid }, 1, { what = "gpu communicator release" }):get()
+--- Releases the NCCL communicators of kernel group gid on this mesh's procs (Group:free). Blocks.
+function methods:_gpu_free_group_comms(gid)
+  self:_submit("__gpu_nccl_free", { gid }, 1, { what = "gpu communicator release" }):get()
 end
 
 -- The comm id for collectives of m over dim, made on first use.
@@ -327,7 +325,7 @@ end
 -- CPU collectives. A failure drops the cached communicator (the procs release
 -- it), so the next call makes a fresh one.
 local function run(m, name, args, nargs, opts, forget)
-  tensor.flush_frees()
+  mesh.before_call()
   local fut = runtime.submit(m._procs, name, args, nargs, {
     mode = "mesh", timeout = opts.timeout or m._opts.timeout, what = name:sub(3),
     make_result = function() return nil end,
@@ -355,7 +353,7 @@ end
 function methods:gpu_broadcast(t, root, opts)
   check_tensor(t, "gpu_broadcast", "the tensor", 2)
   opts = check_opts(opts, "gpu_broadcast", 2)
-  local r = require("monarch.collective").root_position(self, root, opts.dim, "gpu_broadcast")
+  local r = collective.root_position(self, root, opts.dim, "gpu_broadcast")
   local cid, forget = comm_for(self, opts.dim, 2)
   return run(self, "__gpu_broadcast", { cid, t, r }, 3, opts, forget)
 end

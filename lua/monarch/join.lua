@@ -150,7 +150,7 @@ function M.listen(opts)
   if type(addr) ~= "string" or not split_addr(addr) then
     error("listen: addr wants a numeric HOST:PORT like '0.0.0.0:7100', got " .. tostring(addr), 2)
   end
-  if not target then require("monarch").hosts() end -- the token, and the mesh that joined hosts go into
+  if not target then mesh.job_hosts() end -- the token, and the mesh that joined hosts go into
   if M.address then error("listen: already listening for joins on " .. M.address, 2) end
   local bound, err = core.listen(addr)
   if not bound then error(errors.new { kind = "connect", message = err }, 2) end
@@ -200,7 +200,7 @@ end
 -- line is logged and tried again by the next refresh. Lines that are gone
 -- remove nothing.
 function HostMesh:refresh(path)
-  path = path or require("monarch").config.hostfile
+  path = path or mesh.job_config().hostfile
   if type(path) ~= "string" then error("refresh: this job has no hostfile (monarch-run --hostfile FILE, or pass a path)", 2) end
   local fresh = {}
   for _, addr in ipairs(read_hostfile(path)) do

@@ -6,10 +6,21 @@ local errors = require "monarch.errors"
 local runtime = require "monarch.runtime"
 local shape_mod = require "monarch.shape"
 local value_mesh = require "monarch.value_mesh"
-local tensor = require "monarch.tensor"
 
 local M = {}
 local unpack = unpack or table.unpack
+
+--- Hook lists of the modules above (they add to them; nothing here replaces their functions):
+-- before_call: fn() before every call a mesh sends (monarch.tensor and monarch.gpu send the frees
+-- of the tensors the GC collected, so that they reach the procs before the call).
+M.hooks = { before_call = {} }
+local before_call_hooks = M.hooks.before_call
+
+--- Runs the before_call hooks: every verb that sends calls runs it first (collectives too).
+local function before_call()
+  for i = 1, #before_call_hooks do before_call_hooks[i]() end
+end
+M.before_call = before_call
 
 local procs_mod = require "monarch.procs"
 local wait_until = procs_mod.wait_until
@@ -36,6 +47,24 @@ function M.connect_agents(addrs)
   end
   return agents
 end
+
+-- ---- the job ---------------------------------------------------------------------
+
+local job = { config = {} } -- hosts: how monarch makes the job's HostMesh; config: monarch.config
+
+--- Called once by monarch (init.lua), which sits above every module: hosts() makes (once) and
+-- returns the job's HostMesh (monarch.hosts), config is monarch.config (monarch-run's settings).
+-- The features that need the job (persist, join) ask here.
+function M.set_job(hosts, config) job.hosts, job.config = hosts, config end
+
+--- The job's HostMesh (monarch.hosts(): started on first use).
+function M.job_hosts()
+  if not job.hosts then error("the job's hosts are not known yet: load monarch first", 2) end
+  return job.hosts()
+end
+
+--- monarch.config: the settings monarch-run filled in (hosts, hostfile, ...).
+function M.job_config() return job.config end
 
 -- ---- HostMesh --------------------------------------------------------------------
 
@@ -193,7 +222,9 @@ M.METHODS = {
   ready = "monarch.mesh", stop = "monarch.mesh", ping = "monarch.mesh", survivors = "monarch.mesh",
   -- monarch.mesh: kernel calls (_submit is the one they share, also used by the modules below)
   load = "monarch.mesh", call = "monarch.mesh", call_one = "monarch.mesh", broadcast = "monarch.mesh",
-  choose = "monarch.mesh", stream = "monarch.mesh", tensor = "monarch.mesh", _submit = "monarch.mesh",
+  choose = "monarch.mesh", stream = "monarch.mesh", _submit = "monarch.mesh",
+  -- tensors on the procs
+  tensor = "monarch.tensor",
   -- Lua actors on the procs
   spawn = "monarch.actor",
   -- CPU collectives and proc-to-proc copies over direct proc links
@@ -204,6 +235,7 @@ M.METHODS = {
   gpu_tensor = "monarch.gpu", gpu_info = "monarch.gpu", gpu_sync = "monarch.gpu",
   gpu_all_reduce = "monarch.gpu", gpu_broadcast = "monarch.gpu", gpu_all_gather = "monarch.gpu",
   gpu_reduce_scatter = "monarch.gpu",
+  _gpu_group_comms = "monarch.gpu", _gpu_free_group_comms = "monarch.gpu", -- for collective.lua's mesh:group{gpu = true}
   -- persistent meshes (the REPL's)
   persist = "monarch.persist", detach = "monarch.persist",
   -- more hosts: procs on hosts that joined the job, with the mesh's libraries
@@ -318,9 +350,11 @@ end
 -- the place to restore state. Use with options{restart = true}.
 function ProcMesh:on_restart(fn)
   if type(fn) ~= "function" then error("on_restart wants a function", 2) end
+  -- monarch.procs runs a proc's init hooks as hook(p): this one hands fn the mesh of that one proc.
+  local function hook(p) return fn(M.proc_mesh({ p }, shape_mod.new({ "procs" }, { 1 }), {}), p.rank) end
   for _, p in ipairs(self._procs) do
     p.init_hooks = p.init_hooks or {}
-    p.init_hooks[#p.init_hooks + 1] = fn
+    p.init_hooks[#p.init_hooks + 1] = hook
   end
   return self
 end
@@ -383,7 +417,7 @@ local function check_kernel(kernel, level)
 end
 
 function ProcMesh:_submit(kernel, args, nargs, o)
-  tensor.flush_frees()
+  before_call()
   local shape = self.shape
   local convert = o.convert
   return runtime.submit(self._procs, kernel, args, nargs, {
@@ -461,7 +495,7 @@ function ProcMesh:call_one(kernel, ...)
   if #self._procs ~= 1 then
     error("call_one needs a mesh of exactly one proc; this one has " .. #self._procs .. " (slice it first)", 2)
   end
-  tensor.flush_frees()
+  before_call()
   return runtime.submit(self._procs, kernel, { ... }, select("#", ...), { mode = "one", timeout = self._opts.timeout,
     retries = self._opts.retries, backoff = self._opts.backoff, cancel_grace = self._opts.cancel_grace }).future
 end
@@ -470,7 +504,7 @@ end
 -- stops the script at its next wait (use call() to handle errors yourself).
 function ProcMesh:broadcast(kernel, ...)
   check_kernel(kernel, 2)
-  tensor.flush_frees()
+  before_call()
   runtime.submit(self._procs, kernel, { ... }, select("#", ...), { mode = "broadcast", timeout = self._opts.timeout,
     retries = self._opts.retries, backoff = self._opts.backoff, cancel_grace = self._opts.cancel_grace })
 end
@@ -490,7 +524,7 @@ function ProcMesh:choose(kernel, ...)
   end
   self._rr = self._rr + 1
   if not best then error(errors.new { kind = "proc_failed", kernel = kernel, message = "no live proc in this mesh to choose" }, 2) end
-  tensor.flush_frees()
+  before_call()
   return runtime.submit({ best }, kernel, { ... }, select("#", ...), { mode = "one", timeout = self._opts.timeout,
     retries = self._opts.retries, backoff = self._opts.backoff, cancel_grace = self._opts.cancel_grace,
     choose_from = self._procs }).future
@@ -533,11 +567,6 @@ function M.stream_results(shape, total, start)
     if not e[2] then error(e[3], 2) end
     return shape:coords(e[1]), e[3]
   end
-end
-
---- A tensor of dtype and shape on every proc of this mesh (zeroed).
-function ProcMesh:tensor(dtype, shape)
-  return tensor.new(self, dtype, shape)
 end
 
 --- Calls fn(err) whenever a proc of this mesh fails.

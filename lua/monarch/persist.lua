@@ -14,6 +14,7 @@
 -- a session, so they are all still there. See docs/repl.md.
 local core = require "monarch.core"
 local errors = require "monarch.errors"
+local log = require "monarch.log"
 local runtime = require "monarch.runtime"
 local procs_mod = require "monarch.procs"
 local shape_mod = require "monarch.shape"
@@ -272,7 +273,7 @@ function M.attach(name)
   check_name(name, 2)
   local have = held(name)
   if have then return have end
-  local agents = require("monarch").hosts().agents
+  local agents = mesh_mod.job_hosts().agents
   local replies = ask(agents, function(req) return { MSG.ATTACH, req, name } end, "attaching '" .. name .. "'")
   local found, why = {}, {}
   for _, r in ipairs(replies) do
@@ -351,7 +352,7 @@ function M.attach(name)
     if t.name then m.tensors[t.name] = h end
   end
   if #missing > 0 then
-    require("monarch.log").log("warn", "mesh '" .. name .. "': " .. #missing .. " procs exited while it was detached: " ..
+    log.log("warn", "mesh '" .. name .. "': " .. #missing .. " procs exited while it was detached: " ..
       table.concat(missing, ", "))
   end
   m._persistent = name
@@ -361,7 +362,7 @@ end
 
 --- The persistent meshes the host agents keep: {name = {procs = n, hosts = {...}}}.
 function M.list()
-  local agents = require("monarch").hosts().agents
+  local agents = mesh_mod.job_hosts().agents
   local replies = ask(agents, function(req) return { MSG.LIST, req } end, "listing persistent meshes")
   local out = {}
   for _, r in ipairs(replies) do

@@ -6,8 +6,11 @@
 local ffi = require "ffi"
 local bulk = require "monarch.bulk"
 local core = require "monarch.core"
+local errors = require "monarch.errors"
 local future = require "monarch.future"
+local mesh_mod = require "monarch.mesh"
 local runtime = require "monarch.runtime"
+local shape_mod = require "monarch.shape"
 local value_mesh = require "monarch.value_mesh"
 
 local M = {}
@@ -124,7 +127,7 @@ Tensor.__index = Tensor
 local next_id = 0
 local to_free = {} -- { procs, id } queued by the GC, sent by flush_frees
 
---- Sends the frees the garbage collector queued. Called by the runtime.
+--- Sends the frees the garbage collector queued. Every mesh verb runs it first (mesh.hooks.before_call).
 function M.flush_frees()
   if #to_free == 0 then return end
   local batch = to_free
@@ -335,7 +338,7 @@ end
 function Tensor:_put_bytes(src, base, nbytes, owner, procs)
   for _, p in ipairs(procs) do
     if p.state ~= "ready" then
-      error(require("monarch.errors").new { kind = "proc_failed", rank = p.rank, host = p.host, pid = p.pid,
+      error(errors.new { kind = "proc_failed", rank = p.rank, host = p.host, pid = p.pid,
         message = "put needs every proc ready; this one is " .. p.state }, 3)
     end
   end
@@ -367,7 +370,7 @@ local function await_links(procs, targets)
       if p.state ~= "ready" and p.state ~= "reconnecting" then return end
     end
     if runtime.now() > deadline then
-      error(require("monarch.errors").new { kind = "timeout",
+      error(errors.new { kind = "timeout",
         message = "a put waited " .. M.LINK_WAIT .. "s for its procs' direct links" }, 0)
     end
     runtime.pump(0.005)
@@ -431,14 +434,14 @@ local function source_proc(t, from, level)
   for _, p in ipairs(t.mesh._procs) do
     if (from == nil and p.state == "ready") or (from ~= nil and p.rank == from) then
       if p.state ~= "ready" then
-        error(require("monarch.errors").new { kind = "proc_failed", rank = p.rank, host = p.host, pid = p.pid,
+        error(errors.new { kind = "proc_failed", rank = p.rank, host = p.host, pid = p.pid,
           message = "copy_from_peer: the source proc is " .. p.state }, level + 1)
       end
       return p
     end
   end
   if from ~= nil then error("copy_from_peer: no proc of rank " .. tostring(from) .. " holds tensor " .. t.__mn_tensor, level + 1) end
-  error(require("monarch.errors").new { kind = "proc_failed",
+  error(errors.new { kind = "proc_failed",
     message = "copy_from_peer: no ready proc holds tensor " .. t.__mn_tensor }, level + 1)
 end
 
@@ -491,7 +494,7 @@ function Tensor:copy_from_peer(m, opts)
   end
   local members = { src }
   for _, p in ipairs(new) do members[#members + 1] = p end
-  local group = require("monarch.mesh").proc_mesh(members, require("monarch.shape").new({ "procs" }, { #members }), {})
+  local group = mesh_mod.proc_mesh(members, shape_mod.new({ "procs" }, { #members }), {})
   return group:broadcast_tensor(self, 0, opts.timeout and { timeout = opts.timeout } or nil)
 end
 
@@ -499,6 +502,10 @@ Tensor.__tostring = function(t)
   return string.format("Tensor(%d, %s, {%s}) on %d procs", t.__mn_tensor, t.dtype, table.concat(t.shape, ","),
     #t.mesh._procs)
 end
+
+--- ProcMesh:tensor(dtype, shape): a tensor of dtype and shape on every proc of this mesh (zeroed).
+mesh_mod.provide("monarch.tensor", { tensor = function(self, dtype, shape) return M.new(self, dtype, shape) end })
+table.insert(mesh_mod.hooks.before_call, M.flush_frees)
 
 function M.is(v) return getmetatable(v) == Tensor end
 function M.is_host(v) return getmetatable(v) == HostTensor end
