@@ -86,7 +86,7 @@ end
 -- dimensions' coordinates with its members in order along `dim`.
 -- Returns lists of flat (1-based) indices.
 local function partition(m, dim, level)
-  local n = #m._procs
+  local n = #m:proc_list()
   if dim == nil then
     local all = {}
     for i = 1, n do all[i] = i end
@@ -171,7 +171,7 @@ end
 -- position or a coordinate table (with dim, only that dimension's coordinate
 -- counts). Errors name `what` and point at the caller of the public method.
 function M.root_position(mesh, root, dim, what)
-  local n = dim and (mesh.shape:dim(dim) or error("no dimension named '" .. dim .. "'", 3)) or #mesh._procs
+  local n = dim and (mesh.shape:dim(dim) or error("no dimension named '" .. dim .. "'", 3)) or #mesh:proc_list()
   local r = root or 0
   if type(r) == "table" then
     if dim then
@@ -227,10 +227,10 @@ local function run(m, what, opts, args_for, level)
   local timeout = opts.timeout or m._opts.timeout
   local parts = partition(m, opts.dim, level + 1)
   mesh.before_call()
-  local futs, used = {}, {}
+  local futs, used, all = {}, {}, m:proc_list()
   for _, idx in ipairs(parts) do
     local procs = {}
-    for k, i in ipairs(idx) do procs[k] = m._procs[i] end
+    for k, i in ipairs(idx) do procs[k] = all[i] end
     local g = group_for(procs, timeout)
     local args, nargs = args_for(g.id, idx)
     for _, s in ipairs(g.setup or {}) do
@@ -286,7 +286,7 @@ function methods:all_gather(src, dst, opts)
   check_tensor(src, "all_gather", "src", 2)
   check_tensor(dst, "all_gather", "dst", 2)
   opts = check_opts(opts, "all_gather", 2)
-  local n = opts.dim and (self.shape:dim(opts.dim) or error("no dimension named '" .. opts.dim .. "'", 2)) or #self._procs
+  local n = opts.dim and (self.shape:dim(opts.dim) or error("no dimension named '" .. opts.dim .. "'", 2)) or #self:proc_list()
   if dst.dtype ~= src.dtype or dst.numel ~= n * src.numel then
     error(string.format("all_gather: dst must be %s with %d x %d = %d elements; it is %s with %d",
       src.dtype, n, src.numel, n * src.numel, dst.dtype, dst.numel), 2)
@@ -304,7 +304,7 @@ function methods:reduce_scatter(src, dst, op, opts)
   check_op(op, "reduce_scatter", 2)
   check_reducible(src, "reduce_scatter", 2)
   opts = check_opts(opts, "reduce_scatter", 2)
-  local n = opts.dim and (self.shape:dim(opts.dim) or error("no dimension named '" .. opts.dim .. "'", 2)) or #self._procs
+  local n = opts.dim and (self.shape:dim(opts.dim) or error("no dimension named '" .. opts.dim .. "'", 2)) or #self:proc_list()
   if dst.dtype ~= src.dtype or src.numel ~= n * dst.numel then
     error(string.format("reduce_scatter: src must be %s with %d x %d = %d elements; it is %s with %d",
       dst.dtype, n, dst.numel, n * dst.numel, src.dtype, src.numel), 2)
@@ -322,8 +322,8 @@ end
 -- Flat 1-based index of a proc given as coordinates or a 0-based position.
 local function position(m, at, name)
   if type(at) == "table" then return m.shape:index(at) end
-  if type(at) ~= "number" or at < 0 or at >= #m._procs or at ~= math.floor(at) then
-    error(string.format("copy: %s %s is neither coordinates nor a position 0..%d", name, tostring(at), #m._procs - 1), 3)
+  if type(at) ~= "number" or at < 0 or at >= #m:proc_list() or at ~= math.floor(at) then
+    error(string.format("copy: %s %s is neither coordinates nor a position 0..%d", name, tostring(at), #m:proc_list() - 1), 3)
   end
   return at + 1
 end
@@ -342,7 +342,8 @@ function methods:copy(src, src_at, dst, dst_at, opts)
     error(string.format("copy: src is %s with %d elements but dst is %s with %d", src.dtype, src.numel, dst.dtype,
       dst.numel), 2)
   end
-  local sp, dp = self._procs[position(self, src_at, "src_at")], self._procs[position(self, dst_at, "dst_at")]
+  local all = self:proc_list()
+  local sp, dp = all[position(self, src_at, "src_at")], all[position(self, dst_at, "dst_at")]
   local timeout = opts.timeout or self._opts.timeout
   local tag = new_id()
   mesh.before_call()
@@ -366,10 +367,10 @@ end
 -- (tests, debugging). The caller keeps every member in step.
 function M.setup_groups(m, opts)
   opts = check_opts(opts, "setup_groups", 2)
-  local ids = {}
+  local ids, all = {}, m:proc_list()
   for i, idx in ipairs((partition(m, opts.dim, 2))) do
     local procs = {}
-    for k, j in ipairs(idx) do procs[k] = m._procs[j] end
+    for k, j in ipairs(idx) do procs[k] = all[j] end
     local g = group_for(procs, opts.timeout or m._opts.timeout, true)
     for _, f in ipairs(g.setup) do f:get() end
     ids[i] = g.id
@@ -420,13 +421,14 @@ function methods:group(opts)
   opts = opts or {}
   local parts, size = partition(self, opts.dim, 2)
   local timeout = opts.timeout or self._opts.timeout
-  ensure_addrs(self._procs)
+  local all = self:proc_list()
+  ensure_addrs(all)
   local id, futs = new_id(), {}
   for _, idx in ipairs(parts) do
     local addrs, ranks = {}, {}
-    for k, i in ipairs(idx) do addrs[k], ranks[k] = self._procs[i]._coll_addr, self._procs[i].rank end
+    for k, i in ipairs(idx) do addrs[k], ranks[k] = all[i]._coll_addr, all[i].rank end
     for k, i in ipairs(idx) do
-      futs[#futs + 1] = runtime.submit({ self._procs[i] }, "__coll_group", { id, k - 1, addrs, ranks }, 4,
+      futs[#futs + 1] = runtime.submit({ all[i] }, "__coll_group", { id, k - 1, addrs, ranks }, 4,
         { mode = "one", timeout = timeout, what = "kernel group setup" }).future
     end
   end
@@ -440,7 +442,7 @@ function methods:group(opts)
     end
   end
   return setmetatable({ __mn_group = id, id = id, size = size, dim = opts.dim, gpu = opts.gpu == true,
-    _key = mesh_key(self._procs), _mesh = self }, Group)
+    _key = mesh_key(all), _mesh = self }, Group)
 end
 
 function Group:__tostring()
@@ -456,7 +458,7 @@ function Group:_bind(m, level)
   if self._dead then
     error(tostring(self) .. ": a failed call tore it down on its procs; make a new one with mesh:group()", level + 1)
   end
-  if mesh_key(m._procs) ~= self._key then
+  if mesh_key(m:proc_list()) ~= self._key then
     error(tostring(self) .. " belongs to another mesh (or one of its procs was restarted): call the kernel on the mesh " ..
       "the group was made on", level + 1)
   end

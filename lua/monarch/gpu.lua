@@ -78,7 +78,7 @@ function methods:gpu_tensor(dtype, shape)
   mesh.before_call()
   next_id = next_id + 1
   local id = ID_BASE + next_id
-  local procs = self._procs
+  local procs = self:proc_list()
   local t = setmetatable({ __mn_tensor = id, dtype = dtype, shape = shape, numel = numel_of(shape), mesh = self,
     device = "cuda" }, GpuTensor)
   runtime.submit(procs, "__gpu_tensor_new", { id, dtype, shape }, 3, { mode = "broadcast" })
@@ -128,12 +128,12 @@ function GpuTensor:free()
   if rawget(self, "freed") then return end
   rawset(self, "freed", true)
   getmetatable(rawget(self, "_gc")).__gc = nil
-  runtime.submit(self.mesh._procs, "__gpu_free", { self.__mn_tensor }, 1, { mode = "broadcast" })
+  runtime.submit(self.mesh:proc_list(), "__gpu_free", { self.__mn_tensor }, 1, { mode = "broadcast" })
 end
 
 GpuTensor.__tostring = function(t)
   return string.format("GpuTensor(%d, %s, {%s}) on %d procs", t.__mn_tensor - ID_BASE, t.dtype,
-    table.concat(t.shape, ","), #t.mesh._procs)
+    table.concat(t.shape, ","), #t.mesh:proc_list())
 end
 
 --- True if v is a GPU tensor.
@@ -177,18 +177,18 @@ end
 local comms = setmetatable({}, { __mode = "k" }) -- first proc record -> { key -> comm id }
 local next_comm = 0
 
--- The groups of a collective: lists of flat indices into mesh._procs, each in
+-- The groups of a collective: lists of flat indices into mesh:proc_list(), each in
 -- rank order. No dim: one group of all procs; dim: one group per position of
 -- the other dimensions, along dim.
 local function groups_of(m, dim)
   if dim == nil then
     local all = {}
-    for i = 1, #m._procs do all[i] = i end
+    for i = 1, #m:proc_list() do all[i] = i end
     return { all }
   end
   if not m.shape:dim(dim) then error("no dimension named '" .. tostring(dim) .. "' in " .. tostring(m.shape), 4) end
   local groups, order = {}, {}
-  for i = 1, #m._procs do
+  for i = 1, #m:proc_list() do
     local c, parts = m.shape:coords(i), {}
     for _, name in ipairs(m.shape.names) do
       if name ~= dim then parts[#parts + 1] = c[name] end
@@ -207,18 +207,18 @@ end
 
 local function cache_key(m, dim)
   local ranks = {}
-  for i, p in ipairs(m._procs) do ranks[i] = p.rank end
+  for i, p in ipairs(m:proc_list()) do ranks[i] = p.rank end
   return table.concat(ranks, ",") .. "/" .. (dim or "*")
 end
 
 -- Makes communicator cid on the procs of m, one NCCL communicator per group
--- (a list of flat indices into m._procs, in rank order) under the same id:
+-- (a list of flat indices into m:proc_list(), in rank order) under the same id:
 -- the group's first proc makes the NCCL id, every member joins with it.
 -- Raises (after releasing cid everywhere) if any member fails to join.
 local function make_comms(m, groups, cid, level)
-  local id_futs = {}
+  local all, id_futs = m:proc_list(), {}
   for g, members in ipairs(groups) do
-    local p = m._procs[members[1]]
+    local p = all[members[1]]
     id_futs[g] = runtime.submit({ p }, "__gpu_nccl_id", {}, 0, { mode = "one", what = "NCCL id from rank " .. p.rank }).future
   end
   local ids = {}
@@ -228,7 +228,7 @@ local function make_comms(m, groups, cid, level)
   local watches = {}
   for g, members in ipairs(groups) do
     local procs = {}
-    for k, i in ipairs(members) do procs[k] = m._procs[i] end
+    for k, i in ipairs(members) do procs[k] = all[i] end
     local ok, gid = true, 0
     if #procs > 1 then ok, gid = pcall(collective.watch_group, procs, M.init_timeout) end
     watches[g] = ok and gid or 0
@@ -237,7 +237,7 @@ local function make_comms(m, groups, cid, level)
   local inits = {}
   for g, members in ipairs(groups) do
     for r, i in ipairs(members) do
-      local p = m._procs[i]
+      local p = all[i]
       inits[#inits + 1] = runtime.submit({ p }, "__gpu_nccl_init", { cid, ids[g], #members, r - 1, watches[g] }, 5,
         { mode = "one", what = "NCCL init on rank " .. p.rank }).future
     end
@@ -250,7 +250,7 @@ local function make_comms(m, groups, cid, level)
   end
   if first then
     m:_submit("__gpu_nccl_free", { cid }, 1, { what = "gpu communicator release" })
-    if errors.is(first) and #m._procs > 1 and tostring(first.message):find("Duplicate GPU", 1, true) then
+    if errors.is(first) and #m:proc_list() > 1 and tostring(first.message):find("Duplicate GPU", 1, true) then
       first.message = first.message .. " (NCCL needs a GPU per rank: spawn GPU procs with spawn_procs{gpus = N})"
     end
     error(first, level + 1)
@@ -282,7 +282,7 @@ end
 
 -- The comm id for collectives of m over dim, made on first use.
 local function comm_for(m, dim, level)
-  local owner = m._procs[1]
+  local owner = m:proc_list()[1]
   comms[owner] = comms[owner] or {}
   local key = cache_key(m, dim)
   local cid = comms[owner][key]
@@ -326,7 +326,7 @@ end
 -- it), so the next call makes a fresh one.
 local function run(m, name, args, nargs, opts, forget)
   mesh.before_call()
-  local fut = runtime.submit(m._procs, name, args, nargs, {
+  local fut = runtime.submit(m:proc_list(), name, args, nargs, {
     mode = "mesh", timeout = opts.timeout or m._opts.timeout, what = name:sub(3),
     make_result = function() return nil end,
   }).future

@@ -217,7 +217,7 @@ ProcMesh.__index = ProcMesh
 -- that loads it, so no method depends on what the script required first.
 M.METHODS = {
   -- monarch.mesh: shape, views and policies
-  size = "monarch.mesh", sizes = "monarch.mesh", rank = "monarch.mesh", procs = "monarch.mesh",
+  size = "monarch.mesh", sizes = "monarch.mesh", rank = "monarch.mesh", procs = "monarch.mesh", proc_list = "monarch.mesh",
   slice = "monarch.mesh", options = "monarch.mesh", on_restart = "monarch.mesh", on_failure = "monarch.mesh",
   ready = "monarch.mesh", stop = "monarch.mesh", ping = "monarch.mesh", survivors = "monarch.mesh",
   -- monarch.mesh: kernel calls (_submit is the one they share, also used by the modules below)
@@ -300,7 +300,12 @@ function ProcMesh:rank(...)
   return self._procs[self.shape:index(c)].rank
 end
 
---- Proc records (rank, host, pid, state) for inspection.
+--- The proc records of this mesh, in position order: the live list itself, not a copy (no
+-- allocation; the call paths read it per call). Read-only by contract: a caller that wants to
+-- change it copies it. Every module but this one reaches a mesh's procs through it.
+function ProcMesh:proc_list() return self._procs end
+
+--- Summaries of the procs (rank, host, pid, state, cause) for inspection: copies.
 function ProcMesh:procs()
   local out = {}
   for i, p in ipairs(self._procs) do

@@ -368,7 +368,7 @@ function M.finish()
   local monarch = require "monarch"
   for name, m in pairs(persist.meshes) do
     local n = 0
-    for _, p in ipairs(m._procs) do if p.state == "ready" or p.state == "reconnecting" then n = n + 1 end end
+    for _, p in ipairs(m:proc_list()) do if p.state == "ready" or p.state == "reconnecting" then n = n + 1 end end
     if n > 0 then
       io.stderr:write(string.format("monarch: leaving persistent mesh '%s' running (%d procs); monarch.attach('%s') takes it back\n",
         name, n, name))

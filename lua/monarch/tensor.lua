@@ -157,7 +157,7 @@ function M.new(mesh, dtype, shape)
   end
   next_id = next_id + 1
   local id = next_id
-  local procs = mesh._procs
+  local procs = mesh:proc_list()
   local t = setmetatable({ __mn_tensor = id, dtype = dtype, shape = shape, numel = numel_of(shape), mesh = mesh }, Tensor)
   runtime.submit(procs, "__tensor_new", { id, dtype, shape }, 3, { mode = "broadcast" })
   -- Procs remember their tensors so a restart can re-create them.
@@ -191,8 +191,8 @@ end
 function Tensor:on(mesh)
   check_live(self)
   local holds = {}
-  for _, p in ipairs(self.mesh._procs) do holds[p] = true end
-  for _, p in ipairs(mesh._procs) do
+  for _, p in ipairs(self.mesh:proc_list()) do holds[p] = true end
+  for _, p in ipairs(mesh:proc_list()) do
     if not holds[p] then
       error(string.format("tensor:on: rank %d is not one of the procs that hold tensor %d", p.rank, self.__mn_tensor), 2)
     end
@@ -231,7 +231,7 @@ end
 -- A proc on this host writes into them itself (monarch.bulk).
 function Tensor:fetch(into)
   check_live(self)
-  local procs, n = self.mesh._procs, #self.mesh._procs
+  local procs, n = self.mesh:proc_list(), #self.mesh:proc_list()
   local nbytes = self.numel * M.dtypes[self.dtype].size
   local hosts = {}
   for i = 1, n do
@@ -312,7 +312,7 @@ end
 function Tensor:put(values)
   check_live(self)
   local src, owner = self:_source(values, 2)
-  return self:_put_bytes(src, 0, self.numel * M.dtypes[self.dtype].size, owner, self.mesh._procs)
+  return self:_put_bytes(src, 0, self.numel * M.dtypes[self.dtype].size, owner, self.mesh:proc_list())
 end
 
 --- Writes a different value to each proc's copy: values[i] (as for put) goes
@@ -320,7 +320,7 @@ end
 -- Returns a Future that is done when all procs have theirs.
 function Tensor:scatter(values)
   check_live(self)
-  local procs = self.mesh._procs
+  local procs = self.mesh:proc_list()
   if type(values) ~= "table" or (values._n or #values) ~= #procs then
     error(string.format("scatter wants one value per proc (%d)", #procs), 2)
   end
@@ -418,8 +418,8 @@ function Tensor:free()
   if rawget(self, "freed") then return end
   rawset(self, "freed", true)
   getmetatable(rawget(self, "_gc")).__gc = nil
-  for _, p in ipairs(self.mesh._procs) do if p.tensors then p.tensors[self.__mn_tensor] = nil end end
-  runtime.submit(self.mesh._procs, "__tensor_free", { self.__mn_tensor }, 1, { mode = "broadcast" })
+  for _, p in ipairs(self.mesh:proc_list()) do if p.tensors then p.tensors[self.__mn_tensor] = nil end end
+  runtime.submit(self.mesh:proc_list(), "__tensor_free", { self.__mn_tensor }, 1, { mode = "broadcast" })
 end
 
 -- The procs of list as a set.
@@ -431,7 +431,7 @@ end
 
 -- The proc of t's mesh to copy from: rank `from`, or the first ready one.
 local function source_proc(t, from, level)
-  for _, p in ipairs(t.mesh._procs) do
+  for _, p in ipairs(t.mesh:proc_list()) do
     if (from == nil and p.state == "ready") or (from ~= nil and p.rank == from) then
       if p.state ~= "ready" then
         error(errors.new { kind = "proc_failed", rank = p.rank, host = p.host, pid = p.pid,
@@ -456,22 +456,22 @@ end
 -- done when every new copy has the bytes.
 function Tensor:copy_from_peer(m, opts)
   check_live(self)
-  if type(m) ~= "table" or type(m._procs) ~= "table" then error("copy_from_peer wants a ProcMesh", 2) end
+  if getmetatable(m) ~= mesh_mod.ProcMesh then error("copy_from_peer wants a ProcMesh", 2) end
   opts = opts or {}
   for k, v in pairs(opts) do
     if (k ~= "from" and k ~= "timeout") or type(v) ~= "number" then
       error("copy_from_peer: option " .. tostring(k) .. " is unknown or not a number (known: from, timeout)", 2)
     end
   end
-  local holds, in_m = set_of(self.mesh._procs), set_of(m._procs)
-  for _, p in ipairs(self.mesh._procs) do
+  local holds, in_m = set_of(self.mesh:proc_list()), set_of(m:proc_list())
+  for _, p in ipairs(self.mesh:proc_list()) do
     if not in_m[p] then
       error(string.format("copy_from_peer: the mesh lacks rank %d, which holds tensor %d: pass a mesh grown from its own",
         p.rank, self.__mn_tensor), 2)
     end
   end
   local new = {}
-  for _, p in ipairs(m._procs) do if not holds[p] then new[#new + 1] = p end end
+  for _, p in ipairs(m:proc_list()) do if not holds[p] then new[#new + 1] = p end end
   local src = source_proc(self, opts.from, 2)
   rawset(self, "mesh", m)
   if #new == 0 then
@@ -488,7 +488,7 @@ function Tensor:copy_from_peer(m, opts)
   local gc = getmetatable(rawget(self, "_gc"))
   if gc.__gc then -- the GC frees it on the procs of m now (an adopted tensor is never freed by it)
     gc.__gc = nil
-    local proxy, procs = newproxy(true), m._procs
+    local proxy, procs = newproxy(true), m:proc_list()
     getmetatable(proxy).__gc = function() to_free[#to_free + 1] = { procs, id } end
     rawset(self, "_gc", proxy)
   end
@@ -500,7 +500,7 @@ end
 
 Tensor.__tostring = function(t)
   return string.format("Tensor(%d, %s, {%s}) on %d procs", t.__mn_tensor, t.dtype, table.concat(t.shape, ","),
-    #t.mesh._procs)
+    #t.mesh:proc_list())
 end
 
 --- ProcMesh:tensor(dtype, shape): a tensor of dtype and shape on every proc of this mesh (zeroed).

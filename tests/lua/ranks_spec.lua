@@ -186,6 +186,17 @@ describe("the ranks of the Lua modules", function()
     assert.are.same({}, check(in_procs, ranks, {}, ours))
   end)
 
+  it("leave a mesh's list of procs to monarch.mesh: the others call mesh:proc_list()", function()
+    for mod, src in pairs(controller) do
+      if mod ~= "monarch.mesh" then
+        local _, _, lines = scan(src)
+        for n, code in ipairs(lines) do
+          assert.is_nil(code:match("[%w_%)%]]%._procs%f[^%w_]"), string.format("%s:%d reads ._procs", mod, n))
+        end
+      end
+    end
+  end)
+
   describe("the check", function()
     local ranks = { ["m.low"] = 1, ["m.high"] = 2, ["m.mid_a"] = 2, ["m.mid_b"] = 2 }
     local function is_ours(name) return ranks[name] ~= nil end
