@@ -10,6 +10,7 @@
 -- Each proc runs its calls in order and a collective waits for its peers,
 -- so every member of a group must be given the same sequence of collectives.
 -- Issued through these methods that holds by construction.
+local checks = require "monarch.checks"
 local errors = require "monarch.errors"
 local future = require "monarch.future"
 local mesh = require "monarch.mesh"
@@ -19,9 +20,7 @@ local tensor = require "monarch.tensor"
 local M = {}
 local methods = {} -- the ProcMesh methods this module makes (mesh.METHODS lists them)
 
-local REDUCE_OPS = { sum = true, max = true, min = true, avg = true }
 local REDUCE_DTYPES = { f32 = true, f64 = true, i32 = true, i64 = true }
-local OPTIONS = { dim = "string", timeout = "number" }
 
 -- Group ids and copy tags count up from a per-controller base, so that a proc
 -- that outlives one controller session never takes a later id for an older one.
@@ -187,27 +186,11 @@ function M.root_position(mesh, root, dim, what)
   return r
 end
 
-local function check_opts(opts, what, level)
-  if opts == nil then return {} end
-  if type(opts) ~= "table" then error(what .. ": options must be a table like {dim = 'dp'}", level + 1) end
-  for k, v in pairs(opts) do
-    if not OPTIONS[k] then error(what .. ": unknown option '" .. tostring(k) .. "' (known: dim, timeout)", level + 1) end
-    if type(v) ~= OPTIONS[k] then error(what .. ": option " .. k .. " wants a " .. OPTIONS[k], level + 1) end
-  end
-  return opts
-end
-
 local function check_tensor(t, what, name, level)
   if not tensor.is(t) then
     error(string.format("%s: %s must be a tensor made with mesh:tensor, got %s", what, name, type(t)), level + 1)
   end
   if rawget(t, "freed") then error(string.format("%s: %s (tensor %d) was freed", what, name, t.__mn_tensor), level + 1) end
-end
-
-local function check_op(op, what, level)
-  if not REDUCE_OPS[op] then
-    error(string.format("%s: unknown op %s (sum, max, min, avg)", what, tostring(op)), level + 1)
-  end
 end
 
 local function check_reducible(t, what, level)
@@ -260,9 +243,9 @@ function methods:all_reduce(t, op, opts)
   if on_gpu(t) then return self:gpu_all_reduce(t, op, opts) end -- NCCL for GPU tensors
   op = op or "sum"
   check_tensor(t, "all_reduce", "the tensor", 2)
-  check_op(op, "all_reduce", 2)
+  checks.reduce_op(op, "all_reduce", 2)
   check_reducible(t, "all_reduce", 2)
-  opts = check_opts(opts, "all_reduce", 2)
+  opts = checks.collective_opts(opts, "all_reduce", 2)
   return run(self, "all_reduce", opts, function(gid) return { gid, t, op }, 3 end, 2)
 end
 
@@ -273,7 +256,7 @@ end
 function methods:broadcast_tensor(t, root, opts)
   if on_gpu(t) then return self:gpu_broadcast(t, root, opts) end -- NCCL for GPU tensors
   check_tensor(t, "broadcast_tensor", "the tensor", 2)
-  opts = check_opts(opts, "broadcast_tensor", 2)
+  opts = checks.collective_opts(opts, "broadcast_tensor", 2)
   local r = M.root_position(self, root, opts.dim, "broadcast_tensor")
   return run(self, "broadcast", opts, function(gid) return { gid, t, r }, 3 end, 2)
 end
@@ -285,7 +268,7 @@ function methods:all_gather(src, dst, opts)
   if on_gpu(src) then return self:gpu_all_gather(src, dst, opts) end -- NCCL for GPU tensors
   check_tensor(src, "all_gather", "src", 2)
   check_tensor(dst, "all_gather", "dst", 2)
-  opts = check_opts(opts, "all_gather", 2)
+  opts = checks.collective_opts(opts, "all_gather", 2)
   local n = opts.dim and (self.shape:dim(opts.dim) or error("no dimension named '" .. opts.dim .. "'", 2)) or #self:proc_list()
   if dst.dtype ~= src.dtype or dst.numel ~= n * src.numel then
     error(string.format("all_gather: dst must be %s with %d x %d = %d elements; it is %s with %d",
@@ -301,9 +284,9 @@ function methods:reduce_scatter(src, dst, op, opts)
   op = op or "sum"
   check_tensor(src, "reduce_scatter", "src", 2)
   check_tensor(dst, "reduce_scatter", "dst", 2)
-  check_op(op, "reduce_scatter", 2)
+  checks.reduce_op(op, "reduce_scatter", 2)
   check_reducible(src, "reduce_scatter", 2)
-  opts = check_opts(opts, "reduce_scatter", 2)
+  opts = checks.collective_opts(opts, "reduce_scatter", 2)
   local n = opts.dim and (self.shape:dim(opts.dim) or error("no dimension named '" .. opts.dim .. "'", 2)) or #self:proc_list()
   if dst.dtype ~= src.dtype or src.numel ~= n * dst.numel then
     error(string.format("reduce_scatter: src must be %s with %d x %d = %d elements; it is %s with %d",
@@ -315,7 +298,7 @@ end
 
 --- Returns a Future that is done once every member reached the barrier.
 function methods:barrier(opts)
-  opts = check_opts(opts, "barrier", 2)
+  opts = checks.collective_opts(opts, "barrier", 2)
   return run(self, "barrier", opts, function(gid) return { gid }, 1 end, 2)
 end
 
@@ -337,7 +320,7 @@ end
 function methods:copy(src, src_at, dst, dst_at, opts)
   check_tensor(src, "copy", "src", 2)
   check_tensor(dst, "copy", "dst", 2)
-  opts = check_opts(opts, "copy", 2)
+  opts = checks.collective_opts(opts, "copy", 2)
   if src.dtype ~= dst.dtype or src.numel ~= dst.numel then
     error(string.format("copy: src is %s with %d elements but dst is %s with %d", src.dtype, src.numel, dst.dtype,
       dst.numel), 2)
@@ -366,7 +349,7 @@ end
 -- one per group, without caching them: for driving the raw __coll_ built-ins
 -- (tests, debugging). The caller keeps every member in step.
 function M.setup_groups(m, opts)
-  opts = check_opts(opts, "setup_groups", 2)
+  opts = checks.collective_opts(opts, "setup_groups", 2)
   local ids, all = {}, m:proc_list()
   for i, idx in ipairs((partition(m, opts.dim, 2))) do
     local procs = {}

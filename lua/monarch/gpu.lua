@@ -11,6 +11,7 @@
 -- first time a mesh (or one dimension of it) runs a collective: proc 0 of
 -- each group makes an NCCL id, the controller hands it to every member, and
 -- the communicator is cached on the procs and here, per mesh and dimension.
+local checks = require "monarch.checks"
 local collective = require "monarch.collective"
 local errors = require "monarch.errors"
 local mesh = require "monarch.mesh"
@@ -25,8 +26,6 @@ local methods = {} -- the ProcMesh methods this module makes (mesh.METHODS lists
 local ID_BASE = 2 ^ 48
 local next_id = 0
 local to_free = {} -- { procs, id } queued by the GC, sent with the next call
-
-local OPS = { sum = true, max = true, min = true, avg = true } -- NCCL's ncclProd is left out, as on the CPU
 
 --- Seconds a communicator's setup may take before the call fails (every
 -- member must join; a proc that never does would otherwise hang it).
@@ -55,26 +54,13 @@ end
 -- Every call a mesh sends flushes tensor.lua's queue; GPU frees ride along with it.
 table.insert(mesh.hooks.before_call, flush_frees)
 
-local function numel_of(shape)
-  local n = 1
-  for _, s in ipairs(shape) do n = n * s end
-  return n
-end
+local numel_of = checks.numel
 
 --- A zeroed tensor of dtype and shape in the GPU memory of every proc of this
 -- mesh (each proc's own device). Kernels of a GPU library (cuda_basic) take
 -- it like any tensor; fetch and put copy through the host.
 function methods:gpu_tensor(dtype, shape)
-  if not tensor.dtypes[dtype] then
-    error("unknown dtype '" .. tostring(dtype) .. "' (f32, f64, f16, bf16, i32, i64, u8)", 2)
-  end
-  if type(shape) == "number" then shape = { shape } end
-  if type(shape) ~= "table" or #shape > 8 then error("tensor shape must be a list of up to 8 sizes", 2) end
-  for i, s in ipairs(shape) do
-    if type(s) ~= "number" or s < 0 or s ~= math.floor(s) then
-      error(string.format("tensor shape entry %d must be a non-negative integer, got %s", i, tostring(s)), 2)
-    end
-  end
+  shape = checks.tensor_spec(dtype, shape, 2)
   mesh.before_call()
   next_id = next_id + 1
   local id = ID_BASE + next_id
@@ -305,22 +291,6 @@ local function check_tensor(t, what, name, level)
   check_live(t, level + 1)
 end
 
-local function check_op(op, what, level)
-  if not OPS[op] then error(what .. ": op must be \"sum\", \"max\", \"min\" or \"avg\", got " .. tostring(op), level + 1) end
-end
-
--- Options as the CPU collectives take them: {dim = name, timeout = seconds}.
-local OPTIONS = { dim = "string", timeout = "number" }
-local function check_opts(opts, what, level)
-  if opts == nil then return {} end
-  if type(opts) ~= "table" then error(what .. ": options must be a table like {dim = 'dp'}", level + 1) end
-  for k, v in pairs(opts) do
-    if not OPTIONS[k] then error(what .. ": unknown option '" .. tostring(k) .. "' (known: dim, timeout)", level + 1) end
-    if type(v) ~= OPTIONS[k] then error(what .. ": option " .. k .. " wants a " .. OPTIONS[k], level + 1) end
-  end
-  return opts
-end
-
 -- Runs one collective built-in on every proc of m: a Future of nil, like the
 -- CPU collectives. A failure drops the cached communicator (the procs release
 -- it), so the next call makes a fresh one.
@@ -341,8 +311,8 @@ end
 function methods:gpu_all_reduce(t, op, opts)
   op = op or "sum"
   check_tensor(t, "gpu_all_reduce", "the tensor", 2)
-  check_op(op, "gpu_all_reduce", 2)
-  opts = check_opts(opts, "gpu_all_reduce", 2)
+  checks.reduce_op(op, "gpu_all_reduce", 2)
+  opts = checks.collective_opts(opts, "gpu_all_reduce", 2)
   local cid, forget = comm_for(self, opts.dim, 2)
   return run(self, "__gpu_all_reduce", { cid, t, op }, 3, opts, forget)
 end
@@ -352,7 +322,7 @@ end
 -- only that dimension's coordinate is read). Returns a Future of nil.
 function methods:gpu_broadcast(t, root, opts)
   check_tensor(t, "gpu_broadcast", "the tensor", 2)
-  opts = check_opts(opts, "gpu_broadcast", 2)
+  opts = checks.collective_opts(opts, "gpu_broadcast", 2)
   local r = collective.root_position(self, root, opts.dim, "gpu_broadcast")
   local cid, forget = comm_for(self, opts.dim, 2)
   return run(self, "__gpu_broadcast", { cid, t, r }, 3, opts, forget)
@@ -363,7 +333,7 @@ end
 function methods:gpu_all_gather(src, dst, opts)
   check_tensor(src, "gpu_all_gather", "src", 2)
   check_tensor(dst, "gpu_all_gather", "dst", 2)
-  opts = check_opts(opts, "gpu_all_gather", 2)
+  opts = checks.collective_opts(opts, "gpu_all_gather", 2)
   local cid, forget = comm_for(self, opts.dim, 2)
   return run(self, "__gpu_all_gather", { cid, src, dst }, 3, opts, forget)
 end
@@ -374,8 +344,8 @@ function methods:gpu_reduce_scatter(src, dst, op, opts)
   op = op or "sum"
   check_tensor(src, "gpu_reduce_scatter", "src", 2)
   check_tensor(dst, "gpu_reduce_scatter", "dst", 2)
-  check_op(op, "gpu_reduce_scatter", 2)
-  opts = check_opts(opts, "gpu_reduce_scatter", 2)
+  checks.reduce_op(op, "gpu_reduce_scatter", 2)
+  opts = checks.collective_opts(opts, "gpu_reduce_scatter", 2)
   local cid, forget = comm_for(self, opts.dim, 2)
   return run(self, "__gpu_reduce_scatter", { cid, src, dst, op }, 4, opts, forget)
 end

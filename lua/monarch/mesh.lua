@@ -135,71 +135,7 @@ function HostMesh:spawn_procs(spec, at)
     end
   end
   local world, base = at and at.world or per_host * #self.agents, at and at.rank_base or 0
-  -- A mesh that is cast to keeps direct links only while they pay (a capped pool): no socket per proc.
-  local pooled = per_host * #self.agents >= core.cast_stats().cast_min or nil
-  local asks = {}
-  for h, a in ipairs(self.agents) do
-    if a.state ~= "ready" then error(errors.new { kind = "connect", host = a.addr, message = "host agent is not connected" }, 2) end
-    asks[h] = { agent = a, n = per_host, base = base + (h - 1) * per_host, world = world, device_base = gpus and 0 or nil }
-  end
-  -- Past the fan-out the spawn goes down the cast tree: its links come up first (built now if the agents
-  -- changed), so that the controller writes a SPAWN per top agent, not per host.
-  local wanted = core.tree_build()
-  if wanted > 0 then
-    pcall(wait_until, function() return core.cast_stats().links_up >= wanted end, procs_mod.TREE_WAIT, "tree links")
-  end
-  local reqs = procs_mod.request_spawns(asks)
-  local procs = {}
-  local ok, err = pcall(wait_until, function()
-    for h, req in ipairs(reqs) do
-      if req.count < req.n and self.agents[h].state == "ready" then return false end
-    end
-    return true
-  end, procs_mod.SPAWN_TIMEOUT, "spawning procs")
-  local failures = {}
-  for h, a in ipairs(self.agents) do
-    local req = reqs[h]
-    -- Emptied as it is read: the wait above, hot at thousands of hosts, may have been compiled into a JIT
-    -- trace that holds `reqs` as a constant, and with it every answer (5 MB at 32,768 procs).
-    reqs[h] = false
-    a.requests[req.id] = nil
-    -- What this host's new procs share (world, host, addr), held once for all of them: a mesh of
-    -- thousands of procs then costs a small table each. libs and tensors: once it has some.
-    local shared = { __index = { world = world, host = a.hostname, addr = a.addr } }
-    for i = 1, per_host do
-      local r = req.results[i]
-      local rank = base + (h - 1) * per_host + i - 1
-      if r and r.port then
-        local p = setmetatable({ rank = rank, pid = r.pid, port = r.port, agent = a, state = "connecting",
-          device = gpus and (i - 1) or nil, pooled = pooled }, shared)
-        a.procs[r.pid] = p
-        procs_mod.connect(p)
-        procs[rank - base + 1] = p
-      else
-        failures[#failures + 1] = string.format("rank %d on %s: %s", rank, a.hostname or a.addr,
-          r and r.error or (a.state ~= "ready" and ("host agent lost: " .. tostring(a.reason)) or tostring(err)))
-      end
-    end
-  end
-  if #failures == 0 then
-    local ok2, err2 = pcall(wait_until, function()
-      for _, p in pairs(procs) do if p.state == "connecting" then return false end end
-      return true
-    end, procs_mod.SPAWN_TIMEOUT, "connecting to procs")
-    for _, p in pairs(procs) do
-      if p.state ~= "ready" then
-        failures[#failures + 1] = string.format("rank %d on %s: %s", p.rank, p.host, p.cause or tostring(err2))
-      end
-    end
-  end
-  if #failures > 0 then
-    for _, p in pairs(procs) do
-      p.stopping = true
-      procs_mod.kill(p, 9)
-    end
-    error(errors.new { kind = "spawn", message = "could not start " .. #failures .. " of " .. world ..
-      " procs:\n  " .. table.concat(failures, "\n  ") }, 2)
-  end
+  local procs = procs_mod.spawn(self.agents, per_host, { base = base, world = world, gpus = gpus }, 2)
   local dims_n, dims_s = { "hosts" }, { #self.agents }
   for i = 1, #names do dims_n[i + 1], dims_s[i + 1] = names[i], sizes[i] end
   return M.proc_mesh(procs, shape_mod.new(dims_n, dims_s), {})

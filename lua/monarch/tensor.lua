@@ -5,6 +5,7 @@
 --   vm[1][1], vm[1]:totable(), t:free()     -- or let the GC free it
 local ffi = require "ffi"
 local bulk = require "monarch.bulk"
+local checks = require "monarch.checks"
 local core = require "monarch.core"
 local errors = require "monarch.errors"
 local future = require "monarch.future"
@@ -15,12 +16,7 @@ local value_mesh = require "monarch.value_mesh"
 
 local M = {}
 
-M.dtypes = {
-  f32 = { ctype = "float", size = 4 }, f64 = { ctype = "double", size = 8 },
-  f16 = { ctype = "uint16_t", size = 2 }, bf16 = { ctype = "uint16_t", size = 2 },
-  i32 = { ctype = "int32_t", size = 4 }, i64 = { ctype = "int64_t", size = 8 },
-  u8 = { ctype = "uint8_t", size = 1 },
-}
+M.dtypes = checks.DTYPES -- name -> {ctype, size}
 
 -- ---- host tensors ------------------------------------------------------------
 
@@ -66,11 +62,7 @@ HostTensor.__newindex = function(t, k, v)
   t.data[k - 1] = v
 end
 
-local function numel_of(shape)
-  local n = 1
-  for _, s in ipairs(shape) do n = n * s end
-  return n
-end
+local numel_of = checks.numel
 
 ffi.cdef [[ void *malloc(size_t); void free(void *); ]]
 
@@ -79,7 +71,7 @@ ffi.cdef [[ void *malloc(size_t); void free(void *); ]]
 -- A big one (monarch.bulk.SHARED_MIN) lives in shared memory that a proc
 -- on this host copies at memcpy's speed; it comes zeroed all the same.
 function M.host(dtype, shape, bytes, uninit)
-  local d = M.dtypes[dtype] or error("unknown dtype '" .. tostring(dtype) .. "'", 2)
+  local d = checks.dtype(dtype, 2)
   if type(shape) == "number" then shape = { shape } end
   local n = numel_of(shape)
   local data, fd
@@ -145,16 +137,7 @@ end
 
 --- Creates a zeroed tensor on every proc of mesh. shape: a list of sizes or one number.
 function M.new(mesh, dtype, shape)
-  if not M.dtypes[dtype] then
-    error("unknown dtype '" .. tostring(dtype) .. "' (f32, f64, f16, bf16, i32, i64, u8)", 3)
-  end
-  if type(shape) == "number" then shape = { shape } end
-  if type(shape) ~= "table" or #shape > 8 then error("tensor shape must be a list of up to 8 sizes", 3) end
-  for i, s in ipairs(shape) do
-    if type(s) ~= "number" or s < 0 or s ~= math.floor(s) then
-      error(string.format("tensor shape entry %d must be a non-negative integer, got %s", i, tostring(s)), 3)
-    end
-  end
+  shape = checks.tensor_spec(dtype, shape, 3)
   next_id = next_id + 1
   local id = next_id
   local procs = mesh:proc_list()

@@ -10,7 +10,7 @@ local TIERS = { "leaves", "the loop", "procs", "meshes", "features", "monarch", 
 local RANKS = {
   -- 1 leaves: need nothing of ours but each other
   ["monarch.errors"] = 1, ["monarch.shape"] = 1, ["monarch.value_mesh"] = 1, ["monarch.trace"] = 1,
-  ["monarch.trace_json"] = 1, ["monarch.launch"] = 1,
+  ["monarch.trace_json"] = 1, ["monarch.launch"] = 1, ["monarch.checks"] = 1,
   -- 2 the loop: futures, tasks and timers, calls in flight, the pump, and what rides on its clock
   ["monarch.future"] = 2, ["monarch.tasks"] = 2, ["monarch.calls"] = 2, ["monarch.runtime"] = 2,
   ["monarch.log"] = 2, ["monarch.bulk"] = 2,
