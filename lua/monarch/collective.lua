@@ -269,7 +269,7 @@ function methods:all_gather(src, dst, opts)
   check_tensor(src, "all_gather", "src", 2)
   check_tensor(dst, "all_gather", "dst", 2)
   opts = checks.collective_opts(opts, "all_gather", 2)
-  local n = opts.dim and (self.shape:dim(opts.dim) or error("no dimension named '" .. opts.dim .. "'", 2)) or #self:proc_list()
+  local n = opts.dim and (self.shape:dim(opts.dim) or error("no dimension named '" .. opts.dim .. "'", 2)) or self:size()
   if dst.dtype ~= src.dtype or dst.numel ~= n * src.numel then
     error(string.format("all_gather: dst must be %s with %d x %d = %d elements; it is %s with %d",
       src.dtype, n, src.numel, n * src.numel, dst.dtype, dst.numel), 2)
@@ -287,7 +287,7 @@ function methods:reduce_scatter(src, dst, op, opts)
   checks.reduce_op(op, "reduce_scatter", 2)
   check_reducible(src, "reduce_scatter", 2)
   opts = checks.collective_opts(opts, "reduce_scatter", 2)
-  local n = opts.dim and (self.shape:dim(opts.dim) or error("no dimension named '" .. opts.dim .. "'", 2)) or #self:proc_list()
+  local n = opts.dim and (self.shape:dim(opts.dim) or error("no dimension named '" .. opts.dim .. "'", 2)) or self:size()
   if dst.dtype ~= src.dtype or src.numel ~= n * dst.numel then
     error(string.format("reduce_scatter: src must be %s with %d x %d = %d elements; it is %s with %d",
       dst.dtype, n, dst.numel, n * dst.numel, src.dtype, src.numel), 2)
@@ -306,7 +306,7 @@ end
 local function position(m, at, name)
   if type(at) == "table" then return m.shape:index(at) end
   if type(at) ~= "number" or at < 0 or at >= #m:proc_list() or at ~= math.floor(at) then
-    error(string.format("copy: %s %s is neither coordinates nor a position 0..%d", name, tostring(at), #m:proc_list() - 1), 3)
+    error(string.format("copy: %s %s is neither coordinates nor a position 0..%d", name, tostring(at), m:size() - 1), 3)
   end
   return at + 1
 end

@@ -153,7 +153,8 @@ ProcMesh.__index = ProcMesh
 -- that loads it, so no method depends on what the script required first.
 M.METHODS = {
   -- monarch.mesh: shape, views and policies
-  size = "monarch.mesh", sizes = "monarch.mesh", rank = "monarch.mesh", procs = "monarch.mesh", proc_list = "monarch.mesh",
+  size = "monarch.mesh", sizes = "monarch.mesh", rank = "monarch.mesh", procs = "monarch.mesh",
+  proc_list = "monarch.mesh",
   slice = "monarch.mesh", options = "monarch.mesh", on_restart = "monarch.mesh", on_failure = "monarch.mesh",
   ready = "monarch.mesh", stop = "monarch.mesh", ping = "monarch.mesh", survivors = "monarch.mesh",
   -- monarch.mesh: kernel calls (_submit is the one they share, also used by the modules below)
@@ -171,7 +172,7 @@ M.METHODS = {
   gpu_tensor = "monarch.gpu", gpu_info = "monarch.gpu", gpu_sync = "monarch.gpu",
   gpu_all_reduce = "monarch.gpu", gpu_broadcast = "monarch.gpu", gpu_all_gather = "monarch.gpu",
   gpu_reduce_scatter = "monarch.gpu",
-  _gpu_group_comms = "monarch.gpu", _gpu_free_group_comms = "monarch.gpu", -- for collective.lua's mesh:group{gpu = true}
+  _gpu_group_comms = "monarch.gpu", _gpu_free_group_comms = "monarch.gpu", -- collective's mesh:group{gpu = true}
   -- persistent meshes (the REPL's)
   persist = "monarch.persist", detach = "monarch.persist",
   -- more hosts: procs on hosts that joined the job, with the mesh's libraries

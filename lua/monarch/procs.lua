@@ -464,7 +464,9 @@ function M.spawn(agents, per_host, opts, level)
   local pooled = per_host * #agents >= core.cast_stats().cast_min or nil
   local asks = {}
   for h, a in ipairs(agents) do
-    if a.state ~= "ready" then error(errors.new { kind = "connect", host = a.addr, message = "host agent is not connected" }, level + 1) end
+    if a.state ~= "ready" then
+      error(errors.new { kind = "connect", host = a.addr, message = "host agent is not connected" }, level + 1)
+    end
     asks[h] = { agent = a, n = per_host, base = base + (h - 1) * per_host, world = world, device_base = gpus and 0 or nil }
   end
   -- Past the fan-out the spawn goes down the cast tree: its links come up first (built now if the agents
