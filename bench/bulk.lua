@@ -42,7 +42,7 @@ for r = 0, runs do
   end
 end
 assert(into[1][4097] == src[4097] and into[1][n - 4095] == src[n - 4095], "fetched bytes differ from what was put")
-local p = procs._procs[1]
+local p = procs:proc_list()[1]
 local put, fetch, mc = median(puts), median(fetches), median(copies)
 print(string.format("path %s", p.bulk == true and "local" or ("tcp (" .. tostring(p.bulk_why) .. ")")))
 print(string.format("memcpy_gbs %.3f", mc))

@@ -31,7 +31,7 @@ end
 
 local one = monarch.hosts():spawn_procs{ procs = 1 }
 one:load "basic"
-local p = one._procs[1] -- the proc record: its connection and pid
+local p = one:proc_list()[1] -- the proc record: its connection and pid
 local conn, pid = p.conn, p.pid
 
 local base_ctl, base_proc = vm("self", "VmRSS"), vm(pid, "VmRSS")

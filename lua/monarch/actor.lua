@@ -348,7 +348,7 @@ local function remember(procs, name, entry)
   end
   if #fresh > 0 and ProcMesh.on_restart then
     mesh.proc_mesh(fresh, shape_mod.new({ "procs" }, { #fresh }), {}):on_restart(function(single)
-      for _, p in ipairs(single._procs) do
+      for _, p in ipairs(single:proc_list()) do
         for aname, e in pairs(p._actors or {}) do
           e.spawned[p] = nil
           wait_all(spawn_on(single, { p }, aname, e.mod, e.args, e.deps, e.spawned), 1)
@@ -390,8 +390,8 @@ function methods:spawn(name, module, args, opts)
   local deps = {}
   for _, d in ipairs(opts.deps or {}) do deps[d] = M.resolve(d, 2) end
   local spawned = {}
-  wait_all(spawn_on(self, self._procs, name, mod, args, deps, spawned), 2)
-  remember(self._procs, name, { mod = mod, args = args, deps = deps, spawned = spawned })
+  wait_all(spawn_on(self, self:proc_list(), name, mod, args, deps, spawned), 2)
+  remember(self:proc_list(), name, { mod = mod, args = args, deps = deps, spawned = spawned })
   return new_actor_mesh(self, name, mod, args, deps, spawned, refs)
 end
 
@@ -425,7 +425,7 @@ end
 -- mesh calls. on_final(slot, ok, v), if given, sees each actor's final
 -- outcome as it comes (stream). Returns a Future of a ValueMesh.
 local function call_all(self, endpoint, n, on_final, ...)
-  local procs, shape = self._mesh._procs, self._mesh.shape
+  local procs, shape = self._mesh:proc_list(), self._mesh.shape
   local out = future.new("call '" .. self.name .. "." .. endpoint .. "'")
   local values, failures, left, reported = {}, nil, #procs, 0
   local function complete()
@@ -486,7 +486,7 @@ local function follow_one(self, endpoint, base)
     if f.state == "error" then return out:fail(annotate(f.err, self.name, endpoint)) end
     if not is_yield(f.value) then return out:resolve(f.value) end
     local p
-    for _, q in ipairs(self._mesh._procs) do
+    for _, q in ipairs(self._mesh:proc_list()) do
       if q.rank == f.value.rank then p = q end
     end
     if not p then
@@ -545,7 +545,7 @@ end
 function ActorMesh:stream(endpoint, ...)
   check_endpoint(endpoint, 2)
   local args, nargs = { ... }, select("#", ...)
-  return require("monarch.mesh").stream_results(self._mesh.shape, self._mesh:size(), function(on_slot)
+  return mesh.stream_results(self._mesh.shape, self._mesh:size(), function(on_slot)
     return call_all(self, endpoint, nargs, on_slot, unpack(args, 1, nargs))
   end)
 end
@@ -555,7 +555,7 @@ end
 -- the actor was spawned on). Waits; returns how many were spawned.
 function ActorMesh:respawn()
   local again = {}
-  for _, p in ipairs(self._mesh._procs) do
+  for _, p in ipairs(self._mesh:proc_list()) do
     if p.state == "ready" and self._spawned[p] ~= p.conn then again[#again + 1] = p end
   end
   if #again == 0 then return 0 end
@@ -566,7 +566,7 @@ end
 --- Stops the actors (their on_stop runs; tensors they made are freed).
 -- Returns a Future of a ValueMesh of booleans (false where there was no such actor).
 function ActorMesh:stop()
-  forget(self._mesh._procs, self.name)
+  forget(self._mesh:proc_list(), self.name)
   -- The meshes it was handed are no longer reachable from it.
   if self._refs and not self._partial then
     for k in pairs(self._refs.by_mesh) do self._refs.by_mesh[k] = nil end

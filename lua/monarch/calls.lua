@@ -24,9 +24,10 @@ local loop -- the pump above us (monarch.runtime): its window, pump and unhandle
 -- before it counts as hung (options{cancel_grace = s} per mesh).
 M.CANCEL_GRACE = 5
 
---- on_hung(p, kernel, grace): set by monarch.procs, which kills a hung
--- proc (p still runs `kernel`, cancelled `grace` seconds ago).
-M.on_hung = nil
+--- Hook lists of the modules above (they add to them; nothing here replaces their functions):
+-- on_hung: fn(p, kernel, grace) for a proc that still runs `kernel`, cancelled `grace` seconds ago
+-- (monarch.procs kills it).
+M.hooks = { on_hung = {} }
 
 --- Called once by monarch.runtime, which sits above the calls: submit waits
 -- on its loop when a window is full, and broadcasts report failures to it.
@@ -255,7 +256,8 @@ local function check_hung(p, c, period)
   elseif now - c.since >= grace then
     p.cancel = nil
     local rec = calls[oldest]
-    if M.on_hung then M.on_hung(p, rec and rec.kernel or "?", grace) end
+    local hung = M.hooks.on_hung
+    for i = 1, #hung do hung[i](p, rec and rec.kernel or "?", grace) end
     return
   end
   tasks.at(now + period, function() check_hung(p, c, period) end)

@@ -10,6 +10,7 @@
 -- Each proc runs its calls in order and a collective waits for its peers,
 -- so every member of a group must be given the same sequence of collectives.
 -- Issued through these methods that holds by construction.
+local checks = require "monarch.checks"
 local errors = require "monarch.errors"
 local future = require "monarch.future"
 local mesh = require "monarch.mesh"
@@ -19,9 +20,7 @@ local tensor = require "monarch.tensor"
 local M = {}
 local methods = {} -- the ProcMesh methods this module makes (mesh.METHODS lists them)
 
-local REDUCE_OPS = { sum = true, max = true, min = true, avg = true }
 local REDUCE_DTYPES = { f32 = true, f64 = true, i32 = true, i64 = true }
-local OPTIONS = { dim = "string", timeout = "number" }
 
 -- Group ids and copy tags count up from a per-controller base, so that a proc
 -- that outlives one controller session never takes a later id for an older one.
@@ -86,7 +85,7 @@ end
 -- dimensions' coordinates with its members in order along `dim`.
 -- Returns lists of flat (1-based) indices.
 local function partition(m, dim, level)
-  local n = #m._procs
+  local n = #m:proc_list()
   if dim == nil then
     local all = {}
     for i = 1, n do all[i] = i end
@@ -171,7 +170,7 @@ end
 -- position or a coordinate table (with dim, only that dimension's coordinate
 -- counts). Errors name `what` and point at the caller of the public method.
 function M.root_position(mesh, root, dim, what)
-  local n = dim and (mesh.shape:dim(dim) or error("no dimension named '" .. dim .. "'", 3)) or #mesh._procs
+  local n = dim and (mesh.shape:dim(dim) or error("no dimension named '" .. dim .. "'", 3)) or #mesh:proc_list()
   local r = root or 0
   if type(r) == "table" then
     if dim then
@@ -187,27 +186,11 @@ function M.root_position(mesh, root, dim, what)
   return r
 end
 
-local function check_opts(opts, what, level)
-  if opts == nil then return {} end
-  if type(opts) ~= "table" then error(what .. ": options must be a table like {dim = 'dp'}", level + 1) end
-  for k, v in pairs(opts) do
-    if not OPTIONS[k] then error(what .. ": unknown option '" .. tostring(k) .. "' (known: dim, timeout)", level + 1) end
-    if type(v) ~= OPTIONS[k] then error(what .. ": option " .. k .. " wants a " .. OPTIONS[k], level + 1) end
-  end
-  return opts
-end
-
 local function check_tensor(t, what, name, level)
   if not tensor.is(t) then
     error(string.format("%s: %s must be a tensor made with mesh:tensor, got %s", what, name, type(t)), level + 1)
   end
   if rawget(t, "freed") then error(string.format("%s: %s (tensor %d) was freed", what, name, t.__mn_tensor), level + 1) end
-end
-
-local function check_op(op, what, level)
-  if not REDUCE_OPS[op] then
-    error(string.format("%s: unknown op %s (sum, max, min, avg)", what, tostring(op)), level + 1)
-  end
 end
 
 local function check_reducible(t, what, level)
@@ -216,17 +199,21 @@ local function check_reducible(t, what, level)
   end
 end
 
+-- A GPU tensor (monarch.gpu's, which requires this module: t.device says where a tensor lives): its
+-- collectives are the gpu_ methods, NCCL's.
+local function on_gpu(t) return type(t) == "table" and t.device == "cuda" end
+
 --[[ Runs one collective: one call per group, each preceded on first use by
   the group's setup. args_for(gid, members) gives the call's arguments.
   Returns a Future of nil. ]]
 local function run(m, what, opts, args_for, level)
   local timeout = opts.timeout or m._opts.timeout
   local parts = partition(m, opts.dim, level + 1)
-  tensor.flush_frees()
-  local futs, used = {}, {}
+  mesh.before_call()
+  local futs, used, all = {}, {}, m:proc_list()
   for _, idx in ipairs(parts) do
     local procs = {}
-    for k, i in ipairs(idx) do procs[k] = m._procs[i] end
+    for k, i in ipairs(idx) do procs[k] = all[i] end
     local g = group_for(procs, timeout)
     local args, nargs = args_for(g.id, idx)
     for _, s in ipairs(g.setup or {}) do
@@ -253,12 +240,12 @@ end
 -- truncate). dtype f32, f64, i32 or i64. opts: {dim = name, timeout = s}.
 -- Returns a Future of nil. The result is bitwise identical on every member.
 function methods:all_reduce(t, op, opts)
-  if require("monarch.gpu").is(t) then return self:gpu_all_reduce(t, op, opts) end -- NCCL for GPU tensors
+  if on_gpu(t) then return self:gpu_all_reduce(t, op, opts) end -- NCCL for GPU tensors
   op = op or "sum"
   check_tensor(t, "all_reduce", "the tensor", 2)
-  check_op(op, "all_reduce", 2)
+  checks.reduce_op(op, "all_reduce", 2)
   check_reducible(t, "all_reduce", 2)
-  opts = check_opts(opts, "all_reduce", 2)
+  opts = checks.collective_opts(opts, "all_reduce", 2)
   return run(self, "all_reduce", opts, function(gid) return { gid, t, op }, 3 end, 2)
 end
 
@@ -267,9 +254,9 @@ end
 -- the root's 0-based position in the group (for a 1-D mesh, its coordinate).
 -- Returns a Future of nil. (ProcMesh:broadcast is the kernel fan-out.)
 function methods:broadcast_tensor(t, root, opts)
-  if require("monarch.gpu").is(t) then return self:gpu_broadcast(t, root, opts) end -- NCCL for GPU tensors
+  if on_gpu(t) then return self:gpu_broadcast(t, root, opts) end -- NCCL for GPU tensors
   check_tensor(t, "broadcast_tensor", "the tensor", 2)
-  opts = check_opts(opts, "broadcast_tensor", 2)
+  opts = checks.collective_opts(opts, "broadcast_tensor", 2)
   local r = M.root_position(self, root, opts.dim, "broadcast_tensor")
   return run(self, "broadcast", opts, function(gid) return { gid, t, r }, 3 end, 2)
 end
@@ -278,11 +265,11 @@ end
 -- dst holds n * numel(src) elements of src's dtype (n members per group).
 -- Returns a Future of nil.
 function methods:all_gather(src, dst, opts)
-  if require("monarch.gpu").is(src) then return self:gpu_all_gather(src, dst, opts) end -- NCCL for GPU tensors
+  if on_gpu(src) then return self:gpu_all_gather(src, dst, opts) end -- NCCL for GPU tensors
   check_tensor(src, "all_gather", "src", 2)
   check_tensor(dst, "all_gather", "dst", 2)
-  opts = check_opts(opts, "all_gather", 2)
-  local n = opts.dim and (self.shape:dim(opts.dim) or error("no dimension named '" .. opts.dim .. "'", 2)) or #self._procs
+  opts = checks.collective_opts(opts, "all_gather", 2)
+  local n = opts.dim and (self.shape:dim(opts.dim) or error("no dimension named '" .. opts.dim .. "'", 2)) or self:size()
   if dst.dtype ~= src.dtype or dst.numel ~= n * src.numel then
     error(string.format("all_gather: dst must be %s with %d x %d = %d elements; it is %s with %d",
       src.dtype, n, src.numel, n * src.numel, dst.dtype, dst.numel), 2)
@@ -293,14 +280,14 @@ end
 --- Reduces src (n * numel(dst) elements) over the members and leaves block
 -- i of the result in member i's dst. src is not modified. Returns a Future of nil.
 function methods:reduce_scatter(src, dst, op, opts)
-  if require("monarch.gpu").is(src) then return self:gpu_reduce_scatter(src, dst, op, opts) end -- NCCL for GPU tensors
+  if on_gpu(src) then return self:gpu_reduce_scatter(src, dst, op, opts) end -- NCCL for GPU tensors
   op = op or "sum"
   check_tensor(src, "reduce_scatter", "src", 2)
   check_tensor(dst, "reduce_scatter", "dst", 2)
-  check_op(op, "reduce_scatter", 2)
+  checks.reduce_op(op, "reduce_scatter", 2)
   check_reducible(src, "reduce_scatter", 2)
-  opts = check_opts(opts, "reduce_scatter", 2)
-  local n = opts.dim and (self.shape:dim(opts.dim) or error("no dimension named '" .. opts.dim .. "'", 2)) or #self._procs
+  opts = checks.collective_opts(opts, "reduce_scatter", 2)
+  local n = opts.dim and (self.shape:dim(opts.dim) or error("no dimension named '" .. opts.dim .. "'", 2)) or self:size()
   if dst.dtype ~= src.dtype or src.numel ~= n * dst.numel then
     error(string.format("reduce_scatter: src must be %s with %d x %d = %d elements; it is %s with %d",
       dst.dtype, n, dst.numel, n * dst.numel, src.dtype, src.numel), 2)
@@ -311,15 +298,15 @@ end
 
 --- Returns a Future that is done once every member reached the barrier.
 function methods:barrier(opts)
-  opts = check_opts(opts, "barrier", 2)
+  opts = checks.collective_opts(opts, "barrier", 2)
   return run(self, "barrier", opts, function(gid) return { gid }, 1 end, 2)
 end
 
 -- Flat 1-based index of a proc given as coordinates or a 0-based position.
 local function position(m, at, name)
   if type(at) == "table" then return m.shape:index(at) end
-  if type(at) ~= "number" or at < 0 or at >= #m._procs or at ~= math.floor(at) then
-    error(string.format("copy: %s %s is neither coordinates nor a position 0..%d", name, tostring(at), #m._procs - 1), 3)
+  if type(at) ~= "number" or at < 0 or at >= #m:proc_list() or at ~= math.floor(at) then
+    error(string.format("copy: %s %s is neither coordinates nor a position 0..%d", name, tostring(at), m:size() - 1), 3)
   end
   return at + 1
 end
@@ -333,15 +320,16 @@ end
 function methods:copy(src, src_at, dst, dst_at, opts)
   check_tensor(src, "copy", "src", 2)
   check_tensor(dst, "copy", "dst", 2)
-  opts = check_opts(opts, "copy", 2)
+  opts = checks.collective_opts(opts, "copy", 2)
   if src.dtype ~= dst.dtype or src.numel ~= dst.numel then
     error(string.format("copy: src is %s with %d elements but dst is %s with %d", src.dtype, src.numel, dst.dtype,
       dst.numel), 2)
   end
-  local sp, dp = self._procs[position(self, src_at, "src_at")], self._procs[position(self, dst_at, "dst_at")]
+  local all = self:proc_list()
+  local sp, dp = all[position(self, src_at, "src_at")], all[position(self, dst_at, "dst_at")]
   local timeout = opts.timeout or self._opts.timeout
   local tag = new_id()
-  tensor.flush_frees()
+  mesh.before_call()
   local function submit(p, kernel, args, nargs)
     return runtime.submit({ p }, kernel, args, nargs, { mode = "one", timeout = timeout, what = "copy" }).future
   end
@@ -361,11 +349,11 @@ end
 -- one per group, without caching them: for driving the raw __coll_ built-ins
 -- (tests, debugging). The caller keeps every member in step.
 function M.setup_groups(m, opts)
-  opts = check_opts(opts, "setup_groups", 2)
-  local ids = {}
+  opts = checks.collective_opts(opts, "setup_groups", 2)
+  local ids, all = {}, m:proc_list()
   for i, idx in ipairs((partition(m, opts.dim, 2))) do
     local procs = {}
-    for k, j in ipairs(idx) do procs[k] = m._procs[j] end
+    for k, j in ipairs(idx) do procs[k] = all[j] end
     local g = group_for(procs, opts.timeout or m._opts.timeout, true)
     for _, f in ipairs(g.setup) do f:get() end
     ids[i] = g.id
@@ -416,27 +404,28 @@ function methods:group(opts)
   opts = opts or {}
   local parts, size = partition(self, opts.dim, 2)
   local timeout = opts.timeout or self._opts.timeout
-  ensure_addrs(self._procs)
+  local all = self:proc_list()
+  ensure_addrs(all)
   local id, futs = new_id(), {}
   for _, idx in ipairs(parts) do
     local addrs, ranks = {}, {}
-    for k, i in ipairs(idx) do addrs[k], ranks[k] = self._procs[i]._coll_addr, self._procs[i].rank end
+    for k, i in ipairs(idx) do addrs[k], ranks[k] = all[i]._coll_addr, all[i].rank end
     for k, i in ipairs(idx) do
-      futs[#futs + 1] = runtime.submit({ self._procs[i] }, "__coll_group", { id, k - 1, addrs, ranks }, 4,
+      futs[#futs + 1] = runtime.submit({ all[i] }, "__coll_group", { id, k - 1, addrs, ranks }, 4,
         { mode = "one", timeout = timeout, what = "kernel group setup" }).future
     end
   end
   combine(futs, "kernel group setup"):get()
   if opts.gpu then
     -- The communicators take the group's id: a kernel's collective finds its group's communicator by it.
-    local ok, err = pcall(require("monarch.gpu")._group_comms, self, parts, id, 1)
+    local ok, err = pcall(self._gpu_group_comms, self, parts, id, 1)
     if not ok then
       self:_submit("__coll_free", { id }, 1, { what = "group free" }):get()
       error(err, 2)
     end
   end
   return setmetatable({ __mn_group = id, id = id, size = size, dim = opts.dim, gpu = opts.gpu == true,
-    _key = mesh_key(self._procs), _mesh = self }, Group)
+    _key = mesh_key(all), _mesh = self }, Group)
 end
 
 function Group:__tostring()
@@ -452,7 +441,7 @@ function Group:_bind(m, level)
   if self._dead then
     error(tostring(self) .. ": a failed call tore it down on its procs; make a new one with mesh:group()", level + 1)
   end
-  if mesh_key(m._procs) ~= self._key then
+  if mesh_key(m:proc_list()) ~= self._key then
     error(tostring(self) .. " belongs to another mesh (or one of its procs was restarted): call the kernel on the mesh " ..
       "the group was made on", level + 1)
   end
@@ -481,7 +470,7 @@ function Group:free()
   local m = self._mesh
   if self.gpu then
     -- A failed call dropped the communicators on the procs it reached; release any the others still hold.
-    local ok, err = pcall(require("monarch.gpu")._free_group_comms, m, self.id)
+    local ok, err = pcall(m._gpu_free_group_comms, m, self.id)
     if not ok and not self._dead then error(err, 2) end
   end
   if self._dead then return end

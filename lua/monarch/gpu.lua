@@ -11,6 +11,8 @@
 -- first time a mesh (or one dimension of it) runs a collective: proc 0 of
 -- each group makes an NCCL id, the controller hands it to every member, and
 -- the communicator is cached on the procs and here, per mesh and dimension.
+local checks = require "monarch.checks"
+local collective = require "monarch.collective"
 local errors = require "monarch.errors"
 local mesh = require "monarch.mesh"
 local runtime = require "monarch.runtime"
@@ -24,8 +26,6 @@ local methods = {} -- the ProcMesh methods this module makes (mesh.METHODS lists
 local ID_BASE = 2 ^ 48
 local next_id = 0
 local to_free = {} -- { procs, id } queued by the GC, sent with the next call
-
-local OPS = { sum = true, max = true, min = true, avg = true } -- NCCL's ncclProd is left out, as on the CPU
 
 --- Seconds a communicator's setup may take before the call fails (every
 -- member must join; a proc that never does would otherwise hang it).
@@ -51,37 +51,20 @@ local function flush_frees()
   end
 end
 
--- Every call flushes tensor.lua's queue; GPU frees ride along with it.
-local flush_cpu_frees = tensor.flush_frees
-function tensor.flush_frees()
-  flush_cpu_frees()
-  flush_frees()
-end
+-- Every call a mesh sends flushes tensor.lua's queue; GPU frees ride along with it.
+table.insert(mesh.hooks.before_call, flush_frees)
 
-local function numel_of(shape)
-  local n = 1
-  for _, s in ipairs(shape) do n = n * s end
-  return n
-end
+local numel_of = checks.numel
 
 --- A zeroed tensor of dtype and shape in the GPU memory of every proc of this
 -- mesh (each proc's own device). Kernels of a GPU library (cuda_basic) take
 -- it like any tensor; fetch and put copy through the host.
 function methods:gpu_tensor(dtype, shape)
-  if not tensor.dtypes[dtype] then
-    error("unknown dtype '" .. tostring(dtype) .. "' (f32, f64, f16, bf16, i32, i64, u8)", 2)
-  end
-  if type(shape) == "number" then shape = { shape } end
-  if type(shape) ~= "table" or #shape > 8 then error("tensor shape must be a list of up to 8 sizes", 2) end
-  for i, s in ipairs(shape) do
-    if type(s) ~= "number" or s < 0 or s ~= math.floor(s) then
-      error(string.format("tensor shape entry %d must be a non-negative integer, got %s", i, tostring(s)), 2)
-    end
-  end
-  tensor.flush_frees()
+  shape = checks.tensor_spec(dtype, shape, 2)
+  mesh.before_call()
   next_id = next_id + 1
   local id = ID_BASE + next_id
-  local procs = self._procs
+  local procs = self:proc_list()
   local t = setmetatable({ __mn_tensor = id, dtype = dtype, shape = shape, numel = numel_of(shape), mesh = self,
     device = "cuda" }, GpuTensor)
   runtime.submit(procs, "__gpu_tensor_new", { id, dtype, shape }, 3, { mode = "broadcast" })
@@ -131,12 +114,12 @@ function GpuTensor:free()
   if rawget(self, "freed") then return end
   rawset(self, "freed", true)
   getmetatable(rawget(self, "_gc")).__gc = nil
-  runtime.submit(self.mesh._procs, "__gpu_free", { self.__mn_tensor }, 1, { mode = "broadcast" })
+  runtime.submit(self.mesh:proc_list(), "__gpu_free", { self.__mn_tensor }, 1, { mode = "broadcast" })
 end
 
 GpuTensor.__tostring = function(t)
   return string.format("GpuTensor(%d, %s, {%s}) on %d procs", t.__mn_tensor - ID_BASE, t.dtype,
-    table.concat(t.shape, ","), #t.mesh._procs)
+    table.concat(t.shape, ","), #t.mesh:proc_list())
 end
 
 --- True if v is a GPU tensor.
@@ -180,18 +163,18 @@ end
 local comms = setmetatable({}, { __mode = "k" }) -- first proc record -> { key -> comm id }
 local next_comm = 0
 
--- The groups of a collective: lists of flat indices into mesh._procs, each in
+-- The groups of a collective: lists of flat indices into mesh:proc_list(), each in
 -- rank order. No dim: one group of all procs; dim: one group per position of
 -- the other dimensions, along dim.
 local function groups_of(m, dim)
   if dim == nil then
     local all = {}
-    for i = 1, #m._procs do all[i] = i end
+    for i = 1, #m:proc_list() do all[i] = i end
     return { all }
   end
   if not m.shape:dim(dim) then error("no dimension named '" .. tostring(dim) .. "' in " .. tostring(m.shape), 4) end
   local groups, order = {}, {}
-  for i = 1, #m._procs do
+  for i = 1, #m:proc_list() do
     local c, parts = m.shape:coords(i), {}
     for _, name in ipairs(m.shape.names) do
       if name ~= dim then parts[#parts + 1] = c[name] end
@@ -210,18 +193,18 @@ end
 
 local function cache_key(m, dim)
   local ranks = {}
-  for i, p in ipairs(m._procs) do ranks[i] = p.rank end
+  for i, p in ipairs(m:proc_list()) do ranks[i] = p.rank end
   return table.concat(ranks, ",") .. "/" .. (dim or "*")
 end
 
 -- Makes communicator cid on the procs of m, one NCCL communicator per group
--- (a list of flat indices into m._procs, in rank order) under the same id:
+-- (a list of flat indices into m:proc_list(), in rank order) under the same id:
 -- the group's first proc makes the NCCL id, every member joins with it.
 -- Raises (after releasing cid everywhere) if any member fails to join.
 local function make_comms(m, groups, cid, level)
-  local id_futs = {}
+  local all, id_futs = m:proc_list(), {}
   for g, members in ipairs(groups) do
-    local p = m._procs[members[1]]
+    local p = all[members[1]]
     id_futs[g] = runtime.submit({ p }, "__gpu_nccl_id", {}, 0, { mode = "one", what = "NCCL id from rank " .. p.rank }).future
   end
   local ids = {}
@@ -231,16 +214,16 @@ local function make_comms(m, groups, cid, level)
   local watches = {}
   for g, members in ipairs(groups) do
     local procs = {}
-    for k, i in ipairs(members) do procs[k] = m._procs[i] end
+    for k, i in ipairs(members) do procs[k] = all[i] end
     local ok, gid = true, 0
-    if #procs > 1 then ok, gid = pcall(require("monarch.collective").watch_group, procs, M.init_timeout) end
+    if #procs > 1 then ok, gid = pcall(collective.watch_group, procs, M.init_timeout) end
     watches[g] = ok and gid or 0
   end
   -- Every member must be asked before any answers: ncclCommInitRank waits for the whole group.
   local inits = {}
   for g, members in ipairs(groups) do
     for r, i in ipairs(members) do
-      local p = m._procs[i]
+      local p = all[i]
       inits[#inits + 1] = runtime.submit({ p }, "__gpu_nccl_init", { cid, ids[g], #members, r - 1, watches[g] }, 5,
         { mode = "one", what = "NCCL init on rank " .. p.rank }).future
     end
@@ -253,7 +236,7 @@ local function make_comms(m, groups, cid, level)
   end
   if first then
     m:_submit("__gpu_nccl_free", { cid }, 1, { what = "gpu communicator release" })
-    if errors.is(first) and #m._procs > 1 and tostring(first.message):find("Duplicate GPU", 1, true) then
+    if errors.is(first) and #m:proc_list() > 1 and tostring(first.message):find("Duplicate GPU", 1, true) then
       first.message = first.message .. " (NCCL needs a GPU per rank: spawn GPU procs with spawn_procs{gpus = N})"
     end
     error(first, level + 1)
@@ -267,24 +250,25 @@ local function bootstrap(m, dim, level)
   return make_comms(m, groups_of(m, dim), next_comm, level + 1)
 end
 
---[[ For mesh:group{ gpu = true } (collective.lua): makes the NCCL
+--[[ ProcMesh:_gpu_group_comms, for mesh:group{ gpu = true } (collective.lua): makes the NCCL
   communicators of kernel group gid, whose lines are `groups` (lists of flat
   indices of m, in position order), under the group's own id, so that a
   kernel's mk_all_reduce on GPU tensors finds the communicator of its group.
   Each line gets a watch group, as mesh collectives' communicators do. ]]
-function M._group_comms(m, groups, gid, level)
-  tensor.flush_frees()
+function methods:_gpu_group_comms(groups, gid, level)
+  local m = self
+  mesh.before_call()
   make_comms(m, groups, gid, level + 1)
 end
 
---- Releases the NCCL communicators of kernel group gid on m's procs (Group:free). Blocks.
-function M._free_group_comms(m, gid)
-  m:_submit("__gpu_nccl_free", { gid }, 1, { what = "gpu communicator release" }):get()
+--- Releases the NCCL communicators of kernel group gid on this mesh's procs (Group:free). Blocks.
+function methods:_gpu_free_group_comms(gid)
+  self:_submit("__gpu_nccl_free", { gid }, 1, { what = "gpu communicator release" }):get()
 end
 
 -- The comm id for collectives of m over dim, made on first use.
 local function comm_for(m, dim, level)
-  local owner = m._procs[1]
+  local owner = m:proc_list()[1]
   comms[owner] = comms[owner] or {}
   local key = cache_key(m, dim)
   local cid = comms[owner][key]
@@ -307,28 +291,12 @@ local function check_tensor(t, what, name, level)
   check_live(t, level + 1)
 end
 
-local function check_op(op, what, level)
-  if not OPS[op] then error(what .. ": op must be \"sum\", \"max\", \"min\" or \"avg\", got " .. tostring(op), level + 1) end
-end
-
--- Options as the CPU collectives take them: {dim = name, timeout = seconds}.
-local OPTIONS = { dim = "string", timeout = "number" }
-local function check_opts(opts, what, level)
-  if opts == nil then return {} end
-  if type(opts) ~= "table" then error(what .. ": options must be a table like {dim = 'dp'}", level + 1) end
-  for k, v in pairs(opts) do
-    if not OPTIONS[k] then error(what .. ": unknown option '" .. tostring(k) .. "' (known: dim, timeout)", level + 1) end
-    if type(v) ~= OPTIONS[k] then error(what .. ": option " .. k .. " wants a " .. OPTIONS[k], level + 1) end
-  end
-  return opts
-end
-
 -- Runs one collective built-in on every proc of m: a Future of nil, like the
 -- CPU collectives. A failure drops the cached communicator (the procs release
 -- it), so the next call makes a fresh one.
 local function run(m, name, args, nargs, opts, forget)
-  tensor.flush_frees()
-  local fut = runtime.submit(m._procs, name, args, nargs, {
+  mesh.before_call()
+  local fut = runtime.submit(m:proc_list(), name, args, nargs, {
     mode = "mesh", timeout = opts.timeout or m._opts.timeout, what = name:sub(3),
     make_result = function() return nil end,
   }).future
@@ -343,8 +311,8 @@ end
 function methods:gpu_all_reduce(t, op, opts)
   op = op or "sum"
   check_tensor(t, "gpu_all_reduce", "the tensor", 2)
-  check_op(op, "gpu_all_reduce", 2)
-  opts = check_opts(opts, "gpu_all_reduce", 2)
+  checks.reduce_op(op, "gpu_all_reduce", 2)
+  opts = checks.collective_opts(opts, "gpu_all_reduce", 2)
   local cid, forget = comm_for(self, opts.dim, 2)
   return run(self, "__gpu_all_reduce", { cid, t, op }, 3, opts, forget)
 end
@@ -354,8 +322,8 @@ end
 -- only that dimension's coordinate is read). Returns a Future of nil.
 function methods:gpu_broadcast(t, root, opts)
   check_tensor(t, "gpu_broadcast", "the tensor", 2)
-  opts = check_opts(opts, "gpu_broadcast", 2)
-  local r = require("monarch.collective").root_position(self, root, opts.dim, "gpu_broadcast")
+  opts = checks.collective_opts(opts, "gpu_broadcast", 2)
+  local r = collective.root_position(self, root, opts.dim, "gpu_broadcast")
   local cid, forget = comm_for(self, opts.dim, 2)
   return run(self, "__gpu_broadcast", { cid, t, r }, 3, opts, forget)
 end
@@ -365,7 +333,7 @@ end
 function methods:gpu_all_gather(src, dst, opts)
   check_tensor(src, "gpu_all_gather", "src", 2)
   check_tensor(dst, "gpu_all_gather", "dst", 2)
-  opts = check_opts(opts, "gpu_all_gather", 2)
+  opts = checks.collective_opts(opts, "gpu_all_gather", 2)
   local cid, forget = comm_for(self, opts.dim, 2)
   return run(self, "__gpu_all_gather", { cid, src, dst }, 3, opts, forget)
 end
@@ -376,8 +344,8 @@ function methods:gpu_reduce_scatter(src, dst, op, opts)
   op = op or "sum"
   check_tensor(src, "gpu_reduce_scatter", "src", 2)
   check_tensor(dst, "gpu_reduce_scatter", "dst", 2)
-  check_op(op, "gpu_reduce_scatter", 2)
-  opts = check_opts(opts, "gpu_reduce_scatter", 2)
+  checks.reduce_op(op, "gpu_reduce_scatter", 2)
+  opts = checks.collective_opts(opts, "gpu_reduce_scatter", 2)
   local cid, forget = comm_for(self, opts.dim, 2)
   return run(self, "__gpu_reduce_scatter", { cid, src, dst, op }, 4, opts, forget)
 end

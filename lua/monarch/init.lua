@@ -25,6 +25,8 @@ local M = { _VERSION = core.version } -- host/core/version.h
 M.config = M.config or {}
 
 local host_mesh -- the HostMesh of this script, made once
+local told_agent_exit -- the hook that reports the local host agent's exit is in
+local launched -- monarch.launch, once a launcher started the agents: shutdown ends their job step
 
 local function read_file(path)
   local f = io.open(path, "rb")
@@ -68,7 +70,8 @@ function M.hosts()
   if launcher and launcher ~= "" then -- agents started by a cluster manager (monarch.launch)
     if addrs then error("a launcher (" .. launcher .. ") and --hosts/MONARCH_HOSTS cannot be used together", 2) end
     runtime.init(token_from_env() or core.generate_token())
-    addrs = require("monarch.launch").start(launcher, { token = runtime.token, worker = worker_path(), monarch = M })
+    launched = require "monarch.launch"
+    addrs = launched.start(launcher, { token = runtime.token, worker = worker_path() })
   elseif addrs and #addrs > 0 then
     local tok = token_from_env()
     if not tok then
@@ -80,17 +83,22 @@ function M.hosts()
     local port, err = core.start_agent(worker_path(), runtime.token)
     if not port then error("cannot start the local host agent: " .. tostring(err), 2) end
     addrs = { "127.0.0.1:" .. port }
-    runtime.on_agent_exit = function(st)
-      if not mesh.shutting_down then
-        io.stderr:write(string.format("monarch: the local host agent exited (status %s, signal %s)\n",
-          tostring(st.status), tostring(st.signal)))
-      end
+    if not told_agent_exit then -- once, should hosts() be called again after a failed connect
+      told_agent_exit = true
+      table.insert(runtime.hooks.agent_exit, function(st)
+        if not mesh.shutting_down then
+          io.stderr:write(string.format("monarch: the local host agent exited (status %s, signal %s)\n",
+            tostring(st.status), tostring(st.signal)))
+        end
+      end)
     end
   end
   host_mesh = mesh.host_mesh(mesh.connect_agents(addrs))
   join.attach(host_mesh, M.config) -- joined hosts go here; --listen-joins opens the join port
   return host_mesh
 end
+
+mesh.set_job(M.hosts, M.config) -- persist and join reach the job's hosts through monarch.mesh
 
 --- Runs fn(...) as a task; inside it, future:await() yields to other tasks.
 -- Returns a Future of fn's return value.
@@ -152,8 +160,7 @@ local function stop_trace()
     s.path, s.spans, s.procs, s.dropped > 0 and (", " .. s.dropped .. " dropped") or ""))
 end
 
---- Waits for every task, then stops all procs and host agents this script started.
-function M.shutdown()
+local function shutdown()
   local ok, err = true, nil
   if runtime.initialized then
     ok, err = pcall(runtime.drain_tasks)
@@ -167,6 +174,13 @@ function M.shutdown()
   core.shutdown()
   if not ok then error(err, 0) end
   if not tok then error(terr, 0) end
+end
+--- Waits for every task, then stops all procs and host agents this script started.
+function M.shutdown()
+  if not launched then return shutdown() end
+  local ok, err = pcall(shutdown)
+  if launched then launched.stop() end -- after the goodbye, which the agents leave on
+  if not ok then error(err, 0) end
 end
 
 --- Opens the join port for hosts started later (`monarch-worker --join ADDR`):

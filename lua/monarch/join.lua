@@ -150,7 +150,7 @@ function M.listen(opts)
   if type(addr) ~= "string" or not split_addr(addr) then
     error("listen: addr wants a numeric HOST:PORT like '0.0.0.0:7100', got " .. tostring(addr), 2)
   end
-  if not target then require("monarch").hosts() end -- the token, and the mesh that joined hosts go into
+  if not target then mesh.job_hosts() end -- the token, and the mesh that joined hosts go into
   if M.address then error("listen: already listening for joins on " .. M.address, 2) end
   local bound, err = core.listen(addr)
   if not bound then error(errors.new { kind = "connect", message = err }, 2) end
@@ -200,7 +200,7 @@ end
 -- line is logged and tried again by the next refresh. Lines that are gone
 -- remove nothing.
 function HostMesh:refresh(path)
-  path = path or require("monarch").config.hostfile
+  path = path or mesh.job_config().hostfile
   if type(path) ~= "string" then error("refresh: this job has no hostfile (monarch-run --hostfile FILE, or pass a path)", 2) end
   local fresh = {}
   for _, addr in ipairs(read_hostfile(path)) do
@@ -275,22 +275,22 @@ function methods:grow(agents)
   if names[1] ~= "hosts" or #names < 2 then
     error("grow needs a mesh whose first dimension is 'hosts' (as spawn_procs makes it), not " .. tostring(self.shape), 2)
   end
-  local per_host = #self._procs / sizes[1]
+  local per_host = #self:proc_list() / sizes[1]
   local spec, top = {}, -1
   for i = 2, #names do spec[#spec + 1] = { names[i], sizes[i] } end
-  for _, p in ipairs(self._procs) do top = math.max(top, p.rank) end
-  if self._procs[1].device ~= nil then spec.gpus = per_host end
-  local world = #self._procs + per_host * #agents
+  for _, p in ipairs(self:proc_list()) do top = math.max(top, p.rank) end
+  if self:proc_list()[1].device ~= nil then spec.gpus = per_host end
+  local world = #self:proc_list() + per_host * #agents
   local added = mesh.host_mesh(agents):spawn_procs(spec, { rank_base = top + 1, world = world })
-  local libs = common(self._procs, function(p) return p.libs end)
+  local libs = common(self:proc_list(), function(p) return p.libs end)
   for _, lib in ipairs(libs) do added:load(lib) end
-  local listeners = common(self._procs, function(p) return p.listeners end)
-  local hooks = common(self._procs, function(p) return p.init_hooks end)
+  local listeners = common(self:proc_list(), function(p) return p.listeners end)
+  local hooks = common(self:proc_list(), function(p) return p.init_hooks end)
   local all = {}
-  for i, p in ipairs(self._procs) do all[i] = p end
+  for i, p in ipairs(self:proc_list()) do all[i] = p end
   local restart = true -- as for the handlers: what every old proc has
-  for _, p in ipairs(self._procs) do restart = restart and p.restart == true end
-  for _, p in ipairs(added._procs) do
+  for _, p in ipairs(self:proc_list()) do restart = restart and p.restart == true end
+  for _, p in ipairs(added:proc_list()) do
     p.restart = restart or nil
     if #listeners > 0 then p.listeners = { unpack(listeners) } end
     if #hooks > 0 then p.init_hooks = { unpack(hooks) } end
@@ -299,7 +299,7 @@ function methods:grow(agents)
   local grown_sizes = { unpack(sizes) }
   grown_sizes[1] = sizes[1] + #agents
   local grown = mesh.proc_mesh(all, shape_mod.new(names, grown_sizes), self._opts, { unpack(libs) })
-  return grown, mesh.proc_mesh(added._procs, added.shape, self._opts, { unpack(libs) })
+  return grown, mesh.proc_mesh(added:proc_list(), added.shape, self._opts, { unpack(libs) })
 end
 
 mesh.provide("monarch.join", methods)

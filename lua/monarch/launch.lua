@@ -41,7 +41,6 @@ local AGENT_STEP_NAME = "monarch-agents" -- srun --job-name of the agents' step
 M.DEFAULT_SRUN_ARGS = "--whole" -- the agent's step gets every CPU and GPU of its node (MONARCH_SRUN_ARGS)
 
 local current -- the running launch: {dir = its private directory, job = SLURM_JOB_ID}
-local hooked = setmetatable({}, { __mode = "k" }) -- monarch modules whose shutdown we wrapped
 
 -- ---- small helpers ---------------------------------------------------------------
 
@@ -224,24 +223,11 @@ function M.stop(grace)
   capture("rm -rf " .. shq(c.dir))
 end
 
--- Teardown after monarch.shutdown(): monarch-run calls monarch.shutdown at
--- exit, so the launcher wraps it once.
-local function hook_shutdown(monarch)
-  if not monarch or hooked[monarch] then return end
-  hooked[monarch] = true
-  local shutdown = monarch.shutdown
-  monarch.shutdown = function(...)
-    local ok, err = pcall(shutdown, ...)
-    M.stop()
-    if not ok then error(err, 0) end
-  end
-end
-
 --- Starts one host agent per node of the current Slurm allocation and
 -- returns their addresses, in Slurm's node order.
 -- opts: token (the cluster token, required), worker (path of monarch-worker
--- on every node), monarch (the monarch module: its shutdown also ends the
--- agents' step), getenv (for tests; default os.getenv).
+-- on every node), getenv (for tests; default os.getenv). monarch.shutdown()
+-- ends the agents' step (M.stop) once the procs are down.
 -- Environment: SLURM_JOB_ID, SLURM_JOB_NODELIST (set by Slurm);
 -- MONARCH_SLURM_TIMEOUT (seconds, default 60), MONARCH_SLURM_PORT (agent
 -- port, default 0: any), MONARCH_SLURM_BIND (default 0.0.0.0),
@@ -285,7 +271,6 @@ function M.slurm(opts)
   write_file(dir .. "/token", opts.token) -- mktemp -d made dir 0700: only we can read it
   write_file(dir .. "/launch.sh", launch_script(dir, #nodes, extra, opts.worker, listen))
   current = { dir = dir, job = job }
-  hook_shutdown(opts.monarch)
   local rc = os.execute("sh " .. shq(dir .. "/launch.sh") .. " &")
   if rc ~= 0 and rc ~= true then -- LuaJIT returns the status, Lua 5.2+ a boolean
     M.stop(0)

@@ -6,10 +6,21 @@ local errors = require "monarch.errors"
 local runtime = require "monarch.runtime"
 local shape_mod = require "monarch.shape"
 local value_mesh = require "monarch.value_mesh"
-local tensor = require "monarch.tensor"
 
 local M = {}
 local unpack = unpack or table.unpack
+
+--- Hook lists of the modules above (they add to them; nothing here replaces their functions):
+-- before_call: fn() before every call a mesh sends (monarch.tensor and monarch.gpu send the frees
+-- of the tensors the GC collected, so that they reach the procs before the call).
+M.hooks = { before_call = {} }
+local before_call_hooks = M.hooks.before_call
+
+--- Runs the before_call hooks: every verb that sends calls runs it first (collectives too).
+local function before_call()
+  for i = 1, #before_call_hooks do before_call_hooks[i]() end
+end
+M.before_call = before_call
 
 local procs_mod = require "monarch.procs"
 local wait_until = procs_mod.wait_until
@@ -36,6 +47,24 @@ function M.connect_agents(addrs)
   end
   return agents
 end
+
+-- ---- the job ---------------------------------------------------------------------
+
+local job = { config = {} } -- hosts: how monarch makes the job's HostMesh; config: monarch.config
+
+--- Called once by monarch (init.lua), which sits above every module: hosts() makes (once) and
+-- returns the job's HostMesh (monarch.hosts), config is monarch.config (monarch-run's settings).
+-- The features that need the job (persist, join) ask here.
+function M.set_job(hosts, config) job.hosts, job.config = hosts, config end
+
+--- The job's HostMesh (monarch.hosts(): started on first use).
+function M.job_hosts()
+  if not job.hosts then error("the job's hosts are not known yet: load monarch first", 2) end
+  return job.hosts()
+end
+
+--- monarch.config: the settings monarch-run filled in (hosts, hostfile, ...).
+function M.job_config() return job.config end
 
 -- ---- HostMesh --------------------------------------------------------------------
 
@@ -106,71 +135,7 @@ function HostMesh:spawn_procs(spec, at)
     end
   end
   local world, base = at and at.world or per_host * #self.agents, at and at.rank_base or 0
-  -- A mesh that is cast to keeps direct links only while they pay (a capped pool): no socket per proc.
-  local pooled = per_host * #self.agents >= core.cast_stats().cast_min or nil
-  local asks = {}
-  for h, a in ipairs(self.agents) do
-    if a.state ~= "ready" then error(errors.new { kind = "connect", host = a.addr, message = "host agent is not connected" }, 2) end
-    asks[h] = { agent = a, n = per_host, base = base + (h - 1) * per_host, world = world, device_base = gpus and 0 or nil }
-  end
-  -- Past the fan-out the spawn goes down the cast tree: its links come up first (built now if the agents
-  -- changed), so that the controller writes a SPAWN per top agent, not per host.
-  local wanted = core.tree_build()
-  if wanted > 0 then
-    pcall(wait_until, function() return core.cast_stats().links_up >= wanted end, procs_mod.TREE_WAIT, "tree links")
-  end
-  local reqs = procs_mod.request_spawns(asks)
-  local procs = {}
-  local ok, err = pcall(wait_until, function()
-    for h, req in ipairs(reqs) do
-      if req.count < req.n and self.agents[h].state == "ready" then return false end
-    end
-    return true
-  end, procs_mod.SPAWN_TIMEOUT, "spawning procs")
-  local failures = {}
-  for h, a in ipairs(self.agents) do
-    local req = reqs[h]
-    -- Emptied as it is read: the wait above, hot at thousands of hosts, may have been compiled into a JIT
-    -- trace that holds `reqs` as a constant, and with it every answer (5 MB at 32,768 procs).
-    reqs[h] = false
-    a.requests[req.id] = nil
-    -- What this host's new procs share (world, host, addr), held once for all of them: a mesh of
-    -- thousands of procs then costs a small table each. libs and tensors: once it has some.
-    local shared = { __index = { world = world, host = a.hostname, addr = a.addr } }
-    for i = 1, per_host do
-      local r = req.results[i]
-      local rank = base + (h - 1) * per_host + i - 1
-      if r and r.port then
-        local p = setmetatable({ rank = rank, pid = r.pid, port = r.port, agent = a, state = "connecting",
-          device = gpus and (i - 1) or nil, pooled = pooled }, shared)
-        a.procs[r.pid] = p
-        procs_mod.connect(p)
-        procs[rank - base + 1] = p
-      else
-        failures[#failures + 1] = string.format("rank %d on %s: %s", rank, a.hostname or a.addr,
-          r and r.error or (a.state ~= "ready" and ("host agent lost: " .. tostring(a.reason)) or tostring(err)))
-      end
-    end
-  end
-  if #failures == 0 then
-    local ok2, err2 = pcall(wait_until, function()
-      for _, p in pairs(procs) do if p.state == "connecting" then return false end end
-      return true
-    end, procs_mod.SPAWN_TIMEOUT, "connecting to procs")
-    for _, p in pairs(procs) do
-      if p.state ~= "ready" then
-        failures[#failures + 1] = string.format("rank %d on %s: %s", p.rank, p.host, p.cause or tostring(err2))
-      end
-    end
-  end
-  if #failures > 0 then
-    for _, p in pairs(procs) do
-      p.stopping = true
-      procs_mod.kill(p, 9)
-    end
-    error(errors.new { kind = "spawn", message = "could not start " .. #failures .. " of " .. world ..
-      " procs:\n  " .. table.concat(failures, "\n  ") }, 2)
-  end
+  local procs = procs_mod.spawn(self.agents, per_host, { base = base, world = world, gpus = gpus }, 2)
   local dims_n, dims_s = { "hosts" }, { #self.agents }
   for i = 1, #names do dims_n[i + 1], dims_s[i + 1] = names[i], sizes[i] end
   return M.proc_mesh(procs, shape_mod.new(dims_n, dims_s), {})
@@ -189,11 +154,14 @@ ProcMesh.__index = ProcMesh
 M.METHODS = {
   -- monarch.mesh: shape, views and policies
   size = "monarch.mesh", sizes = "monarch.mesh", rank = "monarch.mesh", procs = "monarch.mesh",
+  proc_list = "monarch.mesh",
   slice = "monarch.mesh", options = "monarch.mesh", on_restart = "monarch.mesh", on_failure = "monarch.mesh",
   ready = "monarch.mesh", stop = "monarch.mesh", ping = "monarch.mesh", survivors = "monarch.mesh",
   -- monarch.mesh: kernel calls (_submit is the one they share, also used by the modules below)
   load = "monarch.mesh", call = "monarch.mesh", call_one = "monarch.mesh", broadcast = "monarch.mesh",
-  choose = "monarch.mesh", stream = "monarch.mesh", tensor = "monarch.mesh", _submit = "monarch.mesh",
+  choose = "monarch.mesh", stream = "monarch.mesh", _submit = "monarch.mesh",
+  -- tensors on the procs
+  tensor = "monarch.tensor",
   -- Lua actors on the procs
   spawn = "monarch.actor",
   -- CPU collectives and proc-to-proc copies over direct proc links
@@ -204,6 +172,7 @@ M.METHODS = {
   gpu_tensor = "monarch.gpu", gpu_info = "monarch.gpu", gpu_sync = "monarch.gpu",
   gpu_all_reduce = "monarch.gpu", gpu_broadcast = "monarch.gpu", gpu_all_gather = "monarch.gpu",
   gpu_reduce_scatter = "monarch.gpu",
+  _gpu_group_comms = "monarch.gpu", _gpu_free_group_comms = "monarch.gpu", -- collective's mesh:group{gpu = true}
   -- persistent meshes (the REPL's)
   persist = "monarch.persist", detach = "monarch.persist",
   -- more hosts: procs on hosts that joined the job, with the mesh's libraries
@@ -268,7 +237,12 @@ function ProcMesh:rank(...)
   return self._procs[self.shape:index(c)].rank
 end
 
---- Proc records (rank, host, pid, state) for inspection.
+--- The proc records of this mesh, in position order: the live list itself, not a copy (no
+-- allocation; the call paths read it per call). Read-only by contract: a caller that wants to
+-- change it copies it. Every module but this one reaches a mesh's procs through it.
+function ProcMesh:proc_list() return self._procs end
+
+--- Summaries of the procs (rank, host, pid, state, cause) for inspection: copies.
 function ProcMesh:procs()
   local out = {}
   for i, p in ipairs(self._procs) do
@@ -318,9 +292,11 @@ end
 -- the place to restore state. Use with options{restart = true}.
 function ProcMesh:on_restart(fn)
   if type(fn) ~= "function" then error("on_restart wants a function", 2) end
+  -- monarch.procs runs a proc's init hooks as hook(p): this one hands fn the mesh of that one proc.
+  local function hook(p) return fn(M.proc_mesh({ p }, shape_mod.new({ "procs" }, { 1 }), {}), p.rank) end
   for _, p in ipairs(self._procs) do
     p.init_hooks = p.init_hooks or {}
-    p.init_hooks[#p.init_hooks + 1] = fn
+    p.init_hooks[#p.init_hooks + 1] = hook
   end
   return self
 end
@@ -383,7 +359,7 @@ local function check_kernel(kernel, level)
 end
 
 function ProcMesh:_submit(kernel, args, nargs, o)
-  tensor.flush_frees()
+  before_call()
   local shape = self.shape
   local convert = o.convert
   return runtime.submit(self._procs, kernel, args, nargs, {
@@ -461,7 +437,7 @@ function ProcMesh:call_one(kernel, ...)
   if #self._procs ~= 1 then
     error("call_one needs a mesh of exactly one proc; this one has " .. #self._procs .. " (slice it first)", 2)
   end
-  tensor.flush_frees()
+  before_call()
   return runtime.submit(self._procs, kernel, { ... }, select("#", ...), { mode = "one", timeout = self._opts.timeout,
     retries = self._opts.retries, backoff = self._opts.backoff, cancel_grace = self._opts.cancel_grace }).future
 end
@@ -470,7 +446,7 @@ end
 -- stops the script at its next wait (use call() to handle errors yourself).
 function ProcMesh:broadcast(kernel, ...)
   check_kernel(kernel, 2)
-  tensor.flush_frees()
+  before_call()
   runtime.submit(self._procs, kernel, { ... }, select("#", ...), { mode = "broadcast", timeout = self._opts.timeout,
     retries = self._opts.retries, backoff = self._opts.backoff, cancel_grace = self._opts.cancel_grace })
 end
@@ -490,7 +466,7 @@ function ProcMesh:choose(kernel, ...)
   end
   self._rr = self._rr + 1
   if not best then error(errors.new { kind = "proc_failed", kernel = kernel, message = "no live proc in this mesh to choose" }, 2) end
-  tensor.flush_frees()
+  before_call()
   return runtime.submit({ best }, kernel, { ... }, select("#", ...), { mode = "one", timeout = self._opts.timeout,
     retries = self._opts.retries, backoff = self._opts.backoff, cancel_grace = self._opts.cancel_grace,
     choose_from = self._procs }).future
@@ -533,11 +509,6 @@ function M.stream_results(shape, total, start)
     if not e[2] then error(e[3], 2) end
     return shape:coords(e[1]), e[3]
   end
-end
-
---- A tensor of dtype and shape on every proc of this mesh (zeroed).
-function ProcMesh:tensor(dtype, shape)
-  return tensor.new(self, dtype, shape)
 end
 
 --- Calls fn(err) whenever a proc of this mesh fails.

@@ -14,6 +14,7 @@
 -- a session, so they are all still there. See docs/repl.md.
 local core = require "monarch.core"
 local errors = require "monarch.errors"
+local log = require "monarch.log"
 local runtime = require "monarch.runtime"
 local procs_mod = require "monarch.procs"
 local shape_mod = require "monarch.shape"
@@ -113,7 +114,7 @@ local function describe(m, name, named)
     names_of[t.__mn_tensor] = tname
   end
   local specs, holders, ids = {}, {}, {}
-  for _, p in ipairs(m._procs) do
+  for _, p in ipairs(m:proc_list()) do
     for id, spec in pairs(p.tensors or {}) do
       if not specs[id] then
         specs[id], holders[id] = spec, {}
@@ -129,10 +130,10 @@ local function describe(m, name, named)
   local tensors = {}
   for i, id in ipairs(ids) do
     tensors[i] = { id = id, dtype = specs[id].dtype, shape = specs[id].shape, name = names_of[id],
-      ranks = #holders[id] < #m._procs and holders[id] or nil }
+      ranks = #holders[id] < #m:proc_list() and holders[id] or nil }
   end
   local procs = {}
-  for i, p in ipairs(m._procs) do
+  for i, p in ipairs(m:proc_list()) do
     procs[i] = { rank = p.rank, world = p.world, host = p.host, pid = p.pid, port = p.port, libs = p.libs or {},
       device = p.device }
   end
@@ -152,7 +153,7 @@ function methods:persist(name, tensors)
   if tensors ~= nil and type(tensors) ~= "table" then
     error("persist: the second argument maps names to tensors ({w = w})", 2)
   end
-  for _, p in ipairs(self._procs) do
+  for _, p in ipairs(self:proc_list()) do
     if not LIVE[p.state] then
       error(errors.new { kind = "persist", rank = p.rank, host = p.host, pid = p.pid,
         message = "cannot persist a proc that is " .. tostring(p.state) }, 2)
@@ -160,7 +161,7 @@ function methods:persist(name, tensors)
   end
   local desc = describe(self, name, tensors)
   local pids, agents = {}, {}
-  for _, p in ipairs(self._procs) do
+  for _, p in ipairs(self:proc_list()) do
     if not pids[p.agent] then
       pids[p.agent] = {}
       agents[#agents + 1] = p.agent
@@ -177,7 +178,7 @@ function methods:persist(name, tensors)
   -- Now the procs themselves: no orphan timeout from here on.
   local ok, err = pcall(function() return self:_submit("__persist", { true }, 1, { what = "persist" }):get() end)
   if not ok then error(err, 2) end
-  for _, p in ipairs(self._procs) do p.persistent = name end
+  for _, p in ipairs(self:proc_list()) do p.persistent = name end
   self._persistent, self._named = name, tensors
   M.meshes[name] = self
   return self
@@ -196,13 +197,13 @@ function methods:detach()
     error("detach: this mesh is not persistent (mesh:persist(name) first; mesh:stop() ends it)", 2)
   end
   procs_mod.wait_until(function()
-    for _, p in ipairs(self._procs) do
+    for _, p in ipairs(self:proc_list()) do
       if LIVE[p.state] and p.conn and core.inflight(p.conn) > 0 then return false end
     end
     return true
   end, M.DETACH_TIMEOUT, "waiting for the calls in flight before detaching '" .. name .. "'")
   local agents, seen = {}, {}
-  for _, p in ipairs(self._procs) do
+  for _, p in ipairs(self:proc_list()) do
     if LIVE[p.state] and not seen[p.agent] then
       seen[p.agent] = true
       agents[#agents + 1] = p.agent
@@ -212,7 +213,7 @@ function methods:detach()
   for _, r in ipairs(replies) do
     if not r.ok then error(errors.new { kind = "persist", host = agent_name(r.agent), message = tostring(r.value) }, 2) end
   end
-  for _, p in ipairs(self._procs) do
+  for _, p in ipairs(self:proc_list()) do
     if LIVE[p.state] then
       -- "stopped" for this controller: calls fail at once, nothing frees its
       -- tensors, stop() leaves it alone. Events of the old connection are stale.
@@ -256,7 +257,7 @@ end
 local function held(name)
   local m = M.meshes[name]
   if not m then return nil end
-  for _, p in ipairs(m._procs) do
+  for _, p in ipairs(m:proc_list()) do
     if LIVE[p.state] then return m end
   end
   M.meshes[name] = nil
@@ -272,7 +273,7 @@ function M.attach(name)
   check_name(name, 2)
   local have = held(name)
   if have then return have end
-  local agents = require("monarch").hosts().agents
+  local agents = mesh_mod.job_hosts().agents
   local replies = ask(agents, function(req) return { MSG.ATTACH, req, name } end, "attaching '" .. name .. "'")
   local found, why = {}, {}
   for _, r in ipairs(replies) do
@@ -345,13 +346,13 @@ function M.attach(name)
       for _, r in ipairs(t.ranks) do sub[#sub + 1] = by_rank[r] end
       on = mesh_mod.proc_mesh(sub, shape_mod.new({ "procs" }, { #sub }), {}, m._libs)
     end
-    for _, p in ipairs(on._procs) do p.tensors[t.id] = { dtype = t.dtype, shape = t.shape } end
+    for _, p in ipairs(on:proc_list()) do p.tensors[t.id] = { dtype = t.dtype, shape = t.shape } end
     local h = adopt(on, t)
     m.tensors[t.id] = h
     if t.name then m.tensors[t.name] = h end
   end
   if #missing > 0 then
-    require("monarch.log").log("warn", "mesh '" .. name .. "': " .. #missing .. " procs exited while it was detached: " ..
+    log.log("warn", "mesh '" .. name .. "': " .. #missing .. " procs exited while it was detached: " ..
       table.concat(missing, ", "))
   end
   m._persistent = name
@@ -361,7 +362,7 @@ end
 
 --- The persistent meshes the host agents keep: {name = {procs = n, hosts = {...}}}.
 function M.list()
-  local agents = require("monarch").hosts().agents
+  local agents = mesh_mod.job_hosts().agents
   local replies = ask(agents, function(req) return { MSG.LIST, req } end, "listing persistent meshes")
   local out = {}
   for _, r in ipairs(replies) do

@@ -145,10 +145,10 @@ local function declare_hung(p, why)
 end
 
 -- A proc still running a call it was asked to stop, `grace` seconds on, is hung.
-require("monarch.calls").on_hung = function(p, kernel, grace)
+table.insert(calls.hooks.on_hung, function(p, kernel, grace)
   if p.state ~= "ready" and p.state ~= "reconnecting" then return end
   declare_hung(p, string.format("hung: '%s' still running %gs after it was cancelled", kernel, grace))
-end
+end)
 
 runtime.tick(function(now)
   for p in pairs(dying) do
@@ -290,6 +290,7 @@ function M.each()
     return p
   end
 end
+trace.set_procs(M.each)
 
 --- Connects to a spawned proc; p.state goes connecting -> ready (or dead).
 -- Port 0 in SPAWNED (a simulated agent's virtual proc): no link of its own, every call a cast through
@@ -452,12 +453,88 @@ end
 -- sent its spawn directly).
 M.TREE_WAIT = 1
 
+--- Spawns per_host procs on each of `agents` (host agents, every one ready: else a "connect" error) and
+-- connects to them: the whole spawn of HostMesh:spawn_procs. opts: base and world (the procs are ranks
+-- base.. of world), gpus (local proc i pinned to GPU i). Returns the proc records in rank order, every
+-- one ready; or, if any could not start or connect, kills those that did and raises a "spawn" error
+-- listing the others. level: where errors point, as for error().
+function M.spawn(agents, per_host, opts, level)
+  local base, world, gpus = opts.base, opts.world, opts.gpus
+  -- A mesh that is cast to keeps direct links only while they pay (a capped pool): no socket per proc.
+  local pooled = per_host * #agents >= core.cast_stats().cast_min or nil
+  local asks = {}
+  for h, a in ipairs(agents) do
+    if a.state ~= "ready" then
+      error(errors.new { kind = "connect", host = a.addr, message = "host agent is not connected" }, level + 1)
+    end
+    asks[h] = { agent = a, n = per_host, base = base + (h - 1) * per_host, world = world, device_base = gpus and 0 or nil }
+  end
+  -- Past the fan-out the spawn goes down the cast tree: its links come up first (built now if the agents
+  -- changed), so that the controller writes a SPAWN per top agent, not per host.
+  local wanted = core.tree_build()
+  if wanted > 0 then
+    pcall(M.wait_until, function() return core.cast_stats().links_up >= wanted end, M.TREE_WAIT, "tree links")
+  end
+  local reqs = M.request_spawns(asks)
+  local procs = {}
+  local ok, err = pcall(M.wait_until, function()
+    for h, req in ipairs(reqs) do
+      if req.count < req.n and agents[h].state == "ready" then return false end
+    end
+    return true
+  end, M.SPAWN_TIMEOUT, "spawning procs")
+  local failures = {}
+  for h, a in ipairs(agents) do
+    local req = reqs[h]
+    -- Emptied as it is read: the wait above, hot at thousands of hosts, may have been compiled into a JIT
+    -- trace that holds `reqs` as a constant, and with it every answer (5 MB at 32,768 procs).
+    reqs[h] = false
+    a.requests[req.id] = nil
+    -- What this host's new procs share (world, host, addr), held once for all of them: a mesh of
+    -- thousands of procs then costs a small table each. libs and tensors: once it has some.
+    local shared = { __index = { world = world, host = a.hostname, addr = a.addr } }
+    for i = 1, per_host do
+      local r = req.results[i]
+      local rank = base + (h - 1) * per_host + i - 1
+      if r and r.port then
+        local p = setmetatable({ rank = rank, pid = r.pid, port = r.port, agent = a, state = "connecting",
+          device = gpus and (i - 1) or nil, pooled = pooled }, shared)
+        a.procs[r.pid] = p
+        M.connect(p)
+        procs[rank - base + 1] = p
+      else
+        failures[#failures + 1] = string.format("rank %d on %s: %s", rank, a.hostname or a.addr,
+          r and r.error or (a.state ~= "ready" and ("host agent lost: " .. tostring(a.reason)) or tostring(err)))
+      end
+    end
+  end
+  if #failures == 0 then
+    local ok2, err2 = pcall(M.wait_until, function()
+      for _, p in pairs(procs) do if p.state == "connecting" then return false end end
+      return true
+    end, M.SPAWN_TIMEOUT, "connecting to procs")
+    for _, p in pairs(procs) do
+      if p.state ~= "ready" then
+        failures[#failures + 1] = string.format("rank %d on %s: %s", p.rank, p.host, p.cause or tostring(err2))
+      end
+    end
+  end
+  if #failures > 0 then
+    for _, p in pairs(procs) do
+      p.stopping = true
+      M.kill(p, 9)
+    end
+    error(errors.new { kind = "spawn", message = "could not start " .. #failures .. " of " .. world ..
+      " procs:\n  " .. table.concat(failures, "\n  ") }, level + 1)
+  end
+  return procs
+end
+
 -- ---- restarts --------------------------------------------------------------------
 
 --- Re-creates what a restarted proc must have before it serves the script
 -- again: its kernel libraries, its tensors (zeroed), then the init hooks.
 local function restore(p)
-  local single = require("monarch.mesh").proc_mesh({ p }, require("monarch.shape").new({ "procs" }, { 1 }), {})
   local function call(kernel, ...)
     local rec = runtime.submit({ p }, kernel, { ... }, select("#", ...), { mode = "one", bypass = true })
     return rec.future:await()
@@ -472,7 +549,7 @@ local function restore(p)
   end
   -- The hooks use the ordinary verbs; their calls go through while others wait.
   set(p, "in_hooks", true)
-  for _, fn in ipairs(p.init_hooks or {}) do fn(single, p.rank) end
+  for _, fn in ipairs(p.init_hooks or {}) do fn(p) end -- each fn(p): ProcMesh:on_restart's, which makes p's mesh
   set(p, "in_hooks", false)
 end
 

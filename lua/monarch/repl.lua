@@ -24,7 +24,8 @@ local MAX_SHOW_DEPTH = 3  -- levels of nested tables shown
 local KEYWORDS = { "and", "break", "do", "else", "elseif", "end", "false", "for", "function", "goto", "if", "in",
   "local", "nil", "not", "or", "repeat", "return", "then", "true", "until", "while" }
 
-local raw_pump       -- runtime.pump as it was before start()
+local started        -- start() has run
+local idling         -- the prompt's own turns of the loop (idle): no Ctrl-C check there
 local exit_deadline  -- while leaving: when to stop waiting for calls in flight
 local pending = {}   -- failures seen while the prompt waited, shown at the next one
 
@@ -233,11 +234,12 @@ local function interrupted(what)
     or "stopped waiting (Ctrl-C); calls already sent go on" }
 end
 
--- The REPL's pump: a Ctrl-C ends the wait that pumps (Future:get, spawn_procs,
--- ...) at a point where the runtime is consistent: after an iteration. The
--- call a get() waited for is cancelled, so its procs stop it too.
-local function pump(timeout)
-  raw_pump(timeout)
+-- After every pump (runtime.hooks.after_pump): a Ctrl-C ends the wait that
+-- pumps (Future:get, spawn_procs, ...) at a point where the runtime is
+-- consistent: after an iteration. The call a get() waited for is cancelled,
+-- so its procs stop it too.
+local function after_pump()
+  if idling then return end
   if core.interrupted() then
     local f = future.waiting
     future.waiting = nil
@@ -261,11 +263,13 @@ local output_seen, refresh_at
 local function idle()
   if not runtime.initialized then return false end
   local log = require "monarch.log"
+  idling = true
   for _ = 1, 16 do
-    local ok, err = pcall(raw_pump, 0)
+    local ok, err = pcall(runtime.pump, 0)
     if ok then break end
     pending[#pending + 1] = err
   end
+  idling = false
   if log.last_output ~= output_seen then
     output_seen = log.last_output
     refresh_at = runtime.now() + (log.window or 0) + 0.01
@@ -321,13 +325,11 @@ end
 --- Sets the REPL up before anything runs: Ctrl-C stops waits instead of the
 -- process, and the globals monarch, help, top and exit exist.
 function M.start()
-  if raw_pump then return end
+  if started then return end
+  started = true
   local monarch = require "monarch"
-  monarch.attach = monarch.attach or persist.attach
-  monarch.persistent = monarch.persistent or persist.list
   core.catch_interrupts(true)
-  raw_pump = runtime.pump
-  runtime.pump = pump
+  table.insert(runtime.hooks.after_pump, after_pump)
   rawset(_G, "monarch", monarch)
   rawset(_G, "help", M.help)
   rawset(_G, "top", monarch.top)
@@ -366,7 +368,7 @@ function M.finish()
   local monarch = require "monarch"
   for name, m in pairs(persist.meshes) do
     local n = 0
-    for _, p in ipairs(m._procs) do if p.state == "ready" or p.state == "reconnecting" then n = n + 1 end end
+    for _, p in ipairs(m:proc_list()) do if p.state == "ready" or p.state == "reconnecting" then n = n + 1 end end
     if n > 0 then
       io.stderr:write(string.format("monarch: leaving persistent mesh '%s' running (%d procs); monarch.attach('%s') takes it back\n",
         name, n, name))

@@ -10,6 +10,7 @@ local core = require "monarch.core"
 local future = require "monarch.future"
 local calls = require "monarch.calls"
 local tasks = require "monarch.tasks"
+local trace = require "monarch.trace"
 
 local R = {}
 
@@ -19,6 +20,12 @@ local routes = {}         -- message type -> fn(msg, conn)
 local unhandled = {}      -- failures nobody waits for (broadcast), raised at the next pump
 local unheard = setmetatable({}, { __mode = "k" }) -- err -> the proc whose death it reports
 R.initialized = false
+
+--- Hook lists of the modules above (they add to them; nothing here replaces their functions):
+-- after_pump: fn() at the end of every pump, which may raise to end the wait that pumps (the
+-- REPL's Ctrl-C); agent_exit: fn(status) when the local host agent this process started exits.
+R.hooks = { after_pump = {}, agent_exit = {} }
+local after_pump, agent_exit = R.hooks.after_pump, R.hooks.agent_exit
 
 --- Starts the controller core once; token is the cluster token.
 function R.init(token)
@@ -82,7 +89,7 @@ local function dispatch_one(id, a, b, c, rec)
     elseif b == "reconnected" then
       if h and h.on_reconnected then h.on_reconnected(c, a) end
     elseif b == "agent_exit" then
-      if R.on_agent_exit then R.on_agent_exit(c) end
+      for k = 1, #agent_exit do agent_exit[k](c) end
     end
   end
 end
@@ -129,6 +136,7 @@ function R.pump(timeout)
     unheard[e] = nil
     if not (p and p.death_heard) then error(e, 0) end
   end
+  for i = 1, #after_pump do after_pump[i]() end
 end
 
 --- Runs the loop until every task has finished and every call sent has
@@ -149,11 +157,12 @@ end
 
 -- Tasks and timers (monarch.tasks).
 R.now, R.in_task, R.spawn, R.wait_for = tasks.now, tasks.in_task, tasks.spawn, tasks.wait_for
-R.at, R.tick = tasks.at, tasks.tick
+R.at, R.tick, R.current_task = tasks.at, tasks.tick, tasks.current
 -- Calls in flight (monarch.calls).
 R.submit, R.submit_custom, R.wait_window = calls.submit, calls.submit_custom, calls.wait_window
 R.flush_queue, R.fail_slot, R.call_record, R.cancel_call = calls.flush_queue, calls.fail_slot, calls.call_record, calls.cancel
 
 calls.set_loop(R)
 future.set_runtime(R)
+trace.set_runtime(R)
 return R

@@ -5,19 +5,18 @@
 --   vm[1][1], vm[1]:totable(), t:free()     -- or let the GC free it
 local ffi = require "ffi"
 local bulk = require "monarch.bulk"
+local checks = require "monarch.checks"
 local core = require "monarch.core"
+local errors = require "monarch.errors"
 local future = require "monarch.future"
+local mesh_mod = require "monarch.mesh"
 local runtime = require "monarch.runtime"
+local shape_mod = require "monarch.shape"
 local value_mesh = require "monarch.value_mesh"
 
 local M = {}
 
-M.dtypes = {
-  f32 = { ctype = "float", size = 4 }, f64 = { ctype = "double", size = 8 },
-  f16 = { ctype = "uint16_t", size = 2 }, bf16 = { ctype = "uint16_t", size = 2 },
-  i32 = { ctype = "int32_t", size = 4 }, i64 = { ctype = "int64_t", size = 8 },
-  u8 = { ctype = "uint8_t", size = 1 },
-}
+M.dtypes = checks.DTYPES -- name -> {ctype, size}
 
 -- ---- host tensors ------------------------------------------------------------
 
@@ -63,11 +62,7 @@ HostTensor.__newindex = function(t, k, v)
   t.data[k - 1] = v
 end
 
-local function numel_of(shape)
-  local n = 1
-  for _, s in ipairs(shape) do n = n * s end
-  return n
-end
+local numel_of = checks.numel
 
 ffi.cdef [[ void *malloc(size_t); void free(void *); ]]
 
@@ -76,7 +71,7 @@ ffi.cdef [[ void *malloc(size_t); void free(void *); ]]
 -- A big one (monarch.bulk.SHARED_MIN) lives in shared memory that a proc
 -- on this host copies at memcpy's speed; it comes zeroed all the same.
 function M.host(dtype, shape, bytes, uninit)
-  local d = M.dtypes[dtype] or error("unknown dtype '" .. tostring(dtype) .. "'", 2)
+  local d = checks.dtype(dtype, 2)
   if type(shape) == "number" then shape = { shape } end
   local n = numel_of(shape)
   local data, fd
@@ -124,7 +119,7 @@ Tensor.__index = Tensor
 local next_id = 0
 local to_free = {} -- { procs, id } queued by the GC, sent by flush_frees
 
---- Sends the frees the garbage collector queued. Called by the runtime.
+--- Sends the frees the garbage collector queued. Every mesh verb runs it first (mesh.hooks.before_call).
 function M.flush_frees()
   if #to_free == 0 then return end
   local batch = to_free
@@ -142,19 +137,10 @@ end
 
 --- Creates a zeroed tensor on every proc of mesh. shape: a list of sizes or one number.
 function M.new(mesh, dtype, shape)
-  if not M.dtypes[dtype] then
-    error("unknown dtype '" .. tostring(dtype) .. "' (f32, f64, f16, bf16, i32, i64, u8)", 3)
-  end
-  if type(shape) == "number" then shape = { shape } end
-  if type(shape) ~= "table" or #shape > 8 then error("tensor shape must be a list of up to 8 sizes", 3) end
-  for i, s in ipairs(shape) do
-    if type(s) ~= "number" or s < 0 or s ~= math.floor(s) then
-      error(string.format("tensor shape entry %d must be a non-negative integer, got %s", i, tostring(s)), 3)
-    end
-  end
+  shape = checks.tensor_spec(dtype, shape, 3)
   next_id = next_id + 1
   local id = next_id
-  local procs = mesh._procs
+  local procs = mesh:proc_list()
   local t = setmetatable({ __mn_tensor = id, dtype = dtype, shape = shape, numel = numel_of(shape), mesh = mesh }, Tensor)
   runtime.submit(procs, "__tensor_new", { id, dtype, shape }, 3, { mode = "broadcast" })
   -- Procs remember their tensors so a restart can re-create them.
@@ -188,8 +174,8 @@ end
 function Tensor:on(mesh)
   check_live(self)
   local holds = {}
-  for _, p in ipairs(self.mesh._procs) do holds[p] = true end
-  for _, p in ipairs(mesh._procs) do
+  for _, p in ipairs(self.mesh:proc_list()) do holds[p] = true end
+  for _, p in ipairs(mesh:proc_list()) do
     if not holds[p] then
       error(string.format("tensor:on: rank %d is not one of the procs that hold tensor %d", p.rank, self.__mn_tensor), 2)
     end
@@ -228,7 +214,7 @@ end
 -- A proc on this host writes into them itself (monarch.bulk).
 function Tensor:fetch(into)
   check_live(self)
-  local procs, n = self.mesh._procs, #self.mesh._procs
+  local procs, n = self.mesh:proc_list(), #self.mesh:proc_list()
   local nbytes = self.numel * M.dtypes[self.dtype].size
   local hosts = {}
   for i = 1, n do
@@ -309,7 +295,7 @@ end
 function Tensor:put(values)
   check_live(self)
   local src, owner = self:_source(values, 2)
-  return self:_put_bytes(src, 0, self.numel * M.dtypes[self.dtype].size, owner, self.mesh._procs)
+  return self:_put_bytes(src, 0, self.numel * M.dtypes[self.dtype].size, owner, self.mesh:proc_list())
 end
 
 --- Writes a different value to each proc's copy: values[i] (as for put) goes
@@ -317,7 +303,7 @@ end
 -- Returns a Future that is done when all procs have theirs.
 function Tensor:scatter(values)
   check_live(self)
-  local procs = self.mesh._procs
+  local procs = self.mesh:proc_list()
   if type(values) ~= "table" or (values._n or #values) ~= #procs then
     error(string.format("scatter wants one value per proc (%d)", #procs), 2)
   end
@@ -335,7 +321,7 @@ end
 function Tensor:_put_bytes(src, base, nbytes, owner, procs)
   for _, p in ipairs(procs) do
     if p.state ~= "ready" then
-      error(require("monarch.errors").new { kind = "proc_failed", rank = p.rank, host = p.host, pid = p.pid,
+      error(errors.new { kind = "proc_failed", rank = p.rank, host = p.host, pid = p.pid,
         message = "put needs every proc ready; this one is " .. p.state }, 3)
     end
   end
@@ -367,7 +353,7 @@ local function await_links(procs, targets)
       if p.state ~= "ready" and p.state ~= "reconnecting" then return end
     end
     if runtime.now() > deadline then
-      error(require("monarch.errors").new { kind = "timeout",
+      error(errors.new { kind = "timeout",
         message = "a put waited " .. M.LINK_WAIT .. "s for its procs' direct links" }, 0)
     end
     runtime.pump(0.005)
@@ -415,8 +401,8 @@ function Tensor:free()
   if rawget(self, "freed") then return end
   rawset(self, "freed", true)
   getmetatable(rawget(self, "_gc")).__gc = nil
-  for _, p in ipairs(self.mesh._procs) do if p.tensors then p.tensors[self.__mn_tensor] = nil end end
-  runtime.submit(self.mesh._procs, "__tensor_free", { self.__mn_tensor }, 1, { mode = "broadcast" })
+  for _, p in ipairs(self.mesh:proc_list()) do if p.tensors then p.tensors[self.__mn_tensor] = nil end end
+  runtime.submit(self.mesh:proc_list(), "__tensor_free", { self.__mn_tensor }, 1, { mode = "broadcast" })
 end
 
 -- The procs of list as a set.
@@ -428,17 +414,17 @@ end
 
 -- The proc of t's mesh to copy from: rank `from`, or the first ready one.
 local function source_proc(t, from, level)
-  for _, p in ipairs(t.mesh._procs) do
+  for _, p in ipairs(t.mesh:proc_list()) do
     if (from == nil and p.state == "ready") or (from ~= nil and p.rank == from) then
       if p.state ~= "ready" then
-        error(require("monarch.errors").new { kind = "proc_failed", rank = p.rank, host = p.host, pid = p.pid,
+        error(errors.new { kind = "proc_failed", rank = p.rank, host = p.host, pid = p.pid,
           message = "copy_from_peer: the source proc is " .. p.state }, level + 1)
       end
       return p
     end
   end
   if from ~= nil then error("copy_from_peer: no proc of rank " .. tostring(from) .. " holds tensor " .. t.__mn_tensor, level + 1) end
-  error(require("monarch.errors").new { kind = "proc_failed",
+  error(errors.new { kind = "proc_failed",
     message = "copy_from_peer: no ready proc holds tensor " .. t.__mn_tensor }, level + 1)
 end
 
@@ -453,22 +439,22 @@ end
 -- done when every new copy has the bytes.
 function Tensor:copy_from_peer(m, opts)
   check_live(self)
-  if type(m) ~= "table" or type(m._procs) ~= "table" then error("copy_from_peer wants a ProcMesh", 2) end
+  if getmetatable(m) ~= mesh_mod.ProcMesh then error("copy_from_peer wants a ProcMesh", 2) end
   opts = opts or {}
   for k, v in pairs(opts) do
     if (k ~= "from" and k ~= "timeout") or type(v) ~= "number" then
       error("copy_from_peer: option " .. tostring(k) .. " is unknown or not a number (known: from, timeout)", 2)
     end
   end
-  local holds, in_m = set_of(self.mesh._procs), set_of(m._procs)
-  for _, p in ipairs(self.mesh._procs) do
+  local holds, in_m = set_of(self.mesh:proc_list()), set_of(m:proc_list())
+  for _, p in ipairs(self.mesh:proc_list()) do
     if not in_m[p] then
       error(string.format("copy_from_peer: the mesh lacks rank %d, which holds tensor %d: pass a mesh grown from its own",
         p.rank, self.__mn_tensor), 2)
     end
   end
   local new = {}
-  for _, p in ipairs(m._procs) do if not holds[p] then new[#new + 1] = p end end
+  for _, p in ipairs(m:proc_list()) do if not holds[p] then new[#new + 1] = p end end
   local src = source_proc(self, opts.from, 2)
   rawset(self, "mesh", m)
   if #new == 0 then
@@ -485,20 +471,24 @@ function Tensor:copy_from_peer(m, opts)
   local gc = getmetatable(rawget(self, "_gc"))
   if gc.__gc then -- the GC frees it on the procs of m now (an adopted tensor is never freed by it)
     gc.__gc = nil
-    local proxy, procs = newproxy(true), m._procs
+    local proxy, procs = newproxy(true), m:proc_list()
     getmetatable(proxy).__gc = function() to_free[#to_free + 1] = { procs, id } end
     rawset(self, "_gc", proxy)
   end
   local members = { src }
   for _, p in ipairs(new) do members[#members + 1] = p end
-  local group = require("monarch.mesh").proc_mesh(members, require("monarch.shape").new({ "procs" }, { #members }), {})
+  local group = mesh_mod.proc_mesh(members, shape_mod.new({ "procs" }, { #members }), {})
   return group:broadcast_tensor(self, 0, opts.timeout and { timeout = opts.timeout } or nil)
 end
 
 Tensor.__tostring = function(t)
   return string.format("Tensor(%d, %s, {%s}) on %d procs", t.__mn_tensor, t.dtype, table.concat(t.shape, ","),
-    #t.mesh._procs)
+    #t.mesh:proc_list())
 end
+
+--- ProcMesh:tensor(dtype, shape): a tensor of dtype and shape on every proc of this mesh (zeroed).
+mesh_mod.provide("monarch.tensor", { tensor = function(self, dtype, shape) return M.new(self, dtype, shape) end })
+table.insert(mesh_mod.hooks.before_call, M.flush_frees)
 
 function M.is(v) return getmetatable(v) == Tensor end
 function M.is_host(v) return getmetatable(v) == HostTensor end

@@ -37,7 +37,20 @@ end
 M.now = now
 local st -- the recording in progress, or nil
 
-local function runtime() return require "monarch.runtime" end
+-- What the drains need from the modules above, handed in by them (this module is a leaf: calls.lua,
+-- future.lua, tasks.lua and procs.lua call its hooks): the runtime's submit, at, pump and current_task
+-- (monarch.runtime), and an iterator over the procs with a connection now (monarch.procs).
+local runtime, each_proc
+
+--- Called once by monarch.runtime: the loop the drains run on.
+function M.set_runtime(r) runtime = r end
+
+--- Called once by monarch.procs: each() iterates over every proc with a connection now.
+function M.set_procs(each) each_proc = each end
+
+local function need_runtime(what)
+  if not (runtime and each_proc) then error("monarch.trace." .. what .. ": load monarch first", 3) end
+end
 
 -- ---- the controller's events ------------------------------------------------------
 -- Kept in C structs in memory of C's (calloc), CHUNK to an array, names as
@@ -85,10 +98,11 @@ local function add(s, cat, name, t0, t1, tid, arg)
   s.n = n + 1
 end
 
---- A recording with no events yet, from t_start (start's, and trace_json's spec's).
+--- A recording with no events yet, from t_start (start's, and trace_json's spec's); s.event(s, i)
+-- reads its events (M.event: trace_json, a leaf too, reads them without requiring this module).
 function M.recording(t_start)
   return { t_start = t_start, n = 0, dropped = 0, chunks = {}, names = {}, ids = {}, tasks = {}, instants = {},
-    tracks = {} }
+    tracks = {}, event = M.event }
 end
 
 --- Adds an event to recording s: cat ("submit", "wait" or "task"), name, t0, t1, tid, arg (for trace_json's spec).
@@ -105,12 +119,9 @@ function M.event(s, i)
   return cat, s.names[e.name], e.t0, e.t1, e.tid, arg
 end
 
-local tasks -- monarch.tasks, which requires this module: looked up at the first event
-
 -- The controller track an event belongs to: the running task's, else the script's (0).
 local function tid_now()
-  tasks = tasks or require "monarch.tasks"
-  local t = tasks.current()
+  local t = runtime and runtime.current_task()
   return t and t.trace_tid or 0
 end
 
@@ -168,7 +179,7 @@ end
 -- moment the loop writes the call (the next pump), to narrow the sample.
 local function ask(tr, op, n, on_done)
   local h = { t_send = now() }
-  local rec = runtime().submit({ tr.p }, "__trace", { op, n }, n and 2 or 1,
+  local rec = runtime.submit({ tr.p }, "__trace", { op, n }, n and 2 or 1,
     { mode = "one", bypass = true, what = "trace " .. op })
   rec.internal = true -- the runtime's own: its failure says nothing about what the script heard
   tr.waiting = tr.waiting + 1
@@ -229,7 +240,7 @@ local function drain_tick()
   for _, tr in ipairs(st.tracks) do
     if not tr.taking and live(tr) and tr.p.state == "ready" then take(tr, true) end
   end
-  st.cancel_drain = runtime().at(now() + M.DRAIN, drain_tick)
+  st.cancel_drain = runtime.at(now() + M.DRAIN, drain_tick)
 end
 
 -- Runs the loop until every track in trs has no call of ours in flight, or
@@ -242,7 +253,7 @@ local function settle(trs, deadline, spin)
     end
     return false
   end
-  while busy() and now() < deadline do runtime().pump(spin and 0 or 0.01) end
+  while busy() and now() < deadline do runtime.pump(spin and 0 or 0.01) end
 end
 
 local function live_tracks(s)
@@ -321,7 +332,7 @@ function M.resume()
     tracked[tr.p] = true
     ask(tr, "start", st.spans)
   end
-  for p in require("monarch.procs").each() do
+  for p in each_proc() do
     if not tracked[p] and p.conn and (p.state == "ready" or p.state == "initializing") then M.proc_up(p) end
   end
   settle(live_tracks(st), now() + M.STOP_TIMEOUT)
@@ -340,12 +351,13 @@ function M.start(path, opts)
   if spans ~= nil and (type(spans) ~= "number" or spans < 1 or spans ~= math.floor(spans) or spans > 1048576) then
     error("monarch.trace.start: spans wants an integer 1..1048576 (spans per proc), got " .. tostring(spans), 2)
   end
+  need_runtime("start")
   local f, err = io.open(path, "w")
   if not f then error("monarch.trace.start: cannot write the trace: " .. tostring(err), 2) end
   st = M.recording(now())
   st.path, st.file, st.spans = path, f, spans
   M.on = true
-  for p in require("monarch.procs").each() do
+  for p in each_proc() do
     if p.conn and (p.state == "ready" or p.state == "initializing") then M.proc_up(p) end
   end
   drain_tick() -- a timer: it runs whenever the loop does

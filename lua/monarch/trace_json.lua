@@ -84,7 +84,7 @@ end
 -- The controller's spans: submits, waits and tasks (those still running end at stop).
 local function controller_events(w, s)
   local base = s.t_start
-  local event = require("monarch.trace").event
+  local event = s.event -- monarch.trace's reader of its events
   for i = 1, s.n do
     local cat, name, t0, t1, tid, arg = event(s, i)
     local args = cat == "submit" and { procs = arg } or cat == "task" and { ok = arg } or {}

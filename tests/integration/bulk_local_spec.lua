@@ -47,7 +47,7 @@ local function same_specs(name, make, expect, cleanup)
     end)
 
     it("takes the path it should, and counts it", function()
-      for _, p in ipairs(procs._procs) do
+      for _, p in ipairs(procs:proc_list()) do
         if expect and p.bulk ~= true and tostring(p.bulk_why):find("not permitted", 1, true) then
           print("skipped: the kernel forbids copying the controller's memory here: " .. p.bulk_why)
           return
@@ -160,8 +160,8 @@ describe("same-host bulk through shared HostTensors", function()
   setup(function()
     procs = monarch.hosts():spawn_procs{ procs = 1 }
     procs:load "basic"
-    local p = procs._procs[1]
-    bulk.local_set(procs._procs)
+    local p = procs:proc_list()[1]
+    bulk.local_set(procs:proc_list())
     local_ok = p.bulk == true
     if not local_ok then print("skipped: no same-host copy here: " .. tostring(p.bulk_why)) end
   end)
@@ -199,7 +199,7 @@ describe("same-host bulk through shared HostTensors", function()
     local h = tensor.host("u8", { n })
     for i = 1, n, 4096 do h[i] = 1 end
     t:put(h):get()
-    local pid = procs._procs[1].pid
+    local pid = procs:proc_list()[1].pid
     assert.is_true(status_kb(pid, "RssShmem") >= n / 1024, "the proc maps the source")
     assert.is_true(proc_stats(procs).held >= 1)
     h = nil

@@ -51,7 +51,7 @@ describe("casts through host agents", function()
     m:slice{ hosts = 0 }:call("rank"):get()
     local function linked()
       for i = 1, 4 do
-        if select(6, core.info(m._procs[i].conn)) ~= true then return false end
+        if select(6, core.info(m:proc_list()[i].conn)) ~= true then return false end
       end
       return true
     end
@@ -79,8 +79,8 @@ describe("casts through host agents", function()
     -- Host 0's and host 1's procs one after the other: every entry breaks the other agent's run.
     local list = {}
     for i = 1, 4 do
-      list[#list + 1] = m._procs[4 + i]
-      list[#list + 1] = m._procs[i]
+      list[#list + 1] = m:proc_list()[4 + i]
+      list[#list + 1] = m:proc_list()[i]
     end
     local before = core.cast_stats()
     local rec = runtime.submit(list, "rank", {}, 0, { make_result = function(values, n) return { values = values, n = n } end })

@@ -323,7 +323,7 @@ describe("a script that issues calls without waiting for them", function()
   end)
 
   it("keeps at most runtime.window calls in flight and the controller's memory flat over 200,000 calls", function()
-    local conn, pid = procs._procs[1].conn, procs._procs[1].pid
+    local conn, pid = procs:proc_list()[1].conn, procs:proc_list()[1].pid
     local max_inflight = 0
     local function issue(n)
       local last

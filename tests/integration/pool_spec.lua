@@ -62,7 +62,7 @@ describe("direct links to the procs of a large mesh", function()
     assert.is_true(stats().direct_links <= CAP, "more links than the cap right after the spawn")
     m:load "basic"
     m:load "faulty"
-    for _, p in ipairs(m._procs) do assert.is_not_nil(linked(p), "a proc of a large mesh is not pooled") end
+    for _, p in ipairs(m:proc_list()) do assert.is_not_nil(linked(p), "a proc of a large mesh is not pooled") end
     wait_for(function() return stats().direct_links == 0 end, 3, function()
       return "the spawn's links to close: " .. stats().direct_links .. " open, " .. stats().direct_waiting .. " waiting"
     end)
@@ -102,7 +102,7 @@ describe("direct links to the procs of a large mesh", function()
 
   it("opens a link on the first call_one, uses it, and closes it quietly after direct_idle", function()
     local m, events = mesh(1)
-    local p = m._procs[3]
+    local p = m:proc_list()[3]
     local opened, closed = stats().direct_opened, stats().direct_closed
     assert.is_false(linked(p))
     assert.are.equal(1, one(m, 2):call_one("echo", 1):get(10)) -- through its agent while the link opens
@@ -120,7 +120,7 @@ describe("direct links to the procs of a large mesh", function()
 
   it("closes the least recently used idle link to open one more", function()
     local m, events = mesh(2) -- a link used within the last second is kept
-    local procs = m._procs
+    local procs = m:proc_list()
     for rank = 0, CAP - 1 do
       one(m, rank):call_one("noop"):get(10)
       wait_for(function() return linked(procs[rank + 1]) end, 3, "a link to proc " .. rank)
@@ -154,11 +154,11 @@ describe("direct links to the procs of a large mesh", function()
     local m, events = mesh()
     local bulk = require "monarch.bulk"
     local puts = bulk.stats.local_puts
-    for _, p in ipairs(m._procs) do assert.is_nil(p.bulk, "probed before any transfer") end
+    for _, p in ipairs(m:proc_list()) do assert.is_nil(p.bulk, "probed before any transfer") end
     local t = m:tensor("f32", { 256 })
     t:put(string.rep("\0\0\128\63", 256)):get(20)
     assert.is_true(bulk.stats.local_puts > puts, "the put did not copy on this host")
-    for _, p in ipairs(m._procs) do assert.is_true(p.bulk, "a proc was not probed: " .. tostring(p.bulk_why)) end
+    for _, p in ipairs(m:proc_list()) do assert.is_true(p.bulk, "a proc was not probed: " .. tostring(p.bulk_why)) end
     assert.is_true(stats().direct_links <= CAP)
     for _, v in ipairs(m:call("sum", t):get(10):values()) do assert.are.equal(256, v) end
     assert.are.same({}, events)
@@ -184,7 +184,7 @@ describe("direct links to the procs of a large mesh", function()
   it("hears of a killed proc from its agent, fails its calls in flight, and restarts it", function()
     local m, events = mesh()
     local r = m:options{ restart = true }
-    local p, q = r._procs[5], r._procs[6]
+    local p, q = r:proc_list()[5], r:proc_list()[6]
     local old = p.pid
     assert.is_false(linked(p))
     -- Another proc with a call in flight on its link, killed too: the lost link is no answer, its agent's report is.

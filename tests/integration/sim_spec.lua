@@ -51,7 +51,7 @@ describe("simulated hosts (monarch-worker --simulate)", function()
     local m = mesh_mod.host_mesh(agents):spawn_procs{ procs = 16 }
     finally(function() m:stop() end)
     assert.are.equal(before, open_fds(), "a virtual proc took a file descriptor")
-    for _, p in ipairs(m._procs) do -- the proc records, not m:procs()'s summaries
+    for _, p in ipairs(m:proc_list()) do -- the proc records, not m:procs()'s summaries
       assert.are.equal(0, p.port)
       assert.is_true(p.pid > 4194304, "pid " .. p.pid .. " is within Linux's PID_MAX_LIMIT")
       assert.are.equal("ready", p.state)
@@ -93,7 +93,7 @@ describe("simulated hosts (monarch-worker --simulate)", function()
     local m = mesh{ sims[1].addr }
     local events = {}
     m:on_failure(function(ev) events[#events + 1] = ev end)
-    local victim = m._procs[2]
+    local victim = m:proc_list()[2]
     local f = m:call("sleep", 5)
     procs_mod.kill(victim, 9)
     local ok, err = pcall(f.get, f, 10)
@@ -110,22 +110,22 @@ describe("simulated hosts (monarch-worker --simulate)", function()
     m = m:options{ restart = true }
     local events = {}
     m:on_failure(function(e) events[#events + 1] = e end)
-    local old = m._procs[3].pid
-    procs_mod.kill(m._procs[3], 9)
+    local old = m:proc_list()[3].pid
+    procs_mod.kill(m:proc_list()[3], 9)
     local t0 = monarch.now()
     while #events == 0 and monarch.now() - t0 < 5 do monarch.sleep(0.02) end
     m:ready(10)
     assert.are.equal(1, #events)
     assert.is_true(events[1].restarting)
-    assert.are_not.equal(old, m._procs[3].pid)
-    assert.are.equal(0, m._procs[3].port)
+    assert.are_not.equal(old, m:proc_list()[3].pid)
+    assert.are.equal(0, m:proc_list()[3].port)
     assert.are.same({ 2, 4 }, m:call("rank"):get(10):values()[3])
   end)
 
   it("lists the virtual procs in STATUS", function()
     local m = mesh{ sims[2].addr }
     m:call("noop"):get(10)
-    local r = status.collect{ m._procs[1].agent }[1]
+    local r = status.collect{ m:proc_list()[1].agent }[1]
     assert.is_true(r.ok)
     local mine = {}
     for _, p in ipairs(r.value.procs) do
@@ -159,7 +159,7 @@ describe("simulated hosts (monarch-worker --simulate)", function()
     sh("kill -STOP " .. sims[1].pid)
     local f = m:call("echo", 5)
     -- Past the heartbeat timeout the agent's link is lost, and retried: the call waits, kept.
-    local a = m._procs[1].agent
+    local a = m:proc_list()[1].agent
     local deadline = monarch.now() + 5
     while a.state == "ready" and monarch.now() < deadline do monarch.sleep(0.05) end
     assert.are.equal("reconnecting", a.state)
@@ -287,7 +287,7 @@ describe("simulated hosts (monarch-worker --simulate)", function()
   it("mixes real and simulated hosts in one mesh", function()
     real = real or agent.start{ token = runtime.token }
     local m = mesh{ real.addr, sims[2].addr }
-    local procs = m._procs
+    local procs = m:proc_list()
     assert.is_true(procs[1].port > 0)
     assert.are.equal(0, procs[5].port)
     local ranks = m:call("rank"):get(10):values()

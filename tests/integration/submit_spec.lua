@@ -106,7 +106,7 @@ describe("submit", function()
   it("fails the slot of a proc whose connection closed before the script heard", function()
     local m = monarch.hosts():spawn_procs{ procs = 4 }
     m:load "basic"
-    local p = m._procs[4]
+    local p = m:proc_list()[4]
     core.disconnect(p.conn, "closed by the test")
     assert.are.equal("ready", p.state) -- the script has not heard yet
     local ok, e = pcall(function() return m:call("echo", 1):get() end)

@@ -202,10 +202,10 @@ describe("monarch.calls", function()
     assert.are.equal(2, #core.sent) -- the late failure was not retried
   end)
 
-  it("calls on_hung when a cancelled call still runs on its proc past its grace", function()
+  it("calls the on_hung hooks when a cancelled call still runs on its proc past its grace", function()
     local ps = procs_of(1)
     local hung = {}
-    calls.on_hung = function(p, kernel, grace) hung[#hung + 1] = { p = p, kernel = kernel, grace = grace } end
+    table.insert(calls.hooks.on_hung, function(p, kernel, grace) hung[#hung + 1] = { p = p, kernel = kernel, grace = grace } end)
     local rec = submit(ps, { cancel_grace = 1 })
     core.oldest_of[11] = rec.id
     calls.cancel(rec, failure("cancelled"))

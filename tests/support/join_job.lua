@@ -46,4 +46,4 @@ print("sums " .. table.concat(sums, " "))
 -- The grown mesh is an ordinary mesh: a collective over all of it, and a tensor of its own.
 grown:all_reduce(w, "sum"):get()
 print(string.format("all_reduce %.0f", grown:slice { hosts = 1, procs = 1 }:call_one("sum", w):get()))
-print("kept on " .. #kept.mesh._procs)
+print("kept on " .. #kept.mesh:proc_list())
