@@ -82,7 +82,7 @@ static void test_load(void **state) {
 
 /* ---- kernels and argument checking ---------------------------------------------- */
 
-static void test_noop_echo(void **state) {
+static void test_noop(void **state) {
   fix_t *f = *state;
   reply_t r;
   load_ok(f, "basic");
@@ -90,11 +90,16 @@ static void test_noop_echo(void **state) {
   const msgpack_object *v = expect_ok(&r, seq);
   assert_int_equal(v->via.array.size, 0);
   reply_free(&r);
+}
 
-  /* echo returns every kind of value unchanged. */
+/* echo returns every kind of value unchanged. */
+static void test_echo_values(void **state) {
+  fix_t *f = *state;
+  reply_t r;
   call_t c;
   static const char binv[] = {0, 1, (char)0xfe};
-  seq = ++f->seq;
+  load_ok(f, "basic");
+  uint64_t seq = ++f->seq;
   msgpack_packer *pk = call_begin(&c, seq, "echo", 10);
   msgpack_pack_int64(pk, 42);
   msgpack_pack_int64(pk, -7);
@@ -108,7 +113,7 @@ static void test_noop_echo(void **state) {
   mn_pack_cstr(pk, "");
   assert_int_equal(call_run(&f->x, &c), 0);
   take_reply(&f->x, &r);
-  v = expect_ok(&r, seq);
+  const msgpack_object *v = expect_ok(&r, seq);
   assert_int_equal(v->via.array.size, 10);
   const msgpack_object *e = v->via.array.ptr;
   assert_int_equal(e[0].type, MSGPACK_OBJECT_POSITIVE_INTEGER);
@@ -133,10 +138,15 @@ static void test_noop_echo(void **state) {
   assert_int_equal(e[9].type, MSGPACK_OBJECT_STR);
   assert_int_equal(e[9].via.str.size, 0);
   reply_free(&r);
+}
 
+static void test_echo_empty_and_rank(void **state) {
+  fix_t *f = *state;
+  reply_t r;
+  load_ok(f, "basic");
   /* echo with no arguments returns nothing. */
-  seq = call0(f, "echo", &r);
-  v = expect_ok(&r, seq);
+  uint64_t seq = call0(f, "echo", &r);
+  const msgpack_object *v = expect_ok(&r, seq);
   assert_int_equal(v->via.array.size, 0);
   reply_free(&r);
 
@@ -147,10 +157,16 @@ static void test_noop_echo(void **state) {
   assert_int_equal(as_number(&v->via.array.ptr[0]), 3);
   assert_int_equal(as_number(&v->via.array.ptr[1]), 8);
   reply_free(&r);
+}
 
+static void test_kernel_refuses_tables_and_ext(void **state) {
+  fix_t *f = *state;
+  reply_t r;
+  call_t c;
+  load_ok(f, "basic");
   /* A table cannot be passed to a kernel. */
-  seq = ++f->seq;
-  pk = call_begin(&c, seq, "echo", 1);
+  uint64_t seq = ++f->seq;
+  msgpack_packer *pk = call_begin(&c, seq, "echo", 1);
   msgpack_pack_array(pk, 0);
   assert_int_equal(call_run(&f->x, &c), 0);
   take_reply(&f->x, &r);
@@ -168,15 +184,18 @@ static void test_noop_echo(void **state) {
   reply_free(&r);
 }
 
-static void test_bad_args(void **state) {
+/* The argument-checking tests run on the basic library and tensor 7, f32[4]. */
+static void load_with_tensor(fix_t *f) {
+  int64_t shape[1] = {4};
+  load_ok(f, "basic");
+  tensor_new_ok(f, 7, "f32", 1, shape);
+}
+
+static void test_bad_arg_count(void **state) {
   fix_t *f = *state;
   reply_t r;
   call_t c;
-  load_ok(f, "basic");
-  int64_t shape[1] = {4};
-  tensor_new_ok(f, 7, "f32", 1, shape);
-
-  /* Wrong count. */
+  load_with_tensor(f);
   uint64_t seq = call_t1(f, "fill", 7, &r);
   expect_fail(&r, seq, "bad_args", "fill", "expected 2 arguments", "got 1");
   reply_free(&r);
@@ -204,16 +223,21 @@ static void test_bad_args(void **state) {
   seq = call_t1(f, "iota", 7, &r);
   expect_ok(&r, seq);
   reply_free(&r);
+}
 
-  /* Wrong types. */
-  seq = call_str(f, "sum", "not a tensor", &r);
+static void test_bad_arg_types(void **state) {
+  fix_t *f = *state;
+  reply_t r;
+  call_t c;
+  load_with_tensor(f);
+  uint64_t seq = call_str(f, "sum", "not a tensor", &r);
   expect_fail(&r, seq, "bad_args", "sum", "argument 1", "expected tensor");
   reply_free(&r);
   seq = call_id(f, "sum", 7, &r); /* a bare integer is not a tensor */
   expect_fail(&r, seq, "bad_args", "sum", "argument 1", "expected tensor");
   reply_free(&r);
   seq = ++f->seq;
-  pk = call_begin(&c, seq, "fill", 2);
+  msgpack_packer *pk = call_begin(&c, seq, "fill", 2);
   pack_tensor(pk, 7);
   mn_pack_cstr(pk, "1.5");
   assert_int_equal(call_run(&f->x, &c), 0);
@@ -236,10 +260,16 @@ static void test_bad_args(void **state) {
   take_reply(&f->x, &r);
   expect_ok(&r, seq);
   reply_free(&r);
+}
 
-  /* Too many arguments for the protocol, and too long a name. */
-  seq = ++f->seq;
-  pk = call_begin(&c, seq, "echo", MN_MAX_ARGS + 1);
+/* Too many arguments for the protocol, and too long a name. */
+static void test_arg_limits(void **state) {
+  fix_t *f = *state;
+  reply_t r;
+  call_t c;
+  load_with_tensor(f);
+  uint64_t seq = ++f->seq;
+  msgpack_packer *pk = call_begin(&c, seq, "echo", MN_MAX_ARGS + 1);
   for (int i = 0; i < MN_MAX_ARGS + 1; i++) msgpack_pack_int(pk, i);
   assert_int_equal(call_run(&f->x, &c), 0);
   take_reply(&f->x, &r);
@@ -260,10 +290,16 @@ static void test_bad_args(void **state) {
     expect_fail(&r, seq, "bad_args", NULL, "MN_MAX_NAME", NULL);
     reply_free(&r);
   }
+}
 
-  /* A kernel that fails reports kind "kernel" with its own message. */
-  seq = ++f->seq;
-  pk = call_begin(&c, seq, "sleep", 1);
+/* A kernel that fails reports kind "kernel" with its own message. */
+static void test_kernel_error(void **state) {
+  fix_t *f = *state;
+  reply_t r;
+  call_t c;
+  load_with_tensor(f);
+  uint64_t seq = ++f->seq;
+  msgpack_packer *pk = call_begin(&c, seq, "sleep", 1);
   msgpack_pack_double(pk, -1.0);
   assert_int_equal(call_run(&f->x, &c), 0);
   take_reply(&f->x, &r);
@@ -551,8 +587,14 @@ int main(void) {
   setenv("OPENBLAS_NUM_THREADS", "1", 0);
   const struct CMUnitTest tests[] = {
     cmocka_unit_test_setup_teardown(test_load, setup, teardown),
-    cmocka_unit_test_setup_teardown(test_noop_echo, setup, teardown),
-    cmocka_unit_test_setup_teardown(test_bad_args, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_noop, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_echo_values, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_echo_empty_and_rank, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_kernel_refuses_tables_and_ext, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_bad_arg_count, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_bad_arg_types, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_arg_limits, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_kernel_error, setup, teardown),
     cmocka_unit_test_setup_teardown(test_cancel, setup, teardown),
     cmocka_unit_test_setup_teardown(test_faulty_fail, setup, teardown),
     cmocka_unit_test_setup_teardown(test_sequence, setup, teardown),

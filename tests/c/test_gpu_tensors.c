@@ -121,20 +121,25 @@ static void coll(fix_t *f, const char *name, uint64_t comm, uint64_t a, uint64_t
   run(f, &c, r);
 }
 
-static void test_collectives_reach_nccl(void **state) {
-  fix_t *f = *state;
+/* Communicator 41 of one rank and GPU tensors 1 and 2, f32[6], that the
+ * collectives tests work on. */
+static void comm_with_two_tensors(fix_t *f) {
   reply_t r;
-  call_t c;
-  int64_t shape[1] = {6};
-  char err[128];
   comm_init(f, 41);
   assert_int_equal(F.comms, 1);
   tensor_new(f, 1, "f32", 6, &r);
   expect_done(&r);
   tensor_new(f, 2, "f32", 6, &r);
   expect_done(&r);
-  mk_tensor_t *t1 = mn_tensor_get(&f->x.reg, 1), *t2 = mn_tensor_get(&f->x.reg, 2);
+}
 
+static void test_all_reduce_reaches_nccl(void **state) {
+  fix_t *f = *state;
+  reply_t r;
+  int64_t shape[1] = {6};
+  char err[128];
+  comm_with_two_tensors(f);
+  mk_tensor_t *t1 = mn_tensor_get(&f->x.reg, 1);
   coll(f, "__gpu_all_reduce", 41, 1, 0, "max", &r);
   expect_done(&r);
   assert_int_equal(F.last_count, 6);
@@ -152,24 +157,36 @@ static void test_collectives_reach_nccl(void **state) {
   coll(f, "__gpu_all_reduce", 41, 3, 0, "sum", &r);
   expect_fail(&r, "bad_args", "tensor 3 is on the CPU");
   done(&r);
+}
 
-  call_t *bc = &c;
-  msgpack_packer *pk = begin(f, bc, "__gpu_broadcast", 3);
+/* __gpu_broadcast(comm, tensor 2, root). */
+static void broadcast(fix_t *f, int root, reply_t *r) {
+  call_t c;
+  msgpack_packer *pk = begin(f, &c, "__gpu_broadcast", 3);
   msgpack_pack_uint64(pk, 41);
   pack_tensor(pk, 2);
-  msgpack_pack_int(pk, 0);
-  run(f, bc, &r);
+  msgpack_pack_int(pk, root);
+  run(f, &c, r);
+}
+
+static void test_broadcast_reaches_nccl(void **state) {
+  fix_t *f = *state;
+  reply_t r;
+  comm_with_two_tensors(f);
+  broadcast(f, 0, &r);
   expect_done(&r);
   assert_int_equal(F.last_root, 0);
-  pk = begin(f, bc, "__gpu_broadcast", 3);
-  msgpack_pack_uint64(pk, 41);
-  pack_tensor(pk, 2);
-  msgpack_pack_int(pk, 1);
-  run(f, bc, &r);
+  broadcast(f, 1, &r);
   expect_fail(&r, "bad_args", "argument 3 must be the root rank, 0..0");
   done(&r);
+}
 
-  /* One rank: gather and scatter sides have the same size, but must be separate tensors. */
+/* One rank: gather and scatter sides have the same size, but must be separate tensors. */
+static void test_gather_and_scatter_reach_nccl(void **state) {
+  fix_t *f = *state;
+  reply_t r;
+  comm_with_two_tensors(f);
+  mk_tensor_t *t1 = mn_tensor_get(&f->x.reg, 1), *t2 = mn_tensor_get(&f->x.reg, 2);
   coll(f, "__gpu_all_gather", 41, 1, 2, NULL, &r);
   expect_done(&r);
   assert_ptr_equal(F.last_send, t1->data);
@@ -185,7 +202,13 @@ static void test_collectives_reach_nccl(void **state) {
   coll(f, "__gpu_reduce_scatter", 41, 2, 1, "avg", &r);
   expect_done(&r);
   assert_int_equal(F.last_op, 4);
+}
 
+static void test_nccl_failure_and_free(void **state) {
+  fix_t *f = *state;
+  reply_t r;
+  call_t c;
+  comm_with_two_tensors(f);
   /* NCCL's own failure comes back with its message and last error. */
   F.nccl_rc = 5;
   coll(f, "__gpu_all_reduce", 41, 1, 0, "sum", &r);
@@ -196,7 +219,7 @@ static void test_collectives_reach_nccl(void **state) {
   call_t1(f, "__gpu_nccl_free", 41, &r); /* an id, not a tensor: refused */
   expect_fail(&r, "bad_args", "__gpu_nccl_free takes a communicator id");
   done(&r);
-  pk = begin(f, &c, "__gpu_nccl_free", 1);
+  msgpack_packer *pk = begin(f, &c, "__gpu_nccl_free", 1);
   msgpack_pack_uint64(pk, 41);
   run(f, &c, &r);
   expect_ok(&r);
@@ -480,7 +503,10 @@ int main(void) {
 #ifdef MN_DEVICE_HOOKS
     cmocka_unit_test_setup_teardown(test_tensors_live_in_device_memory, setup_fake, teardown),
     cmocka_unit_test_setup_teardown(test_allocation_failure_is_a_gpu_error, setup_fake, teardown),
-    cmocka_unit_test_setup_teardown(test_collectives_reach_nccl, setup_fake, teardown),
+    cmocka_unit_test_setup_teardown(test_all_reduce_reaches_nccl, setup_fake, teardown),
+    cmocka_unit_test_setup_teardown(test_broadcast_reaches_nccl, setup_fake, teardown),
+    cmocka_unit_test_setup_teardown(test_gather_and_scatter_reach_nccl, setup_fake, teardown),
+    cmocka_unit_test_setup_teardown(test_nccl_failure_and_free, setup_fake, teardown),
     cmocka_unit_test_setup_teardown(test_nccl_init_checks_its_arguments, setup_fake, teardown),
     cmocka_unit_test_setup_teardown(test_stuck_collective_aborts_its_communicator, setup_fake, teardown),
     cmocka_unit_test_setup_teardown(test_kernel_collectives_run_through_nccl, setup_kcoll, teardown_kcoll),
