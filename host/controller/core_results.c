@@ -108,9 +108,9 @@ static int collected(lua_State *L, lctl_t *c, mn_pending_t p, const mn_msg_resul
  * then closed). */
 static int take_parsed(lua_State *L, lctl_t *c, mn_conn_t *k, const mn_msg_result_t *r, int ev, int n) {
   mn_pending_t p;
-  int taken = mn_ctl_take_result(k, r->seq, &p);
-  if (taken == 1) return n; /* a second answer to a resent call: the first one counted */
-  if (taken != 0) {
+  mn_take_t taken = mn_ctl_take_result(k, r->seq, &p);
+  if (taken == MN_TAKE_SECOND) return n; /* a second answer to a resent call: the first one counted */
+  if (taken != MN_TAKE_ANSWERED) {
     mn_ctl_refuse(&c->ctl, k, "proc sent a RESULT that matches no call in flight");
     return MN_EPROTO;
   }
