@@ -122,8 +122,9 @@ static void push_skipped(lua_State *L, const int *skipped, int nskip) {
  * to each connection in targets (a number, or an array of numbers); slot i of the call is targets[i]. The
  * body is encoded once and copied per target. It raises only before anything is queued (arguments that
  * cannot be sent, a bad targets list); after that every slot is either queued or returned: `skipped`
- * lists the slots whose connection is no longer up (closed before Lua heard), `oom_from` is the first
- * slot not queued for lack of memory (every later one neither). The caller fails those slots.
+ * lists the slots whose connection is closed (before Lua heard; one between links, reconnecting or in a
+ * redial's handshake, is queued for its return), `oom_from` is the first slot not queued for lack of
+ * memory (every later one neither). The caller fails those slots.
  */
 int mn__core_call(lua_State *L) {
   lctl_t *c = mn__core_ctl(L);
@@ -141,7 +142,7 @@ int mn__core_call(lua_State *L) {
     if (i + 4 < n) mn_ctl_prefetch(&c->ctl, (uint64_t)ids[i + 4], MN_PF_SEND);
     mn_conn_t *k = mn_ctl_conn(&c->ctl, ids[i]);
     mn_conn_state_t st = k != NULL ? mn_ctl_conn_state(k) : MN_CS_CLOSED;
-    if (st != MN_CS_READY && st != MN_CS_RECONNECTING) {
+    if (st == MN_CS_CLOSED) {
       ids[nskip++] = i + 1;
       continue;
     }
@@ -167,7 +168,7 @@ int mn__core_call(lua_State *L) {
 }
 
 /* core.call_as(call_id, conn, slot, kernel, ...) -> depth, or nil and why: one target with an explicit
- * slot. Raises only for arguments that cannot be sent; a connection no longer up, or no memory, is
+ * slot. Raises only for arguments that cannot be sent; a connection closed, or no memory, is
  * returned for the caller to fail the slot. */
 int mn__core_call_as(lua_State *L) {
   lctl_t *c = mn__core_ctl(L);
@@ -180,7 +181,7 @@ int mn__core_call_as(lua_State *L) {
   mn_conn_t *k = mn_ctl_conn(&c->ctl, id);
   mn_conn_state_t st = k != NULL ? mn_ctl_conn_state(k) : MN_CS_CLOSED;
   const char *why = NULL;
-  if (st != MN_CS_READY && st != MN_CS_RECONNECTING) why = "closed";
+  if (st == MN_CS_CLOSED) why = "closed";
   else if (hook_fails(c) || mn_ctl_call(&c->ctl, k, c->scratch.data, c->scratch.len, call, slot) != 0)
     why = "memory";
   /* Clears the cast state whatever happened (a relay-only proc's call is gathered as a cast). */

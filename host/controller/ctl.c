@@ -284,6 +284,10 @@ void mn__ctl_schedule_retry(mn_conn_t *k, const char *why) {
     mn_ctl_disconnect(c, k->id, msg);
     return;
   }
+  /* Between attempts a conn is RECONNECTING whatever phase the failed one reached (a redial's handshake
+   * set HELLO): on_retry redials only from there, and a conn left in HELLO with no link was never back
+   * nor lost. */
+  k->state = MN_CS_RECONNECTING;
   uint64_t delay = MN_BACKOFF_MIN_MS << (k->attempt < 5 ? k->attempt : 5);
   if (delay > MN_BACKOFF_MAX_MS) delay = MN_BACKOFF_MAX_MS;
   k->attempt++;
