@@ -438,113 +438,116 @@ static void test_handshake_version(void **state) {
   mn_buf_free(&b);
 }
 
+/* What the malformed-handshake tests share: a key, a buffer and its packer, both nonces, the client's MAC. */
+typedef struct {
+  mn_auth_t key;
+  mn_buf_t b;
+  msgpack_packer pk;
+  uint8_t ns[MN_NONCE_LEN], nc[MN_NONCE_LEN], mac[MN_MAC_LEN];
+} hs_fix_t;
+
+static void hs_fix_init(hs_fix_t *f) {
+  auth_of(&f->key, "tok");
+  mn_buf_init(&f->b);
+  msgpack_packer_init(&f->pk, &f->b, mn_buf_write_cb);
+  mn_auth_nonce(f->ns);
+  mn_auth_nonce(f->nc);
+  mn_auth_mac(&f->key, 'c', f->ns, f->nc, f->mac);
+}
+
 static void test_handshake_malformed(void **state) {
   (void)state;
-  mn_auth_t key;
-  auth_of(&key, "tok");
-  mn_buf_t b;
-  mn_buf_init(&b);
-  msgpack_packer pk;
-  msgpack_packer_init(&pk, &b, mn_buf_write_cb);
+  hs_fix_t f;
+  hs_fix_init(&f);
+  uint8_t *ns = f.ns, *nc = f.nc;
   msg_t m;
-  uint8_t ns[MN_NONCE_LEN], nc[MN_NONCE_LEN], mac[MN_MAC_LEN];
   char err[256];
-  mn_auth_nonce(ns);
-  mn_auth_nonce(nc);
-  mn_auth_mac(&key, 'c', ns, nc, mac);
 
   /* The client gets an ERROR instead of a HELLO: the peer's text comes through. */
-  mn_pack_error(&b, MN_EAUTH, "go away");
-  take_msg(&b, &m);
+  mn_pack_error(&f.b, MN_EAUTH, "go away");
+  take_msg(&f.b, &m);
   err[0] = '\0';
-  assert_int_equal(mn_hs_answer(&b, &key, &m.obj, ns, nc, err, sizeof(err)), MN_EAUTH);
+  assert_int_equal(mn_hs_answer(&f.b, &f.key, &m.obj, ns, nc, err, sizeof(err)), MN_EAUTH);
   assert_non_null(strstr(err, "go away"));
   err[0] = '\0';
-  assert_int_equal(mn_hs_check_welcome(&key, &m.obj, ns, nc, err, sizeof(err)), MN_EAUTH);
+  assert_int_equal(mn_hs_check_welcome(&f.key, &m.obj, ns, nc, err, sizeof(err)), MN_EAUTH);
   assert_non_null(strstr(err, "go away"));
   msg_free(&m);
 
   /* Something else than HELLO / WELCOME. */
-  size_t start = mn_frame_begin(&b);
-  msgpack_pack_array(&pk, 2);
-  msgpack_pack_int(&pk, MN_MSG_PING);
-  msgpack_pack_int(&pk, 1);
-  mn_frame_end(&b, start);
-  take_msg(&b, &m);
-  assert_int_equal(mn_hs_answer(&b, &key, &m.obj, ns, nc, err, sizeof(err)), MN_EPROTO);
-  assert_int_equal(mn_hs_check_welcome(&key, &m.obj, ns, nc, err, sizeof(err)), MN_EPROTO);
+  size_t start = mn_frame_begin(&f.b);
+  msgpack_pack_array(&f.pk, 2);
+  msgpack_pack_int(&f.pk, MN_MSG_PING);
+  msgpack_pack_int(&f.pk, 1);
+  mn_frame_end(&f.b, start);
+  take_msg(&f.b, &m);
+  assert_int_equal(mn_hs_answer(&f.b, &f.key, &m.obj, ns, nc, err, sizeof(err)), MN_EPROTO);
+  assert_int_equal(mn_hs_check_welcome(&f.key, &m.obj, ns, nc, err, sizeof(err)), MN_EPROTO);
   err[0] = '\0';
-  assert_int_equal(mn_hs_check_auth(&key, &m.obj, ns, nc, err, sizeof(err)), MN_EAUTH);
+  assert_int_equal(mn_hs_check_auth(&f.key, &m.obj, ns, nc, err, sizeof(err)), MN_EAUTH);
   assert_true(strlen(err) > 0);
   msg_free(&m);
-  assert_int_equal(b.len, 0);
+  assert_int_equal(f.b.len, 0);
 
   /* HELLO with a short nonce. */
-  start = mn_frame_begin(&b);
-  msgpack_pack_array(&pk, 4);
-  msgpack_pack_int(&pk, MN_MSG_HELLO);
-  msgpack_pack_int(&pk, MN_PROTOCOL_VERSION);
-  pack_bin(&pk, ns, MN_NONCE_LEN - 1);
-  mn_pack_cstr(&pk, "proc");
-  mn_frame_end(&b, start);
-  take_msg(&b, &m);
-  assert_int_equal(mn_hs_answer(&b, &key, &m.obj, ns, nc, err, sizeof(err)), MN_EPROTO);
+  start = mn_frame_begin(&f.b);
+  msgpack_pack_array(&f.pk, 4);
+  msgpack_pack_int(&f.pk, MN_MSG_HELLO);
+  msgpack_pack_int(&f.pk, MN_PROTOCOL_VERSION);
+  pack_bin(&f.pk, ns, MN_NONCE_LEN - 1);
+  mn_pack_cstr(&f.pk, "proc");
+  mn_frame_end(&f.b, start);
+  take_msg(&f.b, &m);
+  assert_int_equal(mn_hs_answer(&f.b, &f.key, &m.obj, ns, nc, err, sizeof(err)), MN_EPROTO);
   msg_free(&m);
-  assert_int_equal(b.len, 0);
+  assert_int_equal(f.b.len, 0);
 
   /* WELCOME whose MAC is not a bin. */
-  start = mn_frame_begin(&b);
-  msgpack_pack_array(&pk, 3);
-  msgpack_pack_int(&pk, MN_MSG_WELCOME);
-  mn_pack_cstr(&pk, "not a mac");
-  msgpack_pack_map(&pk, 0);
-  mn_frame_end(&b, start);
-  take_msg(&b, &m);
-  assert_int_equal(mn_hs_check_welcome(&key, &m.obj, ns, nc, err, sizeof(err)), MN_EPROTO);
+  start = mn_frame_begin(&f.b);
+  msgpack_pack_array(&f.pk, 3);
+  msgpack_pack_int(&f.pk, MN_MSG_WELCOME);
+  mn_pack_cstr(&f.pk, "not a mac");
+  msgpack_pack_map(&f.pk, 0);
+  mn_frame_end(&f.b, start);
+  take_msg(&f.b, &m);
+  assert_int_equal(mn_hs_check_welcome(&f.key, &m.obj, ns, nc, err, sizeof(err)), MN_EPROTO);
   msg_free(&m);
-  mn_buf_free(&b);
+  mn_buf_free(&f.b);
 }
 
 /* AUTH variants: short nonce, nonce as str, MAC missing, truncated MAC. */
 static void test_handshake_malformed_auth(void **state) {
   (void)state;
-  mn_auth_t key;
-  auth_of(&key, "tok");
-  mn_buf_t b;
-  mn_buf_init(&b);
-  msgpack_packer pk;
-  msgpack_packer_init(&pk, &b, mn_buf_write_cb);
+  hs_fix_t f;
+  hs_fix_init(&f);
+  uint8_t *ns = f.ns, *nc = f.nc, *mac = f.mac;
   msg_t m;
-  uint8_t ns[MN_NONCE_LEN], nc[MN_NONCE_LEN], mac[MN_MAC_LEN];
   char err[256];
   size_t start;
-  mn_auth_nonce(ns);
-  mn_auth_nonce(nc);
-  mn_auth_mac(&key, 'c', ns, nc, mac);
   for (int variant = 0; variant < 4; variant++) {
-    start = mn_frame_begin(&b);
-    msgpack_pack_array(&pk, variant == 2 ? 3 : 4);
-    msgpack_pack_int(&pk, MN_MSG_AUTH);
-    msgpack_pack_int(&pk, MN_PROTOCOL_VERSION);
-    if (variant == 0) pack_bin(&pk, nc, MN_NONCE_LEN - 1);
+    start = mn_frame_begin(&f.b);
+    msgpack_pack_array(&f.pk, variant == 2 ? 3 : 4);
+    msgpack_pack_int(&f.pk, MN_MSG_AUTH);
+    msgpack_pack_int(&f.pk, MN_PROTOCOL_VERSION);
+    if (variant == 0) pack_bin(&f.pk, nc, MN_NONCE_LEN - 1);
     else if (variant == 1) {
-      msgpack_pack_str(&pk, MN_NONCE_LEN);
-      msgpack_pack_str_body(&pk, nc, MN_NONCE_LEN);
-    } else pack_bin(&pk, nc, MN_NONCE_LEN);
-    if (variant == 3) pack_bin(&pk, mac, MN_MAC_LEN - 1);
-    else if (variant != 2) pack_bin(&pk, mac, MN_MAC_LEN);
-    mn_frame_end(&b, start);
-    take_msg(&b, &m);
+      msgpack_pack_str(&f.pk, MN_NONCE_LEN);
+      msgpack_pack_str_body(&f.pk, nc, MN_NONCE_LEN);
+    } else pack_bin(&f.pk, nc, MN_NONCE_LEN);
+    if (variant == 3) pack_bin(&f.pk, mac, MN_MAC_LEN - 1);
+    else if (variant != 2) pack_bin(&f.pk, mac, MN_MAC_LEN);
+    mn_frame_end(&f.b, start);
+    take_msg(&f.b, &m);
     uint8_t out_nc[MN_NONCE_LEN];
     err[0] = '\0';
-    int rc = mn_hs_check_auth(&key, &m.obj, ns, out_nc, err, sizeof(err));
+    int rc = mn_hs_check_auth(&f.key, &m.obj, ns, out_nc, err, sizeof(err));
     if (rc != MN_EAUTH) print_error("AUTH variant %d: rc %d\n", variant, rc);
     assert_int_equal(rc, MN_EAUTH);
     assert_true(strlen(err) > 0);
     msg_free(&m);
   }
 
-  mn_buf_free(&b);
+  mn_buf_free(&f.b);
 }
 
 /* ---- loading and generating tokens ------------------------------------------ */
