@@ -143,8 +143,7 @@ void mn__agent_blas_init(const char *exe, int verbose) {
   } else if (strcasecmp(mode, "off") == 0) {
     blas.source = "off";
     snprintf(blas.note, sizeof(blas.note), "MONARCH_BLAS_CORETYPE=off");
-  }
-  else if (strcasecmp(mode, "auto") != 0) try_pick(exe, mode, &mine, 1);
+  } else if (strcasecmp(mode, "auto") != 0) try_pick(exe, mode, &mine, 1);
   else if (pick == NULL) snprintf(blas.note, sizeof(blas.note), "no pick for this CPU's features");
   else if (strcasecmp(pick, mine.core) != 0) try_pick(exe, pick, &mine, 0);
   clock_gettime(CLOCK_MONOTONIC, &t1);
