@@ -569,6 +569,7 @@ int mn_agent_main(const mn_agent_opts_t *o) {
   uv_loop_t *loop = uv_default_loop();
   signal(SIGPIPE, SIG_IGN);
   if (o->parent > 0 && (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || getppid() != o->parent)) rc = 3;
+  if (rc == 0 && !o->simulate) mn__agent_blas_init(o->exe, o->port_fd < 0); /* virtual procs run no BLAS */
   for (; rc == 0 && started < n; started++) rc = agent_start(&g[started], o, loop, started);
   if (o->port_fd >= 0) close(o->port_fd);
   fflush(stdout);

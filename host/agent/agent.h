@@ -28,4 +28,12 @@ typedef struct {
  */
 int mn_agent_main(const mn_agent_opts_t *o);
 
+/*
+ * `monarch-worker --blas-probe [CORETYPE [M N K]]` (blas_probe.c): argv
+ * holds what follows the flag (CORETYPE "-" or "": OpenBLAS's own choice).
+ * Prints one line "blas core=NAME ok=0|1 gflops=G m=M n=N k=K"; returns 0
+ * when the product passed its check, 1 when not, 2 for bad arguments.
+ */
+int mn_blas_probe_main(int argc, char **argv);
+
 #endif

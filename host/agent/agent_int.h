@@ -8,7 +8,7 @@
  * agent_sim.c has --simulate's virtual procs; agent_persist.c keeps
  * persistent meshes and answers STATUS and LIST; agent_join.c joins a
  * controller (--join); agent_stat.c and agent_gpu.c measure procs for
- * STATUS. The public entry point is agent.h.
+ * STATUS; agent_blas.c picks the OpenBLAS core type procs run. The public entry point is agent.h.
  */
 #ifndef MN_AGENT_INT_H
 #define MN_AGENT_INT_H
@@ -311,6 +311,31 @@ void mn__agent_join_close(agent_t *a);
 void mn__agent_stat_line(aproc_t *p, uint64_t executed, const char *running, uint64_t now);
 /* Packs MN_STAT_FIELDS entries: cpu, rss, gpu_mem, running_for, status_age, hung, ready. */
 void mn__agent_stat_pack(msgpack_packer *pk, const aproc_t *p, int64_t pid, uint64_t now);
+
+/* ---- agent_blas.c: the OpenBLAS core type procs run ------------------------------------------ */
+
+typedef struct {
+  char core[32];      /* what procs run (openblas_get_corename() in a probe), "?" before or without one */
+  const char *source; /* "user" (OPENBLAS_CORETYPE), "auto" (our pick), "named" (MONARCH_BLAS_CORETYPE=NAME),
+                       * "off" (MONARCH_BLAS_CORETYPE=off), "openblas" (OpenBLAS's own choice stands) */
+  double gflops;      /* its one-core sgemm rate at start */
+  char own[32];       /* OpenBLAS's own choice and its rate */
+  double own_gflops;
+  char note[224];     /* why procs run OpenBLAS's own choice ("" where they run the pick, or it is the pick) */
+  int ok;             /* the core procs run passed its self-check */
+  double probe_ms;    /* what the probes added to the agent's start */
+} mn_agent_blas_t;
+
+/*
+ * At start, before the loop: probes, decides, sets OPENBLAS_CORETYPE for the
+ * procs. A dropped pick is logged (stderr) always; the one-line summary only
+ * when verbose (a daemon that prints its banner, not monarch-run's own agent).
+ */
+void mn__agent_blas_init(const char *exe, int verbose);
+/* The decision (before mn__agent_blas_init: core "?"). */
+const mn_agent_blas_t *mn__agent_blas(void);
+/* Packs it for STATUS: a map {core, source, gflops, ok, openblas, openblas_gflops, note, probe_ms}. */
+void mn__agent_blas_pack(msgpack_packer *pk);
 
 /* ---- agent_gpu.c: procs' GPU memory from NVML ------------------------------------------------- */
 

@@ -281,7 +281,7 @@ static void walk_status(uv_handle_t *h, void *arg) {
   mn__agent_stat_pack(pk, p, ((uv_process_t *)h)->pid, w->now);
 }
 
-/* [STATUS, req] -> REPLY {hostname, pid, uptime, procs = [...], exits = [...]} */
+/* [STATUS, req] -> REPLY {blas, hostname, pid, uptime, procs = [...], exits = [...]} */
 void mn__agent_handle_status(aconn_t *c, const msgpack_object *m) {
   agent_t *a = c->a;
   mn_msg_request_t q;
@@ -297,7 +297,9 @@ void mn__agent_handle_status(aconn_t *c, const msgpack_object *m) {
   mn__agent_gpu_refresh(a->loop);
   status_walk_t w = {&pk, now, c->session, 0, 0};
   uv_walk(a->loop, walk_status, &w);
-  msgpack_pack_map(&pk, 5);
+  msgpack_pack_map(&pk, 6);
+  mn_pack_cstr(&pk, "blas");
+  mn__agent_blas_pack(&pk);
   mn_pack_cstr(&pk, "hostname");
   mn_pack_cstr(&pk, host);
   mn_pack_cstr(&pk, "pid");

@@ -12,6 +12,7 @@
 
 static const char usage[] =
     "usage: monarch-worker [--listen HOST:PORT] [--join HOST:PORT] [--once] [--parent PID] [--port-fd FD] [--simulate [--hosts N]]\n"
+    "       monarch-worker --blas-probe [CORETYPE [M N K]]\n"
     "       monarch-worker --proc --rank R --world W --bind HOST [--parent PID] [--port-fd FD] [--relay-fd FD] [--device D]\n"
     "\n"
     "Runs a Monarch host agent: it authenticates controllers with the cluster\n"
@@ -28,6 +29,8 @@ static const char usage[] =
     "  --hosts N            with --simulate: N simulated host agents in this one process, on one\n"
     "                       event loop, each on its own port (one banner line each; with a\n"
     "                       --listen port P, ports P to P+N-1), so thousands fit on a machine\n"
+    "  --blas-probe         check and time one sgemm under OpenBLAS core type CORETYPE (\"-\": its own\n"
+    "                       choice), in this process; one line out (the agent runs it at start)\n"
     "  --version            print the version\n";
 
 /* Reads s, the value of option flag, into *out; 0, or MN_EINVAL (reported on stderr). */
@@ -48,6 +51,7 @@ int main(int argc, char **argv) {
       simulate = 0, group = 1;
   double orphan = 10.0;
   const char *bind = "127.0.0.1", *join = NULL;
+  if (argc >= 2 && strcmp(argv[1], "--blas-probe") == 0) return mn_blas_probe_main(argc - 2, argv + 2);
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     int rc = 0;

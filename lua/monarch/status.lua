@@ -1,5 +1,5 @@
 --- monarch.status(): what the host agents know, for `monarch-run --status --hosts ...`:
--- each host, its procs (state, uptime, calls queued and run, the kernel
+-- each host, the BLAS core type its procs run, its procs (state, uptime, calls queued and run, the kernel
 -- running now) and the procs that exited recently.
 local core = require "monarch.core"
 local persist = require "monarch.persist"
@@ -10,6 +10,24 @@ local function duration(s)
   if s < 60 then return string.format("%.0fs", s) end
   if s < 3600 then return string.format("%.0fm%02.0fs", math.floor(s / 60), s % 60) end
   return string.format("%.0fh%02.0fm", math.floor(s / 3600), math.floor(s % 3600 / 60))
+end
+
+--- The line of a host's BLAS: the OpenBLAS core type its procs run and its one-core sgemm rate, or nil
+-- (an agent from before the field, or a simulated one).
+function M.blas_line(b)
+  if type(b) ~= "table" or b.core == "?" and not b.note then return nil end
+  local line = string.format("blas %s (%s) %.1f GFLOP/s", b.core, b.source, b.gflops or 0)
+  if b.openblas and b.openblas:lower() ~= b.core:lower() then
+    line = line .. string.format("; OpenBLAS's own %s %.1f GFLOP/s", b.openblas, b.openblas_gflops or 0)
+  end
+  return line
+end
+
+--- Why a host's procs run OpenBLAS's own choice rather than a core type picked for the CPU, or nil.
+function M.blas_why(b)
+  if type(b) ~= "table" or not b.note then return nil end
+  local own = b.source == "user" and "the core type the user set" or ("OpenBLAS's own " .. tostring(b.openblas))
+  return string.format("procs run %s: %s", own, b.note)
 end
 
 --- The agents' reports: a list of {agent, ok, value}.
@@ -29,6 +47,9 @@ function M.print(monarch, out)
     else
       out:write(string.format("host %s (%s:%d)  agent pid %d  up %s  %d procs\n", v.hostname, a.addr, a.port,
         v.pid, duration(v.uptime), #v.procs))
+      local blas, why = M.blas_line(v.blas), M.blas_why(v.blas)
+      if blas then out:write("  " .. blas .. "\n") end
+      if why then out:write("  " .. why .. "\n") end
       table.sort(v.procs, function(x, y) return x.rank < y.rank end)
       if #v.procs > 0 then
         out:write(string.format("  %5s %8s %-10s %8s %7s %9s  %s\n", "rank", "pid", "state", "uptime", "queued",

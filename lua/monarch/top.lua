@@ -214,8 +214,10 @@ local function host_lines(out, cols, h, t)
   end
   local total = 0
   for _, p in ipairs(v.procs) do total = total + ((h.seen[p.pid] or {}).rate or 0) end
-  out[#out + 1] = { string.format("%s  agent pid %d  up %s  %d procs  %s calls/s", name, v.pid, M.duration(v.uptime),
-    #v.procs, rate(total)), "head" }
+  local blas = type(v.blas) == "table" and v.blas.core ~= "?"
+    and string.format("  blas %s %.0f GF/s", v.blas.core, v.blas.gflops or 0) or ""
+  out[#out + 1] = { string.format("%s  agent pid %d  up %s  %d procs  %s calls/s%s", name, v.pid, M.duration(v.uptime),
+    #v.procs, rate(total), blas), "head" }
   for _, p in ipairs(v.procs) do out[#out + 1] = proc_line(cols, p, h.seen[p.pid]) end
   local failures = {}
   for _, e in ipairs(v.exits or {}) do if is_failure(e) then failures[#failures + 1] = e end end
