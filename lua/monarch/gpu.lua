@@ -52,7 +52,7 @@ local function flush_frees()
 end
 
 -- Every call a mesh sends flushes tensor.lua's queue; GPU frees ride along with it.
-table.insert(mesh.hooks.before_call, flush_frees)
+mesh.on_before_call(flush_frees)
 
 local numel_of = checks.numel
 

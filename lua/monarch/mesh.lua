@@ -10,17 +10,24 @@ local value_mesh = require "monarch.value_mesh"
 local M = {}
 local unpack = unpack or table.unpack
 
---- Hook lists of the modules above (they add to them; nothing here replaces their functions):
--- before_call: fn() before every call a mesh sends (monarch.tensor and monarch.gpu send the frees
--- of the tensors the GC collected, so that they reach the procs before the call).
-M.hooks = { before_call = {} }
-local before_call_hooks = M.hooks.before_call
+--- What every verb that sends calls runs first (collectives too): the modules above add theirs with
+-- mesh.on_before_call(fn) (monarch.tensor and monarch.gpu send the frees of the tensors the GC
+-- collected, so that they reach the procs before the call); nothing here replaces their functions.
+-- The hooks are chained into one function, not looped over: a loop inside every call kept LuaJIT
+-- from compiling a script's loop of calls (its trace hit the unroll limit with submit's own loop).
+local before_call = function() end
 
---- Runs the before_call hooks: every verb that sends calls runs it first (collectives too).
-local function before_call()
-  for i = 1, #before_call_hooks do before_call_hooks[i]() end
+--- Adds fn() to what runs before every call a mesh sends, after the hooks added before it.
+function M.on_before_call(fn)
+  local prev = before_call
+  before_call = function()
+    prev()
+    fn()
+  end
 end
-M.before_call = before_call
+
+--- Runs the before-call hooks.
+function M.before_call() return before_call() end
 
 local procs_mod = require "monarch.procs"
 local wait_until = procs_mod.wait_until

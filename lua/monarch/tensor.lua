@@ -119,7 +119,7 @@ Tensor.__index = Tensor
 local next_id = 0
 local to_free = {} -- { procs, id } queued by the GC, sent by flush_frees
 
---- Sends the frees the garbage collector queued. Every mesh verb runs it first (mesh.hooks.before_call).
+--- Sends the frees the garbage collector queued. Every mesh verb runs it first (mesh.on_before_call).
 function M.flush_frees()
   if #to_free == 0 then return end
   local batch = to_free
@@ -488,7 +488,7 @@ end
 
 --- ProcMesh:tensor(dtype, shape): a tensor of dtype and shape on every proc of this mesh (zeroed).
 mesh_mod.provide("monarch.tensor", { tensor = function(self, dtype, shape) return M.new(self, dtype, shape) end })
-table.insert(mesh_mod.hooks.before_call, M.flush_frees)
+mesh_mod.on_before_call(M.flush_frees)
 
 function M.is(v) return getmetatable(v) == Tensor end
 function M.is_host(v) return getmetatable(v) == HostTensor end
