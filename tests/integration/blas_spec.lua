@@ -6,12 +6,7 @@ local status = require "monarch.status"
 
 local B = os.getenv("MONARCH_BUILD") or "build"
 
-local function env_of(pid)
-  local f = assert(io.open("/proc/" .. pid .. "/environ", "rb"))
-  local e = f:read("*a")
-  f:close()
-  return e
-end
+local env_of = require("support.procstat").environ
 
 local function cpu_has(flag)
   local f = io.open("/proc/cpuinfo", "r")

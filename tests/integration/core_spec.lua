@@ -203,12 +203,7 @@ describe("a host agent spawning procs", function()
     return mesh_mod.host_mesh(mesh_mod.connect_agents{ a.addr }), a
   end
 
-  local function env_of(pid)
-    local f = assert(io.open("/proc/" .. pid .. "/environ", "rb"))
-    local e = f:read("*a")
-    f:close()
-    return e
-  end
+  local env_of = require("support.procstat").environ
 
   it("shares the cores out as BLAS and OpenMP threads and spins only with a core per proc, unless told", function()
     local hosts, agent = agent_with("env -u OPENBLAS_NUM_THREADS OMP_NUM_THREADS=5")

@@ -20,4 +20,12 @@ function M.cpu_ticks(pid)
   return tonumber(fields[12]) + tonumber(fields[13]) -- utime and stime: fields 14 and 15 of proc(5)
 end
 
+--- pid's environment as /proc gives it: NUL-separated NAME=value entries.
+function M.environ(pid)
+  local f = assert(io.open("/proc/" .. pid .. "/environ", "rb"))
+  local e = f:read("*a")
+  f:close()
+  return e
+end
+
 return M
