@@ -161,6 +161,7 @@ R.at, R.tick, R.current_task = tasks.at, tasks.tick, tasks.current
 -- Calls in flight (monarch.calls).
 R.submit, R.submit_custom, R.wait_window = calls.submit, calls.submit_custom, calls.wait_window
 R.flush_queue, R.fail_slot, R.call_record, R.cancel_call = calls.flush_queue, calls.fail_slot, calls.call_record, calls.cancel
+R.unqueued_error = calls.unqueued_error
 
 calls.set_loop(R)
 future.set_runtime(R)

@@ -5,6 +5,8 @@ local monarch = require "monarch"
 local core = require "monarch.core"
 local runtime = require "monarch.runtime"
 local shell = require "support.shell"
+local tensor = require "monarch.tensor"
+local bulk = require "monarch.bulk"
 
 local RUN = (os.getenv("MONARCH_BUILD") or "build") .. "/bin/monarch-run"
 
@@ -103,27 +105,50 @@ describe("submit", function()
     no_records_left()
   end)
 
-  it("fails the slot of a proc whose connection closed before the script heard", function()
+  it("fails the slot of a proc whose connection closed before the script heard, on every path", function()
     local m = monarch.hosts():spawn_procs{ procs = 4 }
     m:load "basic"
-    local p = m:proc_list()[4]
-    core.disconnect(p.conn, "closed by the test")
-    assert.are.equal("ready", p.state) -- the script has not heard yet
-    local ok, e = pcall(function() return m:call("echo", 1):get() end)
-    assert.is_false(ok)
-    assert.are.equal("proc_failed", e.kind)
-    assert.are.equal(3, e.rank)
-    assert.matches("connection closed before the call was sent", tostring(e), 1, true)
-    -- A single call to it fails the same way, and the others still answer.
-    ok, e = pcall(function() return m:slice{ procs = 3 }:call_one("echo", 1):get(5) end)
-    assert.is_false(ok)
-    assert.are.equal("proc_failed", e.kind)
-    assert.are.equal(2, m:slice{ procs = 0 }:call_one("echo", 2):get())
+    local ps = m:proc_list()
+    local deaths = 0
+    m:on_failure(function() deaths = deaths + 1 end) -- the procs this test cuts off die, as it expects
+    local t, src = m:tensor("f32", { 4 }), tensor.host("f32", { 4 })
+    t:put(src):get() -- the procs are probed for the same-host path
+    local function closed_under(p)
+      core.disconnect(p.conn, "closed by the test")
+      assert.are.equal("ready", p.state) -- the script has not heard yet
+    end
+    local function fails_as_closed(fut, rank)
+      local ok, e = pcall(fut.get, fut, 10)
+      assert.is_false(ok)
+      assert.are.equal("proc_failed", e.kind)
+      assert.are.equal(rank, e.rank)
+      assert.matches("connection closed before the call was sent", tostring(e), 1, true)
+    end
+    local function dead(p) return function() return p.state == "dead" end end
+    -- A same-host put (bulk.queue, slot by slot).
+    local puts0 = bulk.stats.local_puts
+    closed_under(ps[4])
+    fails_as_closed(t:put(src), 3)
+    assert.is_true(bulk.stats.local_puts > puts0, "the put took the same-host path")
+    assert.is_true(poll_until(dead(ps[4])))
+    -- A mesh-wide call whose procs the script all thinks ready (core.call's skipped slots).
+    closed_under(ps[3])
+    fails_as_closed(m:slice{ procs = { 0, 3 } }:call("echo", 1), 2)
+    assert.is_true(poll_until(dead(ps[3])))
+    -- A call that takes the per-slot path, its mesh having dead procs (core.call_as).
+    closed_under(ps[2])
+    fails_as_closed(m:call("echo", 1), 1)
+    assert.are.equal(2, m:slice{ procs = 0 }:call_one("echo", 2):get()) -- the others still answer
+    assert.is_true(poll_until(dead(ps[2])))
+    assert.are.equal(3, deaths)
+    t = nil -- its frees go to the live proc alone
+    collectgarbage()
     m:stop()
     no_records_left()
   end)
 
   it("fails the slots it could not queue for memory, and the next casts go on", function()
+    procs:call("noop"):get() -- frees an earlier case's GC queued go out first: they would take targets too
     local stats0 = core.cast_stats()
     core.test_fail_queue(3) -- the third target from now fails for memory: two are gathered for the agent by then
     local ok, e = pcall(function() return procs:call("echo", 1):get() end)
