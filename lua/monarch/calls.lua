@@ -199,24 +199,22 @@ local COMING_BACK = { restarting = true, initializing = true }
 -- its proc's connection closed before the script heard of it ("closed"; the proc's death follows), or
 -- the controller had no memory for it ("memory"). Nothing of it was sent.
 function M.unqueued_error(kernel, p, why)
-  if why == "memory" then
-    return errors.new { kind = "memory", kernel = kernel, rank = p and p.rank, host = p and p.host, pid = p and p.pid,
-      message = "the controller ran out of memory queueing this call; it was not sent" }
-  end
-  return errors.new { kind = "proc_failed", kernel = kernel, rank = p and p.rank, host = p and p.host, pid = p and p.pid,
-    cause = "connection closed", message = "proc's connection closed before the call was sent" }
+  local memory = why == "memory"
+  return errors.new {
+    kind = memory and "memory" or "proc_failed", kernel = kernel, rank = p and p.rank, host = p and p.host,
+    pid = p and p.pid, cause = not memory and "connection closed" or nil,
+    message = memory and "the controller ran out of memory queueing this call; it was not sent"
+      or "proc's connection closed before the call was sent",
+  }
 end
 local unqueued_error = M.unqueued_error
 
 -- Fails the slots of rec that core.call did not queue: `skipped` (an array of slots, or nil) and every
--- slot from `oom_from` on (or none).
+-- slot from `oom_from` on (or none). core.call stops at oom_from, so every skipped slot comes before it.
 local function fail_unqueued(rec, skipped, oom_from)
   for _, slot in ipairs(skipped or {}) do slot_done(rec, slot, false, unqueued_error(rec.kernel, rec.procs[slot], "closed")) end
-  if not oom_from then return end
-  local sk = {}
-  for _, slot in ipairs(skipped or {}) do sk[slot] = true end
-  for slot = oom_from, rec.n do
-    if not sk[slot] then slot_done(rec, slot, false, unqueued_error(rec.kernel, rec.procs[slot], "memory")) end
+  for slot = oom_from or rec.n + 1, rec.n do
+    slot_done(rec, slot, false, unqueued_error(rec.kernel, rec.procs[slot], "memory"))
   end
 end
 
