@@ -20,6 +20,7 @@ local ffi = require "ffi"
 local monarch = require "monarch"
 local persist = require "monarch.persist"
 local plot = require "monarch.plot"
+local checkpoint = require "monarch.checkpoint"
 local topts = require "monarch.train_opts"
 local progress = require "monarch.train_progress"
 local state_mod = require "monarch.train_state"
@@ -71,6 +72,9 @@ local function new_job(spec)
   job.out.quiet, job.out.log_every, job.out.unit = job.opts.quiet, job.opts["log-every"], spec.unit or "samples"
   job.name = job.opts.job or spec.name or job.script_name:gsub("%.lua$", "")
   job.identity = topts.identity(job.opts, job.list)
+  if job.opts["die-in"] ~= "step" and job.opts["die-in"] ~= "checkpoint" then
+    job:die("--die-in must be step or checkpoint, got '" .. tostring(job.opts["die-in"]) .. "'")
+  end
   if spec.check then
     local ok, why = spec.check(job.opts)
     if not ok then job:die(why) end
@@ -196,7 +200,7 @@ function Job:take_over(m, t0)
     if dead > 0 then why = dead .. " of its procs exited while no controller held it" end
     if why then self:note("controller: job '%s' cannot go on from its procs (%s): starting over", self.name, why) end
     m:stop()
-    return false, dead > 0
+    return false
   end
   self.procs = m:options{ restart = m.ready ~= nil }
   self.owned = true
@@ -213,6 +217,21 @@ function Job:take_over(m, t0)
   return true
 end
 
+-- The file that says this job is running, beside its checkpoints: a run that finds it, and no job on the agents,
+-- knows that the procs died with the controller, and resumes from the newest checkpoint.
+function Job:marker() return self.opts["checkpoint-dir"] .. "/.running-" .. self.name:gsub("[^%w%-_.]", "_") end
+
+function Job:mark(on)
+  if not on then return os.remove(self:marker()) end
+  if self.opts.every == 0 then return end
+  pcall(checkpoint.mkdirs, self.opts["checkpoint-dir"])
+  local f = io.open(self:marker(), "w")
+  if f then
+    f:write(string.format("pid %d\n", ffi.C.getpid()))
+    f:close()
+  end
+end
+
 --- Starts the run: takes the job over from the agents when they keep it, else a fresh mesh (from a checkpoint
 -- with --resume or --resume-from, or when the job's procs were lost with the old controller).
 function Job:start()
@@ -223,13 +242,21 @@ function Job:start()
   if self.persistent then
     local m = self:find()
     if m then
-      local ok, lost = self:take_over(m, t0)
+      local ok = self:take_over(m, t0)
       if ok then
         recover.whole(self)
         return self:keep()
       end
-      resume = resume or (lost and #ckpt.candidates(self.opts["checkpoint-dir"]) > 0)
     end
+    local f = not resume and not self.opts.fresh and io.open(self:marker(), "r")
+    if f then
+      f:close()
+      local have = #ckpt.candidates(self.opts["checkpoint-dir"]) > 0
+      self:note("controller: job '%s' was running, but its procs are gone%s", self.name,
+        have and ": resuming from the newest checkpoint" or " and it has no checkpoint: starting over")
+      resume = have
+    end
+    self:mark(true)
   end
   self:fresh(resume)
   recover.whole(self)
@@ -385,7 +412,10 @@ function Job:finish()
   if self.recoveries > 0 then self:note("recovered from %d failed step(s)", self.recoveries) end
   if self.last_ckpt then self:note("checkpoint: %s", self.last_ckpt) end
   if self.opts.plot or self.opts.csv then self:write_curves() end
-  if self.persistent then self.procs:stop() end -- the job is done: nothing to take over
+  if self.persistent then -- the job is done: nothing to take over
+    self.procs:stop()
+    self:mark(false)
+  end
 end
 
 --- Runs a training script's job (see the top of this file and docs/training.md). Returns the job.

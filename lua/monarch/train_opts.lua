@@ -32,7 +32,7 @@ M.COMMON = {
   { "kill-host-at", nil, "int", "testing: kill the last host's agent (and so its procs) at step N" },
   { "wait-join-at", nil, "int", "testing: at step N, wait (up to 60 s) until a host has joined (--listen-joins)" },
   { "die-at", nil, "int", "testing: the controller kills itself (SIGKILL) at step N" },
-  { "die-in", "step", "string", "testing: where --die-at kills: step (its calls in flight) or checkpoint" },
+  { "die-in", "step", "string", "testing: where --die-at kills: step (a collective in flight) or checkpoint" },
   { "help", false, "flag", "show this help" },
 }
 

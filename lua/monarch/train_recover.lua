@@ -7,6 +7,7 @@ local monarch = require "monarch"
 local checkpoint = require "monarch.checkpoint"
 local mesh_mod = require "monarch.mesh"
 local ckpt = require "monarch.train_ckpt"
+local runtime = require "monarch.runtime"
 local state_mod = require "monarch.train_state"
 
 local errors = monarch.errors
@@ -112,17 +113,27 @@ end
 
 -- ---- testing injections ---------------------------------------------------------------------
 
---- --die-at N: the controller kills itself (SIGKILL) at step N, with that step's first calls in flight
--- (--die-in step, the default) or while the procs write its checkpoint (--die-in checkpoint).
-function M.die_point(job, s, where)
-  if job.opts["die-at"] ~= s or (job.opts["die-in"] or "step") ~= where then return end
-  job.out:clear()
+local function kill_self()
   io.stdout:flush()
-  if where == "checkpoint" then os.execute("kill -9 " .. ffi.C.getpid()) end -- the shard writes are on their way
-  job.die_calls = 0
+  os.execute("kill -9 " .. ffi.C.getpid())
+end
+
+-- Kills this controller at the end of the next pump: by then what was sent is on the wire (a pump writes it).
+local function kill_after_pump()
+  table.insert(runtime.hooks.after_pump, kill_self)
+end
+
+--- --die-at N: the controller kills itself (SIGKILL) at step N, once that step's second call (train.lua: the
+-- gradient all-reduce) is on its way to the procs (--die-in step, the default), or once the procs were sent the
+-- writes of step N's checkpoint (--die-in checkpoint).
+function M.die_point(job, s, where)
+  if job.opts["die-at"] ~= s or job.opts["die-in"] ~= where then return end
+  job.out:clear()
+  if where == "checkpoint" then return kill_after_pump() end
+  local calls = 0
   mesh_mod.on_before_call(function()
-    job.die_calls = job.die_calls + 1
-    if job.die_calls == 3 then os.execute("kill -9 " .. ffi.C.getpid()) end
+    calls = calls + 1
+    if calls == 2 then kill_after_pump() end
   end)
 end
 
