@@ -215,7 +215,7 @@ end
 -- checks the file's size against it. Returns {step, meta, sections = {{name, nbytes}}, head_len} or nil, reason.
 function M.read_head(path)
   local f, err = io.open(path, "rb")
-  if not f then return nil, "cannot open checkpoint " .. tostring(err) end
+  if not f then return nil, tostring(err) end
   local s = f:read(MAX_META + 64 + MAX_SECTIONS * (MAX_NAME + 10)) or ""
   local size = f:seek("end")
   f:close()

@@ -286,6 +286,9 @@ function M.attach(name)
       why[#why + 1] = agent_name(r.agent) .. ": " .. tostring(r.value)
     end
   end
+  for _, w in ipairs(why) do -- held on one host is held: taking the rest would split the mesh
+    if w:find("held by another controller", 1, true) then found = {} end
+  end
   if #found == 0 then
     error(errors.new { kind = "attach", message = "cannot attach '" .. name .. "':\n  " .. table.concat(why, "\n  ") }, 2)
   end

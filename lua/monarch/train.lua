@@ -117,7 +117,7 @@ end
 function Job:fresh(resume)
   self:spawn()
   self:plan()
-  self.st = state_mod.new(self.procs, self.spec.setup(self), self.spec.replicate)
+  self.st = state_mod.new(self.procs, self.spec.setup(self), self:replicate())
   self:bind()
   if self.spec.load then self.spec.load(self) end
   self.start_step = 0
@@ -127,6 +127,13 @@ function Job:fresh(resume)
     self.spec.init(self)
   end
   recover.snapshot(self, self.start_step)
+end
+
+--- The dimension the state is replicated along (nil: on every proc alike): spec.replicate, or its function's.
+function Job:replicate()
+  local r = self.spec.replicate
+  if type(r) == "function" then return r(self) end
+  return r
 end
 
 --- job.state, job.data, job.work: the tensors by name (the script reads them here; they change on recovery).
@@ -176,10 +183,14 @@ function Job:find()
       waiting = true
       self:note("standby: waiting to take over job '%s' when its controller dies", self.name)
     end
-    if held then self.seen_held = true elseif self.seen_held then
+    local gone = msg:find("no persistent mesh named", 1, true) ~= nil and not held
+    if held then self.seen_held = true elseif gone and self.seen_held then
       self:note("standby: job '%s' ended under its controller; nothing to take over", self.name)
       pcall(monarch.shutdown)
       os.exit(0)
+    elseif not gone and msg ~= self.last_why then
+      self.last_why = msg
+      self:note("standby: cannot take job '%s' over yet: %s", self.name, msg)
     end
     monarch.sleep(M.STANDBY_POLL)
   end
@@ -205,7 +216,7 @@ function Job:take_over(m, t0)
   self.procs = m:options{ restart = m.ready ~= nil }
   self.owned = true
   self:plan()
-  local st, serr = state_mod.from_named(self.procs, m.tensors, meta.names or {}, self.spec.replicate)
+  local st, serr = state_mod.from_named(self.procs, m.tensors, meta.names or {}, self:replicate())
   if not st then self:die("cannot take over job '" .. self.name .. "': " .. serr) end
   self.st = st
   self:bind()

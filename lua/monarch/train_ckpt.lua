@@ -96,10 +96,14 @@ local function reason(err)
 end
 
 --- Reads the checkpoint whose main file is `path` into the live state of every proc. Returns the record's header
--- ({step, meta}) or nil, reason (naming the file) when it is torn, corrupt, or does not fit the state.
-function M.read(st, path)
+-- ({step, meta}) or nil, reason (naming the file) when it is torn, corrupt, or does not fit the state; with job,
+-- also when another job wrote it.
+function M.read(st, path, job)
   local h, why = checkpoint.read_head(path)
   if not h then return nil, why end
+  if job and h.meta.job and h.meta.job ~= job then
+    return nil, path .. ": written by job '" .. h.meta.job .. "', not '" .. job .. "'"
+  end
   local want = sections(st)
   if #h.sections ~= #want then
     return nil, string.format("%s: it has %d sections, this run's state has %d (%s)", path, #h.sections, #want,
@@ -119,7 +123,8 @@ function M.read(st, path)
   local futs = {}
   for k, g in ipairs(groups) do
     local file = shard_path(path, k - 1)
-    local sh, swhy = k == 1 and h or checkpoint.read_head(file)
+    local sh, swhy = h, nil
+    if k > 1 then sh, swhy = checkpoint.read_head(file) end
     if not sh then return nil, swhy .. " (the checkpoint is torn)" end
     local sub = state_mod.sub(g, st.mesh._libs)
     local args = {}

@@ -72,8 +72,8 @@ local function compare(job, meta)
 end
 
 -- Reads the checkpoint at path into the state: its header, or nil and why.
-local function read(job, path)
-  if not job.st.on_gpu then return ckpt.read(job.st, path) end
+local function read(job, path, only_ours)
+  if not job.st.on_gpu then return ckpt.read(job.st, path, only_ours and job.name) end
   local ck, why = checkpoint.read(path)
   if not ck then return nil, why end
   for _, n in ipairs(job.st.names) do
@@ -95,10 +95,7 @@ function M.resume(job)
   end
   local rejected = {}
   for _, c in ipairs(ckpt.candidates(o["checkpoint-dir"])) do
-    local h, why = read(job, c.path)
-    if h and h.meta.job and h.meta.job ~= job.name then
-      h, why = nil, c.path .. ": written by job '" .. h.meta.job .. "', not '" .. job.name .. "'"
-    end
+    local h, why = read(job, c.path, true)
     if h then
       compare(job, h.meta)
       job:note("resumed from %s (step %d)", c.path, h.step)
@@ -348,7 +345,7 @@ function M.before_step(job, s)
     if job.joins == 0 then job:die("--wait-join-at " .. s .. ": no host joined within " .. M.JOIN_WAIT .. " s") end
   end
   if #job.joined == 0 then return end
-  if job.st.on_gpu or job.spec.replicate then
+  if job.st.on_gpu or job:replicate() then
     job.joined = {}
     return job:note("elastic: a host joined, but state on GPUs or replicated along a dimension does not grow")
   end
