@@ -223,6 +223,7 @@ function Job:take_over(m, t0)
   local c = assert(st:restore())
   recover.snapshot(self, c)
   self.start_step = c
+  self.resume_clock = { what = "controller", at = t0, since = "new controller started" }
   self:note("controller: took over job '%s' (%d procs on %d hosts) at step %d from the procs' own state in %.3f s; "
     .. "no checkpoint read", self.name, self:world(), self:nhosts(), c, monarch.now() - t0)
   return true
@@ -310,9 +311,11 @@ end
 function Job:after(s, n)
   self.samples = self.samples + n
   local e = math.floor((s - 1) / self.epoch_steps)
-  local left = (self.total - s) * (self.t_train / math.max(1, s - self.start_step))
-  self.out:step(s, self.total, e + 1, math.ceil(self.total / self.epoch_steps), self:epoch_figures(e, s),
-    self.samples / math.max(self.t_train, 1e-9), left)
+  if not self.opts.quiet then
+    local left = (self.total - s) * (self.t_train / math.max(1, s - self.start_step))
+    self.out:step(s, self.total, e + 1, math.ceil(self.total / self.epoch_steps), self:epoch_figures(e, s),
+      self.samples / math.max(self.t_train, 1e-9), left)
+  end
   if (s % self.epoch_steps == 0 or s == self.total) and self.spec.evaluate then
     local figs = self.spec.evaluate(self)
     local now = monarch.now()
