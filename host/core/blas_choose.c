@@ -52,7 +52,8 @@ static void parse(mn_blas_trial_t *t, mn_blas_choice_t *c, const char *out, int 
   if (v && c && sscanf(v, " version=%15s lib=%255s", c->version, c->lib) != 2) snprintf(c->lib, sizeof(c->lib), "?");
   if (t->ok) return;
   const char *why = s ? strstr(s, " why=") : NULL;
-  t->transient = timed_out || (WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) || s == NULL;
+  /* A crash is the core type's doing, worth keeping; a timeout, a kill or a probe that said nothing may not be. */
+  t->transient = timed_out || (WIFSIGNALED(status) ? WTERMSIG(status) == SIGKILL : s == NULL);
   if (timed_out) snprintf(t->why, sizeof(t->why), "no answer in %d s", MN_BLAS_PROBE_MS / 1000);
   else if (WIFSIGNALED(status))
     snprintf(t->why, sizeof(t->why), "killed by SIG%s",

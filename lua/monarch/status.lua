@@ -38,7 +38,7 @@ function M.blas_measured(b)
   local parts = {}
   for i, t in ipairs(b.tried) do
     local name = i == 1 and "own " .. t.core or (t.name ~= "" and t.name or t.core)
-    parts[#parts + 1] = t.ok and string.format("%s %.1f", name, t.gflops) or (name .. " " .. tostring(t.why))
+    parts[#parts + 1] = t.ok and string.format("%s %.1f", name, t.gflops) or (name .. " failed (" .. tostring(t.why) .. ")")
   end
   return string.format("measured (OpenBLAS %s, one core, GFLOP/s at our kernels' shapes): %s", tostring(b.version),
     table.concat(parts, ", "))
