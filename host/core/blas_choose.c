@@ -67,6 +67,10 @@ void mn_blas_probe(const char *worker, const char *core, mn_blas_trial_t *t, mn_
   snprintf(t->name, sizeof(t->name), "%s", core ? core : "");
   snprintf(t->core, sizeof(t->core), "?");
   t->transient = 1;
+  if (access(worker, X_OK) != 0) { /* said here: where spawn is fork + exec, a child's exec failure is only 127 */
+    snprintf(t->why, sizeof(t->why), "cannot start %s: %s", worker, strerror(errno));
+    return;
+  }
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) {
     snprintf(t->why, sizeof(t->why), "pipe: %s", strerror(errno));
