@@ -13,7 +13,9 @@
 # CPU cannot run the core type's kernels; "wrong": it failed its check.
 # Target: our pick within 10% of the best at each shape (pick/best >= 0.90).
 # train.lua: samples/s of each mode, best of 2 runs interleaved, the ratio
-# auto/off, and whether the final weights' crc32 is the same.
+# auto/off, and whether the final weights' crc32 is the same; then what
+# share of a step the MLP's products take (from the per-shape figures), the
+# most any core type can gain there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${BUILD:-build}
@@ -71,10 +73,15 @@ awk -v cores="$cores" -v pick="$pick" -v notes="$dir/notes" '
       po = (("-", s) in v) ? m[1] / best : 0
       pp = 0; for (i = 1; i <= nc; i++) if (C[i] == pick && ((C[i], s) in v)) pp = m[i] / best
       printf "%9.2fx%9.2fx %s\n", po, pp, bn == "-" ? "own" : bn
+      split(s, d, /[x_]/)
+      if (d[1] <= 128) { # an MLP product: its time in a training step, own and pick
+        fl = 2 * d[1] * d[2] * d[3] / 1e3; uo += po > 0 ? fl / m[1] : 0; up += pp > 0 ? fl / (pp * best) : 0
+      }
       lo += log(po > 0 ? po : 1e-9); lp += log(pp > 0 ? pp : 1e-9)
     }
     printf "geometric mean over the shapes: own/best %.2fx, pick/best %.2fx (target: pick/best >= 0.90 at each shape)\n",
       exp(lo / ns), exp(lp / ns)
+    printf "%.1f %.1f\n", uo, up > "'"$dir/mlp_us"'"
   }' "$dir/res"
 train() { # mode -> "samples/s crc32"
   local out
@@ -91,3 +98,10 @@ read -r r2 _ <<<"$(train auto)"; auto_rate=$(max "$auto_rate" "$r2")
 echo "train.lua ($steps steps, 4 procs, best of 2): off ($own) $off_rate samples/s, auto ($pick) $auto_rate samples/s:" \
   "$(awk -v a="$auto_rate" -v o="$off_rate" 'BEGIN {printf "%.2fx", a / o}');" \
   "weights $([ "$off_crc" = "$auto_crc" ] && echo "identical (crc32 $off_crc)" || echo "DIFFER ($off_crc vs $auto_crc)")"
+# How much of a training step the products are: the bound on what any core type can gain there.
+read -r us_own us_pick <"$dir/mlp_us"
+awk -v o="$us_own" -v p="$us_pick" -v r="$off_rate" 'BEGIN {
+  step = 1e6 / (r / (32 * 4))
+  printf "train.lua: a proc'"'"'s step (batch 32) takes %.0f us (off); its five MLP products %.1f us with OpenBLAS'"'"'s own," \
+    " %.1f us with our pick: %.1f%% of the step, so at most %.2fx from the core type\n", step, o, p, 100 * o / step,
+    step / (step - o + p) }'
