@@ -79,9 +79,15 @@ void mn__agent_blas_init(const char *exe, int verbose) {
   } else if (strcasecmp(mode, "auto") == 0) {
     decide_auto(exe);
   } else {
-    mn_blas_probe(exe, NULL, &choice.trial[0], &choice);
-    choice.n = 1;
-    if (strcasecmp(mode, "off") == 0) {
+    char path[512];
+    int off = strcasecmp(mode, "off") == 0;
+    if (off && mn_blas_cache_path(path, sizeof(path)) == 0 && mn_blas_cache_read(path, &choice) == 0) {
+      choice.chosen = 0; /* what was measured, shown; OpenBLAS's own choice run */
+    } else {
+      mn_blas_probe(exe, NULL, &choice.trial[0], &choice);
+      choice.n = 1;
+    }
+    if (off) {
       blas.source = "off";
       snprintf(blas.note, sizeof(blas.note), "MONARCH_BLAS_CORETYPE=off");
     } else decide_named(exe, mode);
