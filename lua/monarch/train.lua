@@ -277,11 +277,11 @@ end
 
 -- ---- the loop ----------------------------------------------------------------------------
 
--- Steps one call of the script's step may run from s (for scripts that run several per call: --fused).
+-- Steps one call of the script's step may run from s (for scripts that run several per call: --fused): to the
+-- epoch's end (its evaluation), the next checkpoint, or a testing injection.
 function Job:limit(s)
   local o = self.opts
-  local n = math.min(self.total - s, self.epoch_steps - s % self.epoch_steps,
-    o["snapshot-every"] - s % o["snapshot-every"])
+  local n = math.min(self.total - s, self.epoch_steps - s % self.epoch_steps)
   if o.every > 0 then n = math.min(n, o.every - s % o.every) end
   for _, at in ipairs { o["fail-at"], o["kill-at"], o["kill-host-at"], o["die-at"] } do
     if at and at >= s and at < s + n then n = math.max(1, at - s) end
@@ -328,7 +328,8 @@ function Job:after(s, n)
   end
   local o = self.opts
   if o.every > 0 and (s % o.every == 0 or s == self.total) then self.last_ckpt = recover.checkpoint(self, s) end
-  if s % o["snapshot-every"] == 0 and s < self.total then recover.snapshot(self, s) end
+  -- A snapshot once --snapshot-every steps have passed (at a call's end: a fused call may run several).
+  if s - self.snap_step >= o["snapshot-every"] and s < self.total then recover.snapshot(self, s) end
 end
 
 -- Runs the steps from s; returns the step after them. Raises if a proc fails.

@@ -31,6 +31,7 @@ end
 
 --- The procs copy the state of step s (one call each, not waited for: they run it before the next step's calls).
 function M.snapshot(job, s)
+  job.snap_step = s
   if job.st.on_gpu then return host_snapshot(job, s) end
   job.pending_snap = job.st:snapshot(s)
 end
