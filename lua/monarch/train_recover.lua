@@ -298,7 +298,8 @@ end
 
 -- ---- hosts that join ---------------------------------------------------------------------------
 
---- Watches for lost hosts and joins (once per job).
+--- Watches for lost hosts and hosts that join (once per job, before its mesh exists: a host that joins
+-- before the spawn gets procs from it, and before_step leaves it be).
 function M.watch(job)
   job.lost_hosts, job.joined, job.joins = {}, {}, 0
   monarch.on_host_loss(function(ev)
@@ -344,6 +345,11 @@ function M.before_step(job, s)
     local deadline = monarch.now() + M.JOIN_WAIT
     while job.joins == 0 and monarch.now() < deadline do monarch.sleep(0.01) end
     if job.joins == 0 then job:die("--wait-join-at " .. s .. ": no host joined within " .. M.JOIN_WAIT .. " s") end
+  end
+  local has = {}
+  for _, p in ipairs(job.procs:proc_list()) do has[p.agent] = true end
+  for i = #job.joined, 1, -1 do
+    if has[job.joined[i]] then table.remove(job.joined, i) end
   end
   if #job.joined == 0 then return end
   if job.st.on_gpu or job:replicate() then

@@ -108,6 +108,7 @@ describe("monarch.train on long-lived host agents", function()
       .. "--wait-join-at 10"):format(TOKEN, B, daemons[1].addr .. "," .. daemons[2].addr), o)
     local join_at = shell.wait_output(o, "listening for joining hosts on ([%d.]+:%d+)", 30)
     assert.is_string(join_at, "no join port")
+    assert.is_string(shell.wait_output(o, "(waiting for a host to join)", 30), "never waited at step 10")
     joiner = agent.start{ token = TOKEN, args = "--join " .. join_at }
     finally(function() joiner:stop(9) end)
     out, rc = shell.finished(o, 60)
