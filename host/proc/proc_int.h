@@ -7,6 +7,7 @@
  * public entry point is proc.h.
  */
 #ifndef MN_PROC_INT_H
+#define MN_PROC_RETIRED 8 /* sessions remembered as taken over (a controller that froze and woke up) */
 #define MN_PROC_INT_H
 
 #include "proc.h"
@@ -75,6 +76,8 @@ struct proc_s {
   int fd;                   /* the controller connection, -1 when none */
   int relay_fd;             /* the agent's relay for casts (--relay-fd), -1 when none */
   uint64_t session;         /* the controller session now served (0: none yet) */
+  uint64_t retired[MN_PROC_RETIRED]; /* sessions another one took over from: refused if they come back */
+  int nretired;             /* how many were ever retired (retired[] is a ring of the newest) */
   mn_replay_t replay;       /* unacknowledged RESULTs of `session` */
   int replay_on;            /* MONARCH_NO_REPLAY=1 turns the cache off (for measuring it) */
   atomic_int cancel;

@@ -153,17 +153,32 @@ static void cancel_calls(proc_t *p, const msgpack_object *seqs) {
   }
 }
 
-/* Takes up SESSION (sid, acked): the connection now serves that session. */
-static void open_session(proc_t *p, conn_t *c, const mn_msg_session_t *s) {
+/* Whether session sid was taken over by another one here (lock held). */
+static int retired(const proc_t *p, uint64_t sid) {
+  int n = p->nretired < MN_PROC_RETIRED ? p->nretired : MN_PROC_RETIRED;
+  for (int i = 0; i < n; i++)
+    if (p->retired[i] == sid) return 1;
+  return 0;
+}
+
+/* Takes up SESSION (sid, acked): the connection now serves that session. Returns -1 for a session another one
+ * took over from (a controller that froze past its agents' patience and woke up): two must never drive a proc. */
+static int open_session(proc_t *p, conn_t *c, const mn_msg_session_t *s) {
   pthread_mutex_lock(&p->wlock);
+  if (s->session != p->session && retired(p, s->session)) {
+    pthread_mutex_unlock(&p->wlock);
+    return -1;
+  }
   if (s->session != p->session) {
-    /* A new controller session: forget the old one's results. */
+    /* A new controller session: forget the old one's results, and never serve the old one again. */
+    if (p->session != 0) p->retired[p->nretired++ % MN_PROC_RETIRED] = p->session;
     mn_replay_clear(&p->replay);
     p->session = s->session;
   }
   mn_replay_trim(&p->replay, s->acked);
   p->fd = c->fd;
   pthread_mutex_unlock(&p->wlock);
+  return 0;
 }
 
 /*
@@ -186,9 +201,13 @@ static int control_frame(proc_t *p, conn_t *c, const char *body, size_t len, int
   if (mn_decode(body, len, &zone, &m, err, sizeof(err)) == 0) {
     int type = mn_msg_type(&m);
     if (type == MN_MSG_SESSION && mn_msg_parse_session(&m, &sess, err, sizeof(err)) == 0) {
-      open_session(p, c, &sess);
-      *has_session = 1;
-      rc = 0;
+      if (open_session(p, c, &sess) == 0) {
+        *has_session = 1;
+        rc = 0;
+      } else {
+        snprintf(err, sizeof(err), "taken over by another controller: this proc no longer serves this controller's "
+                 "session");
+      }
     } else if (type == MN_MSG_ACK && *has_session && mn_msg_parse_ack(&m, &acked, err, sizeof(err)) == 0) {
       pthread_mutex_lock(&p->wlock);
       mn_replay_trim(&p->replay, acked);

@@ -366,6 +366,23 @@ function M.attach(name)
   return m
 end
 
+--- Whether another connected controller holds the persistent mesh `name` on any of this job's hosts now (for a
+-- controller that was unreachable long enough for its agents to drop it, and a standby took over). Asks as attach
+-- does, without connecting to the procs; a host that cannot be asked counts as not holding it.
+function M.held_elsewhere(name)
+  check_name(name, 2)
+  local agents = {}
+  for _, a in ipairs(mesh_mod.job_hosts().agents) do
+    if a.state == "ready" then agents[#agents + 1] = a end
+  end
+  local ok, replies = pcall(ask, agents, function(req) return { MSG.ATTACH, req, name } end, "asking for '" .. name .. "'")
+  if not ok then return false end
+  for _, r in ipairs(replies) do
+    if not r.ok and tostring(r.value):find("held by another controller", 1, true) then return true end
+  end
+  return false
+end
+
 --- The persistent meshes the host agents keep: {name = {procs = n, hosts = {...}}}.
 function M.list()
   local agents = mesh_mod.job_hosts().agents

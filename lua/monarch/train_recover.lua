@@ -5,6 +5,7 @@
 local ffi = require "ffi"
 local monarch = require "monarch"
 local checkpoint = require "monarch.checkpoint"
+local persist = require "monarch.persist"
 local mesh_mod = require "monarch.mesh"
 local ckpt = require "monarch.train_ckpt"
 local runtime = require "monarch.runtime"
@@ -253,7 +254,11 @@ local function rewind(job, s)
     return snap.step
   end
   local fresh, kept = restarted(job)
-  local c = job.st:restore(kept) or job:die("step " .. (s + 1) .. " failed and no proc holds a snapshot")
+  if #kept == 0 then
+    job:die("step " .. (s + 1) .. " failed and every proc was lost: no proc holds the state (--resume goes on from "
+      .. "the newest checkpoint)")
+  end
+  local c = assert(job.st:restore(kept))
   if #fresh > 0 then
     job.st:refill(fresh)
     if job.spec.load then job.spec.load(job) end
@@ -269,6 +274,11 @@ end
 function M.failed(job, err, s)
   local failed_at = monarch.now()
   job.pending_snap = nil
+  if job.persistent and persist.held_elsewhere(job:mesh_name()) then
+    job.owned = false -- its procs are the other controller's now: leave them be
+    job:die(string.format("job '%s' was taken over by another controller while this one was unreachable (its host "
+      .. "agents drop a controller silent for MONARCH_AGENT_SILENCE, 10 s by default); stopping here", job.name))
+  end
   local lost = M.proc_was_lost(job, err)
   if lost and not job.st.on_gpu then
     local at = M.shrink(job, s)
