@@ -112,6 +112,9 @@ $(BUILD)/tests/%: tests/c/%.c $(call OBJ,$(CORE_SRC) $(WRK_SRC))
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -O0 $^ -o $@ $(shell pkg-config --cflags --libs cmocka) $(LDLIBS)
 
+# test_shard checks the kernels' CRC-32 against zlib's own.
+$(BUILD)/tests/test_shard: LDLIBS += $(shell pkg-config --libs zlib)
+
 # Controller tests (test_ctl_*.c) link the controller's engine, its ctl*.c without the Lua face.
 CTL_ENGINE := $(filter host/controller/ctl%,$(CTL_SRC))
 $(BUILD)/tests/test_ctl_%: tests/c/test_ctl_%.c $(call OBJ,$(CTL_ENGINE) $(CORE_SRC))
