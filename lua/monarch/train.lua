@@ -283,7 +283,8 @@ function Job:limit(s)
   local o = self.opts
   local n = math.min(self.total - s, self.epoch_steps - s % self.epoch_steps)
   if o.every > 0 then n = math.min(n, o.every - s % o.every) end
-  for _, at in ipairs { o["fail-at"], o["kill-at"], o["kill-host-at"], o["die-at"] } do
+  for _, k in ipairs { "fail-at", "kill-at", "kill-host-at", "die-at" } do -- names: an unset one is nil
+    local at = o[k]
     if at and at >= s and at < s + n then n = math.max(1, at - s) end
   end
   return n
