@@ -121,9 +121,9 @@ $(BUILD)/tests/test_ctl_%: tests/c/test_ctl_%.c $(call OBJ,$(CTL_ENGINE) $(CORE_
 	$(CC) $(CFLAGS) -O0 $^ -o $@ $(shell pkg-config --cflags --libs cmocka) $(LDLIBS)
 
 # The GPT layers' unit tests link the library's sources directly (their internal functions).
-$(BUILD)/tests/test_gpt: tests/c/test_gpt.c $(GPT_SRC) kernels/cpu/gpt.h
+$(BUILD)/tests/test_gpt: tests/c/test_gpt.c tests/c/test_gpt_model.h $(GPT_SRC) kernels/cpu/gpt.h
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -O1 -Ikernels/cpu tests/c/test_gpt.c $(GPT_SRC) -o $@ $(shell pkg-config --cflags --libs cmocka openblas) -lm
+	$(CC) $(CFLAGS) -O1 -Ikernels/cpu tests/c/test_gpt.c $(GPT_SRC) -o $@ $(shell pkg-config --cflags --libs cmocka openblas) -lm -lpthread
 
 # A fake NVML that top_spec.lua gives a host agent (MONARCH_NVML): the GPU memory column without a GPU.
 $(BUILD)/tests/libmonarch_fakenvml.so: tests/c/fake_nvml.c
