@@ -49,7 +49,8 @@ OBJ = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
 BIN    := $(BUILD)/bin
 KDIR   := $(BUILD)/lib/monarch
 LUAMOD := $(BUILD)/lib/monarch/lua/monarch/core.so
-KERNELS := $(KDIR)/basic.so $(KDIR)/faulty.so $(KDIR)/mlp.so $(KDIR)/cartpole.so $(KDIR)/kcoll.so $(KDIR)/gpt.so
+KERNELS := $(KDIR)/basic.so $(KDIR)/faulty.so $(KDIR)/mlp.so $(KDIR)/cartpole.so $(KDIR)/kcoll.so $(KDIR)/shard.so \
+           $(KDIR)/gpt.so
 
 NVCC ?= $(shell command -v nvcc 2>/dev/null)
 
@@ -90,6 +91,10 @@ GPT_SRC := $(wildcard kernels/cpu/gpt_*.c)
 $(KDIR)/gpt.so: $(GPT_SRC) kernels/cpu/gpt.h kernels/cpu/mlp_common.h kernels/monarch_kernel.h
 	@mkdir -p $(KDIR)
 	$(CC) $(CFLAGS_BASE) -O3 -fvisibility=hidden -shared -Ikernels $(GPT_SRC) $(shell pkg-config --cflags --libs openblas) -lm -o $@
+
+$(KDIR)/shard.so: kernels/cpu/shard.c kernels/monarch_kernel.h
+	@mkdir -p $(KDIR)
+	$(CC) $(CFLAGS_BASE) -fvisibility=hidden -shared -Ikernels $< $(shell pkg-config --cflags --libs zlib) -o $@
 
 $(KDIR)/cartpole.so: kernels/cpu/cartpole.c kernels/monarch_kernel.h
 	@mkdir -p $(KDIR)
@@ -165,7 +170,8 @@ $(BUILD)/bench/%: bench/%.c $(call OBJ,$(CORE_SRC))
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/monarch/lua/monarch $(DESTDIR)$(PREFIX)/share/monarch/lua/monarch/proc $(DESTDIR)$(PREFIX)/include
 	install -m 755 $(BIN)/monarch-run $(BIN)/monarch-worker $(DESTDIR)$(PREFIX)/bin/
-	install -m 644 $(KDIR)/basic.so $(KDIR)/mlp.so $(KDIR)/cartpole.so $(KDIR)/kcoll.so $(KDIR)/gpt.so $(DESTDIR)$(PREFIX)/lib/monarch/
+	install -m 644 $(KDIR)/basic.so $(KDIR)/mlp.so $(KDIR)/cartpole.so $(KDIR)/kcoll.so $(KDIR)/shard.so $(KDIR)/gpt.so \
+	  $(DESTDIR)$(PREFIX)/lib/monarch/
 	for f in $(KDIR)/cuda_*.so; do [ ! -e "$$f" ] || install -m 644 "$$f" $(DESTDIR)$(PREFIX)/lib/monarch/; done
 	install -m 644 $(LUAMOD) $(DESTDIR)$(PREFIX)/lib/monarch/lua/monarch/
 	install -m 644 lua/monarch/*.lua $(DESTDIR)$(PREFIX)/share/monarch/lua/monarch/

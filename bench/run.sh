@@ -62,4 +62,5 @@ done
 # A host lost mid-training: how soon train.lua steps again on the survivors.
 echo
 bench/elastic.sh "$([ "$mode" = quick ] && echo 1 || echo 5)" || echo "bench/elastic.sh failed"
+bench/train.sh "$([ "$mode" = quick ] && echo 1 || echo 7)" || echo "bench/train.sh failed"
 exit 0

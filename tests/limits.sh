@@ -32,5 +32,19 @@ if [ -n "$long" ]; then
   echo "$long"
   bad=1
 fi
-[ "$bad" -eq 0 ] && echo "limits: $nfiles source files of at most $FILE_MAX lines, no C function over $FUNC_MAX"
+# The training library (issue 28): no function over LUA_FUNC_MAX lines. A top-level function starts at column 0
+# ("function" or "local function") and ends at the first "end" at column 0.
+LUA_FUNC_MAX=60
+lualong=$(awk -v max="$LUA_FUNC_MAX" '
+  FNR == 1 { start = 0 }
+  start == 0 && /^(local )?function / { start = FNR; name = $0; next }
+  start > 0 && /^end/ {
+    if (FNR - start + 1 > max) { sub(/\(.*/, "", name); printf "limits: %s:%d: %s is %d lines (at most %d)\n", FILENAME, start, name, FNR - start + 1, max }
+    start = 0
+  }' lua/monarch/train*.lua)
+if [ -n "$lualong" ]; then
+  echo "$lualong"
+  bad=1
+fi
+[ "$bad" -eq 0 ] && echo "limits: $nfiles source files of at most $FILE_MAX lines, no C function over $FUNC_MAX, no function of the training library over $LUA_FUNC_MAX"
 exit "$bad"

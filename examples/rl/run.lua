@@ -1,7 +1,7 @@
 --- CartPole-v0 learned by REINFORCE, with the environments as Lua actors on
 -- a mesh of procs, stepped in batches by a C kernel (kernels/cpu/cartpole.c).
 --
---   monarch-run examples/rl/run.lua [--procs 3] [--envs 16] [--seed 1]
+--   monarch-run examples/rl/run.lua [--procs 3] [--envs 16] [--seed 1]   (--help lists the options)
 --                                   [--kill-at UPDATE] [--kill-host-at UPDATE] [--restart] [--max-seconds 300]
 --                                   [--plot FILE.svg] [--csv FILE.csv]
 --   make rl
@@ -27,28 +27,31 @@ local monarch = require "monarch"
 local plot = require "monarch.plot"
 local trainer = require "rl.trainer"
 
-local opts = { procs = 3, envs = 16, seed = 1, max_seconds = 300 }
-local i = 1
-while arg and arg[i] do
-  local a, v = arg[i], arg[i + 1]
-  if a == "--restart" then opts.restart = true
-  elseif a == "--procs" or a == "--envs" or a == "--seed" or a == "--kill-at" or a == "--kill-host-at"
-    or a == "--wait-join-at" or a == "--max-seconds" then
-    local n = tonumber(v) or error(a .. " wants a number", 0)
-    opts[a:sub(3):gsub("-", "_")] = n
-    i = i + 1
-  elseif a == "--plot" or a == "--csv" then
-    if not v then error(a .. " wants a file name", 0) end
-    -- A bad output path stops the run now, not after the training.
-    local ok, err = plot.writable(v)
-    if not ok then error(a .. ": " .. err, 0) end
-    opts[a:sub(3)] = v
-    i = i + 1
-  else
-    error("unknown option " .. a .. " (see the header of examples/rl/run.lua)", 0)
-  end
-  i = i + 1
+-- The command line, parsed as monarch.train parses a training script's (--help, one-line errors).
+local topts = require "monarch.train_opts"
+local OPTIONS = {
+  { "procs", 3, "int", "env procs (on each host)", min = 1 },
+  { "envs", 16, "int", "environments per env proc", min = 1 },
+  { "seed", 1, "int", "seed of the environments and the policy" },
+  { "max-seconds", 300, "number", "give up after this long" },
+  { "restart", false, "flag", "restart a killed env proc (its actor comes back)" },
+  { "kill-at", nil, "int", "testing: kill one env proc after update N" },
+  { "kill-host-at", nil, "int", "testing: kill the last host's agent after update N" },
+  { "wait-join-at", nil, "int", "testing: after update N, wait until a host has joined" },
+  { "plot", nil, "string", "SVG file for the return of every episode and its mean over 100" },
+  { "csv", nil, "string", "CSV file of the same, per episode" },
+  { "help", false, "flag", "show this help" },
+}
+local parsed = topts.parse(arg or {}, OPTIONS, function(msg)
+  io.stderr:write("run.lua: ", msg, "\n")
+  os.exit(1)
+end)
+if parsed.help then
+  print(topts.usage("examples/rl/run.lua", "CartPole-v0 by REINFORCE, environments as Lua actors on procs.", OPTIONS))
+  return
 end
+local opts = {}
+for k, v in pairs(parsed) do opts[k:gsub("-", "_")] = v end
 
 local procs = monarch.hosts():spawn_procs { procs = opts.procs }
 if opts.restart then procs = procs:options { restart = true } end

@@ -318,7 +318,7 @@ typedef struct {
   char core[32];      /* what procs run (openblas_get_corename() in a probe), "?" before or without one */
   const char *source; /* "user" (OPENBLAS_CORETYPE), "auto" (our pick), "named" (MONARCH_BLAS_CORETYPE=NAME),
                        * "off" (MONARCH_BLAS_CORETYPE=off), "openblas" (OpenBLAS's own choice stands) */
-  double gflops;      /* its one-core sgemm rate at start */
+  double gflops;      /* its one-core sgemm rate: the geometric mean over our kernels' shapes */
   char own[32];       /* OpenBLAS's own choice and its rate */
   double own_gflops;
   char note[224];     /* why procs run OpenBLAS's own choice ("" where they run the pick, or it is the pick) */
@@ -334,7 +334,10 @@ typedef struct {
 void mn__agent_blas_init(const char *exe, int verbose);
 /* The decision (before mn__agent_blas_init: core "?"). */
 const mn_agent_blas_t *mn__agent_blas(void);
-/* Packs it for STATUS: a map {core, source, gflops, ok, openblas, openblas_gflops, note, probe_ms}. */
+/*
+ * Packs it for STATUS: a map {core, source, gflops, ok, openblas, openblas_gflops, note, probe_ms, tried,
+ * cached, version}; tried lists what was measured, [{name, core, ok, gflops, why}], OpenBLAS's own first.
+ */
 void mn__agent_blas_pack(msgpack_packer *pk);
 
 /* ---- agent_gpu.c: procs' GPU memory from NVML ------------------------------------------------- */

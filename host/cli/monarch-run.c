@@ -3,6 +3,7 @@
  * with the monarch library, or with -i an interactive REPL (lua/monarch/repl.lua);
  * argument parsing and main() only.
  */
+#include "blas_choose.h"
 #include "err.h"
 #include "path.h"
 #include "version.h"
@@ -385,6 +386,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "monarch-run: cannot find my own install prefix\n");
     return 2;
   }
+  if (!o.status && !o.top) mn_blas_env_init(prefix); /* controller-side kernels: before OpenBLAS loads */
   /* Line editing decodes the terminal's characters in the user's locale. */
   if (o.interactive && setlocale(LC_CTYPE, "") == NULL) {
     /* An unknown locale: stay in "C", bytes pass through unchanged. */

@@ -12,7 +12,7 @@
 
 static const char usage[] =
     "usage: monarch-worker [--listen HOST:PORT] [--join HOST:PORT] [--once] [--parent PID] [--port-fd FD] [--simulate [--hosts N]]\n"
-    "       monarch-worker --blas-probe [CORETYPE [M N K]]\n"
+    "       monarch-worker --blas-probe [CORETYPE [M N K [TA TB]]]\n"
     "       monarch-worker --proc --rank R --world W --bind HOST [--parent PID] [--port-fd FD] [--relay-fd FD] [--device D]\n"
     "\n"
     "Runs a Monarch host agent: it authenticates controllers with the cluster\n"
@@ -29,8 +29,9 @@ static const char usage[] =
     "  --hosts N            with --simulate: N simulated host agents in this one process, on one\n"
     "                       event loop, each on its own port (one banner line each; with a\n"
     "                       --listen port P, ports P to P+N-1), so thousands fit on a machine\n"
-    "  --blas-probe         check and time one sgemm under OpenBLAS core type CORETYPE (\"-\": its own\n"
-    "                       choice), in this process; one line out (the agent runs it at start)\n"
+    "  --blas-probe         check and time sgemm under OpenBLAS core type CORETYPE (\"-\": its own\n"
+    "                       choice), in this process, at our kernels' shapes (or M N K, TA TB 0|1):\n"
+    "                       a line per shape and a summary (the agent and monarch-run run it)\n"
     "  --version            print the version\n";
 
 /* Reads s, the value of option flag, into *out; 0, or MN_EINVAL (reported on stderr). */

@@ -24,7 +24,14 @@ void mn_cpu_read(mn_cpu_features_t *f) {
   if (!__get_cpuid(0, &a, &b, &c, &d)) return;
   unsigned max = a;
   memcpy(f->vendor, &b, 4), memcpy(f->vendor + 4, &d, 4), memcpy(f->vendor + 8, &c, 4);
+  unsigned ext = __get_cpuid_max(0x80000000u, NULL), r[4];
+  for (unsigned i = 0; ext >= 0x80000004u && i < 3; i++) {
+    __get_cpuid(0x80000002u + i, &r[0], &r[1], &r[2], &r[3]);
+    memcpy(f->brand + 16 * i, r, 16);
+  }
+  f->brand[48] = '\0';
   __get_cpuid(1, &a, &b, &c, &d);
+  f->signature = a;
   int osxsave = (c >> 27) & 1;
   uint64_t x = osxsave ? xcr0() : 0;
   int ymm = (x & 0x6) == 0x6, zmm = ymm && (x & 0xe0) == 0xe0; /* SSE+AVX state; opmask+ZMM state */
@@ -86,4 +93,35 @@ const char *mn_blas_pick(const mn_cpu_features_t *f) {
   if (f->avx2 && f->fma) return amd ? "ZEN" : "HASWELL";
   if (f->avx) return "SANDYBRIDGE";
   return NULL;
+}
+
+/* Appends name to out[*n] unless it is there already or out is full. */
+static void add(const char **out, int *n, const char *name) {
+  for (int i = 0; i < *n; i++)
+    if (strcmp(out[i], name) == 0) return;
+  if (*n < MN_BLAS_MAX_CANDIDATES) out[(*n)++] = name;
+}
+
+int mn_blas_candidates(const mn_cpu_features_t *f, const char **out) {
+  int n = 0;
+  const char *pick = mn_blas_pick(f);
+  if (pick == NULL) return 0;
+  add(out, &n, pick);
+  if (f->avx512f && f->avx512bw && f->avx512vl && f->avx512dq) {
+    if (f->avx512_bf16) add(out, &n, "COOPERLAKE");
+    if (f->avx2 && f->fma) add(out, &n, "HASWELL");
+    return n;
+  }
+  if (f->avx2 && f->fma) add(out, &n, "HASWELL"), add(out, &n, "ZEN");
+  add(out, &n, "SANDYBRIDGE");
+  return n;
+}
+
+int mn_blas_decide(const mn_blas_trial_t *t, int n, double gain) {
+  int best = 0;
+  for (int i = 1; i < n; i++)
+    if (t[i].ok && (best == 0 || t[i].gflops > t[best].gflops)) best = i;
+  if (best == 0) return 0;
+  if (!t[0].ok) return best; /* OpenBLAS's own computes wrong: any core type that computes right beats it */
+  return t[best].gflops > t[0].gflops * gain ? best : 0;
 }

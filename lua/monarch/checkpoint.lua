@@ -98,26 +98,35 @@ local function meta_text(meta)
   return table.concat(lines)
 end
 
+--- The header of a checkpoint of `step` with meta {k = v} and sections
+-- {{name, nbytes}}: every byte before the CRC-32, which covers it and the
+-- payload. A proc that writes its own shard appends the rest (kernels/cpu/shard.c).
+function M.head(step, meta, sections)
+  if type(step) ~= "number" or step < 0 or step ~= math.floor(step) or step >= 2 ^ 53 then
+    error("checkpoint step must be a non-negative integer, got " .. tostring(step), 3)
+  end
+  local text = meta_text(meta)
+  if #text > MAX_META then error("checkpoint meta is " .. #text .. " bytes; at most " .. MAX_META, 3) end
+  if #sections > MAX_SECTIONS then error("checkpoint has " .. #sections .. " sections; at most " .. MAX_SECTIONS, 3) end
+  local head = { M.MAGIC, u32(M.VERSION), u64(step), u32(#text), text, u32(#sections) }
+  for i, sec in ipairs(sections) do
+    if type(sec.name) ~= "string" or #sec.name == 0 or #sec.name > MAX_NAME or type(sec.nbytes) ~= "number" then
+      error("checkpoint section " .. i .. " needs a name (1 to " .. MAX_NAME .. " bytes) and bytes (a string)", 3)
+    end
+    head[#head + 1] = u16(#sec.name) .. sec.name .. u64(sec.nbytes)
+  end
+  return table.concat(head)
+end
+
 --- Encodes a checkpoint record {step, meta = {k = v}, sections = {{name, bytes}}} as a string.
 function M.encode(ck)
-  local step = ck.step
-  if type(step) ~= "number" or step < 0 or step ~= math.floor(step) or step >= 2 ^ 53 then
-    error("checkpoint step must be a non-negative integer, got " .. tostring(step), 2)
+  local secs, payload = {}, {}
+  for i, s in ipairs(ck.sections or {}) do
+    if type(s.bytes) ~= "string" then error("checkpoint section " .. i .. " needs a name (1 to " .. MAX_NAME ..
+      " bytes) and bytes (a string)", 2) end
+    secs[i], payload[i] = { name = s.name, nbytes = #s.bytes }, s.bytes
   end
-  local meta = meta_text(ck.meta)
-  if #meta > MAX_META then error("checkpoint meta is " .. #meta .. " bytes; at most " .. MAX_META, 2) end
-  local secs = ck.sections or {}
-  if #secs > MAX_SECTIONS then error("checkpoint has " .. #secs .. " sections; at most " .. MAX_SECTIONS, 2) end
-  local head = { M.MAGIC, u32(M.VERSION), u64(step), u32(#meta), meta, u32(#secs) }
-  local payload = {}
-  for i, s in ipairs(secs) do
-    if type(s.name) ~= "string" or #s.name == 0 or #s.name > MAX_NAME or type(s.bytes) ~= "string" then
-      error("checkpoint section " .. i .. " needs a name (1 to " .. MAX_NAME .. " bytes) and bytes (a string)", 2)
-    end
-    head[#head + 1] = u16(#s.name) .. s.name .. u64(#s.bytes)
-    payload[i] = s.bytes
-  end
-  local h = table.concat(head)
+  local h = M.head(ck.step, ck.meta, secs)
   local crc = M.crc32(h)
   for _, p in ipairs(payload) do crc = M.crc32(p, crc) end
   return h .. u32(crc) .. table.concat(payload)
@@ -144,11 +153,9 @@ local function reader(s)
   return r
 end
 
---- Decodes a checkpoint; returns the record, or nil and the reason it is not valid.
--- where (a file name) prefixes the reason.
-function M.decode(s, where)
-  where = where or "checkpoint"
-  local function bad(why) return nil, where .. ": " .. why end
+-- Parses the header of s (the whole file, or its first bytes); returns {step, meta, sections, head_len, crc,
+-- total} or nil and the reason.
+local function parse_head(s, bad)
   local r = reader(s)
   if r.bytes(#M.MAGIC) ~= M.MAGIC then return bad("not a monarch checkpoint (bad magic)") end
   local version = r.uint(4)
@@ -169,27 +176,57 @@ function M.decode(s, where)
     secs[i] = { name = name, nbytes = nb }
     total = total + nb
   end
-  local head_end = r.pos() - 1
+  local head_len = r.pos() - 1
   local crc = r.uint(4)
   if not crc then return bad("truncated header") end
-  local payload_at = r.pos()
-  if #s - payload_at + 1 ~= total then
-    return bad(string.format("size is %d bytes but the header describes %d (truncated or padded)", #s,
-      payload_at - 1 + total))
-  end
-  local got = M.crc32(s:sub(payload_at), M.crc32(s:sub(1, head_end)))
-  if got ~= crc then
-    return bad(string.format("checksum mismatch (stored %08x, computed %08x): the file is corrupt", crc, got))
-  end
   local meta = {}
   for k, v in meta_s:gmatch("([^=\n]*)=([^\n]*)\n") do meta[k] = v end
-  local ck = { step = step, meta = meta, sections = {}, by_name = {} }
-  for i, sec in ipairs(secs) do
-    sec.bytes = r.bytes(sec.nbytes)
+  return { step = step, meta = meta, sections = secs, head_len = head_len, crc = crc, total = total }
+end
+
+--- Decodes a checkpoint; returns the record, or nil and the reason it is not valid.
+-- where (a file name) prefixes the reason.
+function M.decode(s, where)
+  where = where or "checkpoint"
+  local function bad(why) return nil, where .. ": " .. why end
+  local h, why = parse_head(s, bad)
+  if not h then return nil, why end
+  local payload_at = h.head_len + 5
+  if #s - payload_at + 1 ~= h.total then
+    return bad(string.format("size is %d bytes but the header describes %d (truncated or padded)", #s,
+      payload_at - 1 + h.total))
+  end
+  local got = M.crc32(s:sub(payload_at), M.crc32(s:sub(1, h.head_len)))
+  if got ~= h.crc then
+    return bad(string.format("checksum mismatch (stored %08x, computed %08x): the file is corrupt", h.crc, got))
+  end
+  local ck = { step = h.step, meta = h.meta, sections = {}, by_name = {} }
+  local at = payload_at
+  for i, sec in ipairs(h.sections) do
+    sec.bytes = s:sub(at, at + sec.nbytes - 1)
+    at = at + sec.nbytes
     ck.sections[i] = sec
     ck.by_name[sec.name] = sec.bytes
   end
   return ck
+end
+
+--- Reads only the header of the checkpoint file at path (the payload stays on disk, for the procs to read) and
+-- checks the file's size against it. Returns {step, meta, sections = {{name, nbytes}}, head_len} or nil, reason.
+function M.read_head(path)
+  local f, err = io.open(path, "rb")
+  if not f then return nil, tostring(err) end
+  local s = f:read(MAX_META + 64 + MAX_SECTIONS * (MAX_NAME + 10)) or ""
+  local size = f:seek("end")
+  f:close()
+  local function bad(why) return nil, path .. ": " .. why end
+  local h, why = parse_head(s, bad)
+  if not h then return nil, why end
+  if size ~= h.head_len + 4 + h.total then
+    return bad(string.format("size is %d bytes but the header describes %d (truncated or padded)", size,
+      h.head_len + 4 + h.total))
+  end
+  return h
 end
 
 -- ---- files --------------------------------------------------------------------------------

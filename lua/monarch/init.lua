@@ -18,6 +18,8 @@ require "monarch.gpu"
 local persist = require "monarch.persist"
 local trace = require "monarch.trace"
 local join = require "monarch.join" -- hosts that join the job: HostMesh:on_join/refresh, ProcMesh:grow
+-- The trace names each host's BLAS core type, from the hosts' STATUS at stop (trace.lua is a leaf).
+trace.set_host_status(function(agents) return require("monarch.status").collect(agents) end)
 
 local M = { _VERSION = core.version } -- host/core/version.h
 

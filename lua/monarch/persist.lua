@@ -105,7 +105,7 @@ local LIVE = { ready = true, reconnecting = true }
 -- ---- persist ---------------------------------------------------------------------
 
 -- The description of mesh m that the agents keep for a later attach.
-local function describe(m, name, named)
+local function describe(m, name, named, meta)
   local names_of = {}
   for tname, t in pairs(named or {}) do
     if type(tname) ~= "string" or not tensor.is(t) then
@@ -138,7 +138,7 @@ local function describe(m, name, named)
       device = p.device }
   end
   return { format = M.FORMAT, name = name, names = m.shape.names, sizes = m.shape.sizes, procs = procs,
-    tensors = tensors, libs = m._libs, created = os.time() }
+    tensors = tensors, libs = m._libs, created = os.time(), meta = meta }
 end
 
 --- Keeps this mesh's procs running after this controller leaves, under
@@ -147,8 +147,10 @@ end
 -- names tensors to find again as attached_mesh.tensors.name (every tensor
 -- the procs hold is recorded, by id; named ones are also kept from the
 -- garbage collector here). Needs long-lived host agents (--hosts), not the
--- one monarch-run starts for itself. Returns the mesh.
-function methods:persist(name, tensors)
+-- one monarch-run starts for itself. `meta`, a table of plain values, is
+-- kept with the description and comes back as attached_mesh.meta (the
+-- training library keeps its job's identity there). Returns the mesh.
+function methods:persist(name, tensors, meta)
   check_name(name, 2)
   if tensors ~= nil and type(tensors) ~= "table" then
     error("persist: the second argument maps names to tensors ({w = w})", 2)
@@ -159,7 +161,8 @@ function methods:persist(name, tensors)
         message = "cannot persist a proc that is " .. tostring(p.state) }, 2)
     end
   end
-  local desc = describe(self, name, tensors)
+  if meta ~= nil and type(meta) ~= "table" then error("persist: the third argument (meta) must be a table", 2) end
+  local desc = describe(self, name, tensors, meta)
   local pids, agents = {}, {}
   for _, p in ipairs(self:proc_list()) do
     if not pids[p.agent] then
@@ -283,6 +286,9 @@ function M.attach(name)
       why[#why + 1] = agent_name(r.agent) .. ": " .. tostring(r.value)
     end
   end
+  for _, w in ipairs(why) do -- held on one host is held: taking the rest would split the mesh
+    if w:find("held by another controller", 1, true) then found = {} end
+  end
   if #found == 0 then
     error(errors.new { kind = "attach", message = "cannot attach '" .. name .. "':\n  " .. table.concat(why, "\n  ") }, 2)
   end
@@ -336,7 +342,7 @@ function M.attach(name)
       table.concat(failures, "\n  ") }, 2)
   end
   local m = mesh_mod.proc_mesh(procs, shape_mod.new(desc.names, desc.sizes), {}, desc.libs or {})
-  m.tensors = {}
+  m.tensors, m.meta = {}, desc.meta
   local by_rank = {}
   for _, p in ipairs(procs) do by_rank[p.rank] = p end
   for _, t in ipairs(desc.tensors or {}) do

@@ -215,7 +215,8 @@ local function host_lines(out, cols, h, t)
   local total = 0
   for _, p in ipairs(v.procs) do total = total + ((h.seen[p.pid] or {}).rate or 0) end
   local blas = type(v.blas) == "table" and v.blas.core ~= "?"
-    and string.format("  blas %s %.0f GF/s", v.blas.core, v.blas.gflops or 0) or ""
+    and string.format("  blas %s%s %.0f GF/s", v.blas.core, require("monarch.status").blas_generic(v.blas.core)
+      and " (generic)" or "", v.blas.gflops or 0) or ""
   out[#out + 1] = { string.format("%s  agent pid %d  up %s  %d procs  %s calls/s%s", name, v.pid, M.duration(v.uptime),
     #v.procs, rate(total), blas), "head" }
   for _, p in ipairs(v.procs) do out[#out + 1] = proc_line(cols, p, h.seen[p.pid]) end

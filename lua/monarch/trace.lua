@@ -48,6 +48,11 @@ function M.set_runtime(r) runtime = r end
 --- Called once by monarch.procs: each() iterates over every proc with a connection now.
 function M.set_procs(each) each_proc = each end
 
+local host_status -- fn(agents) -> {{agent, ok, value = STATUS}}: monarch.status.collect, handed in by monarch
+
+--- Called once by monarch: how stop asks the hosts for what the trace says of each (its BLAS core type).
+function M.set_host_status(fn) host_status = fn end
+
 local function need_runtime(what)
   if not (runtime and each_proc) then error("monarch.trace." .. what .. ": load monarch first", 3) end
 end
@@ -281,6 +286,23 @@ local function take_all(trs, deadline)
   until not more or now() >= deadline
 end
 
+-- What the trace says of each host: its procs' BLAS core type and rate (STATUS blas), for the hosts that
+-- are connected at stop. A host that does not answer is only left without it.
+local function hosts_blas(s)
+  s.host_blas = {}
+  local agents, seen = {}, {}
+  for _, tr in ipairs(s.tracks) do
+    local a = tr.agent
+    if a and not seen[a] and a.state == "ready" then seen[a], agents[#agents + 1] = true, a end
+  end
+  if not host_status or #agents == 0 then return end
+  local ok, replies = pcall(host_status, agents)
+  if not ok then return end
+  for _, r in ipairs(replies) do
+    if r.ok and type(r.value) == "table" and type(r.value.blas) == "table" then s.host_blas[r.agent] = r.value.blas end
+  end
+end
+
 -- At stop: every live proc stops recording, answers a few clock round trips
 -- and hands over what it still holds.
 local function collect(s)
@@ -296,6 +318,7 @@ local function collect(s)
   end
   settle(trs, deadline, true)
   take_all(trs, deadline)
+  hosts_blas(s)
 end
 
 --- Collects what every live proc has recorded so far, and waits for it

@@ -142,8 +142,10 @@ function M.write(s, f)
     if not hosts[a] then
       nhosts = nhosts + 1
       hosts[a] = nhosts
+      local b = (s.host_blas or {})[a] or {}
       metadata(w, "process_name", nhosts, nil, { name = "host " .. tostring(a.hostname or a.addr) .. " (agent " ..
-        tostring(a.addr) .. ":" .. tostring(a.port) .. ")" })
+        tostring(a.addr) .. ":" .. tostring(a.port) .. ")", blas_core = b.core, blas_gflops = b.gflops,
+        blas_source = b.source, blas_openblas = b.openblas, blas_openblas_gflops = b.openblas_gflops })
       metadata(w, "process_sort_index", nhosts, nil, { sort_index = nhosts })
     end
     return hosts[a]

@@ -1,4 +1,8 @@
-/* test_blas_cpu.c - the OpenBLAS core type chosen from CPU features (host/core/blas_cpu.c), over recorded CPUs. */
+/*
+ * test_blas_cpu.c - the OpenBLAS core types chosen from CPU features
+ * (host/core/blas_cpu.c) over recorded CPUs: the cpuid pick, the candidates
+ * the probes time, and the rule that decides between measurements.
+ */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -15,27 +19,32 @@
 #define AVX SSE " avx xsave"
 #define HSW AVX " fma avx2 bmi1 bmi2 f16c"
 #define SKX HSW " avx512f avx512dq avx512cd avx512bw avx512vl"
+/* want: the cpuid pick; cands: the core types the probes time, in order, blank-separated. */
 static const struct {
-  const char *name, *vendor, *flags, *want;
+  const char *name, *vendor, *flags, *want, *cands;
 } cpus[] = {
-    {"Skylake-SP", "GenuineIntel", SKX, "SKYLAKEX"},
-    {"Cascade Lake", "GenuineIntel", SKX " avx512_vnni", "SKYLAKEX"},
-    {"Cooper Lake (bf16: still SKYLAKEX)", "GenuineIntel", SKX " avx512_vnni avx512_bf16", "SKYLAKEX"},
+    {"Skylake-SP", "GenuineIntel", SKX, "SKYLAKEX", "SKYLAKEX HASWELL"},
+    {"Cascade Lake", "GenuineIntel", SKX " avx512_vnni", "SKYLAKEX", "SKYLAKEX HASWELL"},
+    {"Cooper Lake (bf16: still SKYLAKEX)", "GenuineIntel", SKX " avx512_vnni avx512_bf16", "SKYLAKEX",
+     "SKYLAKEX COOPERLAKE HASWELL"},
     {"Ice Lake-SP", "GenuineIntel", SKX " avx512ifma avx512vbmi avx512_vnni avx512_bitalg avx512_vpopcntdq",
-     "SKYLAKEX"},
+     "SKYLAKEX", "SKYLAKEX HASWELL"},
     {"Sapphire Rapids", "GenuineIntel", SKX " avx512_vnni avx512_bf16 amx_bf16 amx_tile amx_int8 avx512_fp16",
-     "SKYLAKEX"},
-    {"the issue's VM (Intel Xeon Processor)", "GenuineIntel", SKX " avx512_vnni avx512_bf16", "SKYLAKEX"},
-    {"Haswell", "GenuineIntel", HSW, "HASWELL"},
-    {"Zen 2", "AuthenticAMD", HSW " sse4a clzero", "ZEN"},
-    {"Zen 3 (this machine's AMD EPYC)", "AuthenticAMD", HSW " sse4a clzero vaes vpclmulqdq", "ZEN"},
-    {"Zen 4 (AVX-512)", "AuthenticAMD", SKX " avx512_bf16 avx512ifma avx512vbmi", "SKYLAKEX"},
-    {"Hygon Dhyana", "HygonGenuine", HSW " sse4a", "ZEN"},
-    {"Sandy Bridge", "GenuineIntel", AVX, "SANDYBRIDGE"},
-    {"an SSE-only CPU", "GenuineIntel", SSE, NULL},
+     "SKYLAKEX", "SKYLAKEX COOPERLAKE HASWELL"},
+    {"the issue's VM (Intel Xeon Processor)", "GenuineIntel", SKX " avx512_vnni avx512_bf16", "SKYLAKEX",
+     "SKYLAKEX COOPERLAKE HASWELL"},
+    {"Haswell", "GenuineIntel", HSW, "HASWELL", "HASWELL ZEN SANDYBRIDGE"},
+    {"Zen 2", "AuthenticAMD", HSW " sse4a clzero", "ZEN", "ZEN HASWELL SANDYBRIDGE"},
+    {"Zen 3 (this machine's AMD EPYC)", "AuthenticAMD", HSW " sse4a clzero vaes vpclmulqdq", "ZEN",
+     "ZEN HASWELL SANDYBRIDGE"},
+    {"Zen 4 (AVX-512)", "AuthenticAMD", SKX " avx512_bf16 avx512ifma avx512vbmi", "SKYLAKEX",
+     "SKYLAKEX COOPERLAKE HASWELL"},
+    {"Hygon Dhyana", "HygonGenuine", HSW " sse4a", "ZEN", "ZEN HASWELL SANDYBRIDGE"},
+    {"Sandy Bridge", "GenuineIntel", AVX, "SANDYBRIDGE", "SANDYBRIDGE"},
+    {"an SSE-only CPU (unknown: left to OpenBLAS)", "GenuineIntel", SSE, NULL, ""},
     {"avx512f without bw/vl (Knights Landing)", "GenuineIntel", HSW " avx512f avx512cd avx512er avx512pf",
-     "HASWELL"},
-    {"FMA without AVX2 (Piledriver)", "AuthenticAMD", AVX " fma fma4", "SANDYBRIDGE"},
+     "HASWELL", "HASWELL ZEN SANDYBRIDGE"},
+    {"FMA without AVX2 (Piledriver)", "AuthenticAMD", AVX " fma fma4", "SANDYBRIDGE", "SANDYBRIDGE"},
 };
 
 static void each_recorded_cpu_gets_its_core_type(void **state) {
@@ -46,6 +55,56 @@ static void each_recorded_cpu_gets_its_core_type(void **state) {
     if (cpus[i].want == NULL ? got != NULL : got == NULL || strcmp(got, cpus[i].want) != 0)
       fail_msg("%s: want %s, got %s", cpus[i].name, cpus[i].want ? cpus[i].want : "none", got ? got : "none");
   }
+}
+
+static void each_recorded_cpu_gets_its_candidates(void **state) {
+  for (size_t i = 0; i < sizeof(cpus) / sizeof(cpus[0]); i++) {
+    mn_cpu_features_t f;
+    mn_cpu_from_flags(&f, cpus[i].vendor, cpus[i].flags);
+    const char *c[MN_BLAS_MAX_CANDIDATES];
+    int n = mn_blas_candidates(&f, c);
+    char got[128] = "";
+    for (int j = 0; j < n; j++) snprintf(got + strlen(got), sizeof(got) - strlen(got), "%s%s", j ? " " : "", c[j]);
+    if (strcmp(got, cpus[i].cands) != 0) fail_msg("%s: want '%s', got '%s'", cpus[i].name, cpus[i].cands, got);
+    /* The cpuid pick comes first: it is the one tried where only one can be. */
+    if (n > 0) assert_string_equal(c[0], cpus[i].want);
+  }
+}
+
+/* A trial as the probes report it. */
+static mn_blas_trial_t trial(const char *name, int ok, double gflops) {
+  mn_blas_trial_t t;
+  memset(&t, 0, sizeof(t));
+  snprintf(t.name, sizeof(t.name), "%s", name);
+  t.ok = ok, t.gflops = gflops;
+  return t;
+}
+
+static void the_fastest_passing_candidate_wins_by_more_than_the_margin(void **state) {
+  /* This machine's AMD EPYC: Zen (OpenBLAS's own) 41.8, Haswell 53.3, Sandybridge 37.1. */
+  mn_blas_trial_t amd[] = {trial("", 1, 41.8), trial("HASWELL", 1, 53.3), trial("SANDYBRIDGE", 1, 37.1)};
+  assert_int_equal(1, mn_blas_decide(amd, 3, 1.10));
+  /* The VM: Prescott 19.7, SKYLAKEX 131.9, COOPERLAKE 110.2, HASWELL 66.4. */
+  mn_blas_trial_t vm[] = {trial("", 1, 19.7), trial("SKYLAKEX", 1, 131.9), trial("COOPERLAKE", 1, 110.2),
+                          trial("HASWELL", 1, 66.4)};
+  assert_int_equal(1, mn_blas_decide(vm, 4, 1.10));
+  /* Within the margin: OpenBLAS's own stays. */
+  mn_blas_trial_t close[] = {trial("", 1, 50.0), trial("HASWELL", 1, 54.9)};
+  assert_int_equal(0, mn_blas_decide(close, 2, 1.10));
+  /* Only OpenBLAS's own was measured (nothing else for the CPU). */
+  assert_int_equal(0, mn_blas_decide(amd, 1, 1.10));
+}
+
+static void a_candidate_that_fails_its_check_is_never_chosen(void **state) {
+  /* The corrupt hook: every named core type computes wrong, whatever its speed. */
+  mn_blas_trial_t t[] = {trial("", 1, 20.0), trial("SKYLAKEX", 0, 0), trial("HASWELL", 0, 0)};
+  assert_int_equal(0, mn_blas_decide(t, 3, 1.10));
+  /* SIGILL on the best, a slower one passes and wins. */
+  mn_blas_trial_t u[] = {trial("", 1, 20.0), trial("SKYLAKEX", 0, 0), trial("HASWELL", 1, 60.0)};
+  assert_int_equal(2, mn_blas_decide(u, 3, 1.10));
+  /* OpenBLAS's own computes wrong: a passing candidate wins even when slower. */
+  mn_blas_trial_t v[] = {trial("", 0, 0), trial("HASWELL", 1, 5.0)};
+  assert_int_equal(1, mn_blas_decide(v, 2, 1.10));
 }
 
 static void a_flag_is_a_whole_word(void **state) {
@@ -102,6 +161,9 @@ static void cpuid_agrees_with_the_kernels_flags_on_this_machine(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(each_recorded_cpu_gets_its_core_type),
+      cmocka_unit_test(each_recorded_cpu_gets_its_candidates),
+      cmocka_unit_test(the_fastest_passing_candidate_wins_by_more_than_the_margin),
+      cmocka_unit_test(a_candidate_that_fails_its_check_is_never_chosen),
       cmocka_unit_test(a_flag_is_a_whole_word),
       cmocka_unit_test(a_cpu_that_is_not_x86_is_left_to_openblas),
       cmocka_unit_test(cpuid_agrees_with_the_kernels_flags_on_this_machine),

@@ -23,27 +23,7 @@ local function scratch()
   return d
 end
 
--- Starts cmd in the background, its output (and then "::rc=N") into out_path.
-local function background(cmd, out_path)
-  os.execute(("(%s > %s 2>&1; echo \"::rc=$?\" >> %s) &"):format(cmd, out_path, out_path))
-end
-
--- The first capture of pattern in out_path, waiting up to `limit` seconds (nil: not seen).
-local function wait_output(out_path, pattern, limit)
-  local deadline = monarch.now() + limit
-  while monarch.now() < deadline do
-    local got = shell.exists(out_path) and shell.read(out_path):match(pattern)
-    if got then return got end
-    monarch.sleep(0.05)
-  end
-end
-
--- The whole output of a background command once it has exited, and its exit status.
-local function finished(out_path, limit)
-  local rc = wait_output(out_path, "::rc=(%d+)", limit)
-  local out = shell.exists(out_path) and shell.read(out_path) or ""
-  return out, tonumber(rc)
-end
+local background, wait_output, finished = shell.background, shell.wait_output, shell.finished
 
 describe("a host lost for good", function()
   local daemons = {}

@@ -75,6 +75,8 @@ local function index(doc)
   for _, e in ipairs(doc.traceEvents) do
     if e.ph == "M" and e.name == "process_name" then
       ix.pnames[e.pid] = e.args.name
+      ix.pargs = ix.pargs or {}
+      ix.pargs[e.pid] = e.args
     elseif e.ph == "M" and e.name == "thread_name" and e.pid > 0 then
       ix.procs[e.args.proc_pid] = { rank = e.tid, pid = e.pid, clock = e.args, spans = {} }
     elseif e.ph == "M" and e.name == "thread_name" then
@@ -128,6 +130,15 @@ describe("monarch.trace", function()
         assert.is_true(#pr.spans > 0)
       end
       assert.are.same({ [0] = 1, [1] = 2, [2] = 1 }, by_rank)
+    end)
+
+    it("names each host's BLAS core type and its rate", function()
+      for _, pr in pairs(ix.procs) do
+        local a = ix.pargs[pr.pid]
+        assert.is_string(a.blas_core)
+        assert.is_string(a.blas_source)
+        assert.is_number(a.blas_gflops)
+      end
     end)
 
     it("names every kernel, endpoint and collective on every rank", function()

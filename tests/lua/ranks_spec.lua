@@ -5,7 +5,7 @@
 -- function (future.set_runtime) that the higher module hands its part to.
 
 -- rank -> what it holds. A module may require any module of a lower rank.
-local TIERS = { "leaves", "the loop", "procs", "meshes", "features", "monarch", "the REPL" }
+local TIERS = { "leaves", "the loop", "procs", "meshes", "features", "monarch", "training", "the REPL" }
 
 local RANKS = {
   -- 1 leaves: need nothing of ours but each other
@@ -24,8 +24,11 @@ local RANKS = {
   ["monarch.checkpoint"] = 5, ["monarch.plot"] = 5,
   -- 6 the library's face
   ["monarch"] = 6,
-  -- 7 the interactive loop of monarch-run -i, over the whole library
-  ["monarch.repl"] = 7,
+  -- 7 training as a library (monarch.train), over the whole library
+  ["monarch.train"] = 7, ["monarch.train_opts"] = 7, ["monarch.train_progress"] = 7, ["monarch.train_state"] = 7,
+  ["monarch.train_ckpt"] = 7, ["monarch.train_recover"] = 7,
+  -- 8 the interactive loop of monarch-run -i, over the whole library
+  ["monarch.repl"] = 8,
 }
 
 -- Requires between modules of one rank that are allowed (module -> the siblings it may require).
@@ -42,7 +45,11 @@ local SIBLINGS = {
   ["monarch.actor"] = {},
   ["monarch.persist"] = { "monarch.tensor" },
   ["monarch.status"] = { "monarch.persist" },
-  ["monarch.top"] = { "monarch.persist" },
+  ["monarch.top"] = { "monarch.persist", "monarch.status" },
+  ["monarch.train_ckpt"] = { "monarch.train_state" },
+  ["monarch.train_recover"] = { "monarch.train_ckpt", "monarch.train_state" },
+  ["monarch.train"] = { "monarch.train_opts", "monarch.train_progress", "monarch.train_state", "monarch.train_ckpt",
+    "monarch.train_recover" },
 }
 
 -- Files that run inside the procs (lua/monarch/proc/): a world of their own, which requires none of

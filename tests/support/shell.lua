@@ -38,4 +38,24 @@ function M.exists(p)
   return f ~= nil
 end
 
+--- Starts cmd in the background, its output (and then "::rc=N") into out_path.
+function M.background(cmd, out_path)
+  os.execute(("(%s > %s 2>&1; echo \"::rc=$?\" >> %s) &"):format(cmd, out_path, out_path))
+end
+
+--- The first capture of pattern in out_path, waiting up to `limit` seconds (nil: not seen).
+function M.wait_output(out_path, pattern, limit)
+  local wait = require "support.wait"
+  local ok, got = pcall(wait.wait_for, function() return M.exists(out_path) and M.read(out_path):match(pattern) end,
+    limit, pattern)
+  return ok and got or nil
+end
+
+--- The whole output of a background command once it has exited, and its exit status.
+function M.finished(out_path, limit)
+  local rc = M.wait_output(out_path, "::rc=(%d+)", limit)
+  local out = M.exists(out_path) and M.read(out_path) or ""
+  return out, tonumber(rc)
+end
+
 return M

@@ -1,0 +1,180 @@
+-- monarch.train (training as a library) as a user runs it: real monarch-run
+-- controllers, real host agents, real procs. A toy step (tests/support/
+-- toy_train.lua) for the library's own behaviours, and examples/train.lua for
+-- the controller's death: killed with SIGKILL at a random step (or with a
+-- collective in flight, or while the procs write a checkpoint), the same
+-- command run again takes the job over from the procs and ends with the
+-- weights of a run that was never interrupted, bit for bit.
+local agent = require "support.agent"
+local shell = require "support.shell"
+local wait_for = require("support.wait").wait_for
+
+local B = os.getenv("MONARCH_BUILD") or "build"
+local sh, read, exists = shell.run, shell.read, shell.exists
+local TOKEN = "train-lib-spec-" .. tostring(os.time()) .. "-" .. tostring(math.random(1e9))
+
+local dirs = {}
+local function scratch()
+  local d = os.tmpname()
+  os.remove(d)
+  os.execute("mkdir -p " .. d)
+  dirs[#dirs + 1] = d
+  return d
+end
+
+local function toy(args, hosts)
+  local h = hosts and (" --hosts " .. hosts) or ""
+  return sh(("OPENBLAS_NUM_THREADS=1 MONARCH_TOKEN=%s timeout 90 %s/bin/monarch-run%s tests/support/toy_train.lua %s")
+    :format(TOKEN, B, h, args))
+end
+
+local function crc_of(out) return out:match("crc32 (%x+)") end
+
+describe("monarch.train with a toy step", function()
+  teardown(function() for _, d in ipairs(dirs) do os.execute("rm -rf " .. d) end end)
+
+  it("parses its options and the script's, and names a wrong one in one line", function()
+    local out, rc = toy("--help")
+    assert.are.equal(0, rc, out)
+    assert.matches("%-%-sharded", out)
+    assert.matches("%-%-checkpoint%-dir", out)
+    assert.matches("%-%-standby", out)
+    out, rc = toy("--frobnicate")
+    assert.are.equal(1, rc)
+    assert.matches("toy_train.lua: unknown argument '%-%-frobnicate' %(%-%-help lists the options%)", out)
+    out, rc = toy("--steps x")
+    assert.are.equal(1, rc)
+    assert.matches("%-%-steps wants an integer, got 'x'", out)
+    out, rc = toy("--die-in nowhere")
+    assert.are.equal(1, rc)
+    assert.matches("%-%-die%-in must be step or checkpoint", out)
+  end)
+
+  it("recovers a killed proc from the procs' snapshot, bit for bit", function()
+    local whole = toy("--steps 30 --every 0 --quiet")
+    local out, rc = toy("--steps 30 --every 0 --quiet --snapshot-every 5 --kill-at 13")
+    assert.are.equal(0, rc, out)
+    assert.matches("restored the weights of step 10; replaying 3 step%(s%)", out)
+    assert.matches("w sums 3720,3720,3720,3720", out)
+    assert.are.equal(crc_of(whole), crc_of(out))
+  end)
+
+  it("resumes from its checkpoint shards, skipping a torn one and another job's, bit for bit", function()
+    local dir = scratch()
+    local whole = toy("--sharded --steps 40 --every 0 --quiet")
+    local out, rc = toy("--sharded --steps 20 --every 10 --quiet --checkpoint-dir " .. dir)
+    assert.are.equal(0, rc, out)
+    assert.is_true(exists(dir .. "/ckpt-000000020.bin.shard-3"), "four shards (one per procs coordinate)")
+    out, rc = toy("--sharded --job other --steps 30 --every 30 --quiet --checkpoint-dir " .. dir)
+    assert.are.equal(0, rc, out)
+    os.remove(dir .. "/ckpt-000000020.bin.shard-2")
+    out, rc = toy("--sharded --steps 40 --every 0 --quiet --resume --checkpoint-dir " .. dir)
+    assert.are.equal(0, rc, out)
+    assert.matches("skipping .*ckpt%-000000030%.bin: written by job 'other', not 'toy'", out)
+    assert.matches("skipping .*ckpt%-000000020%.bin%.shard%-2: No such file or directory %(the checkpoint is torn%)", out)
+    assert.matches("resumed from .*ckpt%-000000010%.bin %(step 10%)", out)
+    assert.are.equal(crc_of(whole), crc_of(out))
+  end)
+end)
+
+describe("monarch.train on long-lived host agents", function()
+  local daemons, addrs = {}, nil
+  before_each(function()
+    for i = 1, 3 do daemons[i] = agent.start{ token = TOKEN } end
+    local a = {}
+    for i, d in ipairs(daemons) do a[i] = d.addr end
+    addrs = table.concat(a, ",")
+  end)
+  after_each(function()
+    for _, d in ipairs(daemons) do d:stop(9) end
+    os.execute("sleep 0.2") -- their procs follow them (PR_SET_PDEATHSIG)
+  end)
+
+  local function train(args)
+    return sh(("OPENBLAS_NUM_THREADS=1 MONARCH_TOKEN=%s timeout 90 %s/bin/monarch-run --hosts %s examples/train.lua "
+      .. "--device cpu --procs 2 %s"):format(TOKEN, B, addrs, args))
+  end
+
+  it("shrinks on a lost host and grows on a joined one (toy step)", function()
+    local out, rc = toy("--procs 2 --steps 30 --every 0 --quiet --kill-host-at 15", addrs)
+    assert.are.equal(0, rc, out)
+    -- From step 16, or 17 when step 16 was done before the agent's death was seen.
+    assert.matches("training goes on with 4 procs on 2 hosts from step 1[67]", out)
+    assert.matches("w sums 3720,3720,3720,3720", out)
+    local o = scratch() .. "/out"
+    local joiner
+    shell.background(("OPENBLAS_NUM_THREADS=1 MONARCH_TOKEN=%s timeout 90 %s/bin/monarch-run --hosts %s "
+      .. "--listen-joins 127.0.0.1:0 tests/support/toy_train.lua --procs 2 --steps 30 --every 0 --quiet "
+      .. "--wait-join-at 10"):format(TOKEN, B, daemons[1].addr .. "," .. daemons[2].addr), o)
+    local join_at = shell.wait_output(o, "listening for joining hosts on ([%d.]+:%d+)", 30)
+    assert.is_string(join_at, "no join port")
+    assert.is_string(shell.wait_output(o, "(waiting for a host to join)", 30), "never waited at step 10")
+    joiner = agent.start{ token = TOKEN, args = "--join " .. join_at }
+    finally(function() joiner:stop(9) end)
+    out, rc = shell.finished(o, 60)
+    assert.are.equal(0, rc, out)
+    assert.matches("1 host%(s%) joined with 2 procs; training goes on with 6 procs on 3 hosts from step 11", out)
+    assert.matches("w sums 3720,3720,3720,3720,3720,3720", out)
+  end)
+
+  it("survives a controller killed at a random step: the same command takes the job over, bit for bit", function()
+    local dir = scratch()
+    local args = "--steps 200 --every 0 --quiet --checkpoint-dir " .. dir
+    local whole, rc0 = train(args .. " --job whole")
+    assert.are.equal(0, rc0, whole)
+    math.randomseed(os.time())
+    local at = math.random(20, 180)
+    local out, rc = train(args .. " --die-at " .. at)
+    assert.are.equal(137, rc, "--die-at " .. at .. ": the controller should have been killed\n" .. out)
+    out, rc = train(args)
+    assert.are.equal(0, rc, out)
+    assert.matches("controller: took over job 'train' %(6 procs on 3 hosts%) at step " .. at .. " from the procs' own "
+      .. "state", out)
+    assert.matches("no checkpoint read", out)
+    assert.are.equal(crc_of(whole), crc_of(out))
+    assert.are.equal("", (sh("ls " .. dir)), "no checkpoint on disk")
+  end)
+
+  it("survives a controller killed while the procs write a checkpoint", function()
+    local dir = scratch()
+    local args = "--steps 120 --every 40 --quiet --checkpoint-dir " .. dir
+    local whole = train(args .. " --job whole")
+    local out, rc = train(args .. " --die-at 80 --die-in checkpoint")
+    assert.are.equal(137, rc, out)
+    out, rc = train(args)
+    assert.are.equal(0, rc, out)
+    assert.matches("controller: took over job 'train'", out)
+    assert.are.equal(crc_of(whole), crc_of(out))
+    for _, s in ipairs { 40, 80, 120 } do
+      local ck = require("monarch.checkpoint").read(("%s/ckpt-%09d.bin"):format(dir, s))
+      assert.is_table(ck, "checkpoint of step " .. s .. " missing or invalid")
+    end
+  end)
+
+  it("lets a --standby controller take over, and refuses a second active one", function()
+    local dir = scratch()
+    local args = "--steps 300 --every 0 --quiet --checkpoint-dir " .. dir
+    local whole = train(args .. " --job whole")
+    local so = dir .. "/standby"
+    shell.background(("OPENBLAS_NUM_THREADS=1 MONARCH_TOKEN=%s timeout 90 %s/bin/monarch-run --hosts %s "
+      .. "examples/train.lua --device cpu --procs 2 %s --standby"):format(TOKEN, B, addrs, args), so)
+    assert.is_string(shell.wait_output(so, "(standby: waiting)", 30))
+    -- A first controller that holds the job while a second one, not a standby, is refused.
+    local mo = dir .. "/main"
+    local pidfile = dir .. "/main.pid" -- its own pid, then exec: the kill below hits the controller itself
+    shell.background(("sh -c 'echo $$ > %s; exec env OPENBLAS_NUM_THREADS=1 MONARCH_TOKEN=%s %s/bin/monarch-run "
+      .. "--hosts %s --listen-joins 127.0.0.1:0 examples/train.lua --device cpu --procs 2 %s --wait-join-at 150'")
+      :format(pidfile, TOKEN, B, addrs, args), mo)
+    assert.is_string(shell.wait_output(mo, "(waiting for a host to join)", 30))
+    local out, rc = train(args)
+    assert.are.equal(1, rc, out)
+    assert.matches("job 'train' is driven by another controller, which is still connected to its hosts", out)
+    local pid = read(pidfile):match("%d+")
+    assert.is_true(require("support.procstat").alive(tonumber(pid)), "the first controller died:\n" .. read(mo))
+    os.execute("kill -9 " .. pid)
+    out, rc = shell.finished(so, 60)
+    assert.are.equal(0, rc, out)
+    assert.matches("controller: took over job 'train' %(6 procs on 3 hosts%) at step 150", out)
+    assert.are.equal(crc_of(whole), crc_of(out))
+  end)
+end)
