@@ -117,19 +117,12 @@ local function step(job, s, limit)
 end
 
 local last_sample = 0
--- Validation loss on fixed windows; dp rank i evaluates part i of them (its tp ranks together), the parts are summed.
+-- Validation loss on fixed windows: each dp rank runs its part, the kernel sums the parts over dp.
 local function evaluate(job)
   local o = job.opts
-  local calls = {}
-  for i = 0, o.dp - 1 do
-    calls[i + 1] = job.procs:slice { dp = i }:call("gpt_eval", group(job, "tp"), job.state.params, job.data.D, d.ntrain,
-      o.layers, o.heads, o.width, o.context, o.batch, o["eval-windows"], i, o.dp)
-  end
-  local loss, tokens = 0, 0
-  for _, c in ipairs(calls) do
-    local r = c:get()[1]
-    loss, tokens = loss + r[1], tokens + r[2]
-  end
+  local r = job.procs:call("gpt_eval", group(job, "tp"), group(job, "dp"), job.state.params, job.data.D, d.ntrain,
+    o.layers, o.heads, o.width, o.context, o.batch, o["eval-windows"]):get()[1]
+  local loss, tokens = r[1], r[2]
   d.val = loss / tokens
   if o["sample-every"] and done_steps - last_sample >= o["sample-every"] then
     last_sample = done_steps

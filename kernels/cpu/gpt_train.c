@@ -132,18 +132,22 @@ static int eval_batch(const uint8_t *D, int64_t ntrain, int T, int B, int64_t wi
   return k;
 }
 
-/* gpt_eval(tpg, P, D, ntrain, L, H, C, T, B, windows, part, parts) -> summed loss, tokens */
+/*
+ * gpt_eval(tpg, dpg, P, D, ntrain, L, H, C, T, B, windows) -> summed loss, tokens over all the windows:
+ * each dp rank runs its part of them, and the sums are all-reduced over dp.
+ */
 int gpt_k_eval(mk_ctx_t *ctx, int argc, const mk_arg_t *argv) {
   const char *k = "gpt_eval";
   gpt_cfg_t c;
-  gpt_comm_t tp = {ctx, argv[0].v.group};
+  gpt_comm_t tp = {ctx, argv[0].v.group}, dp = {ctx, argv[1].v.group};
+  argv++; /* the rest as in the table, after the two groups */
   const char *why = gpt_cfg_init(&c, argv[4].v.i, argv[5].v.i, argv[6].v.i, argv[7].v.i, tp.g->size, tp.g->rank);
   if (why) return mk_errorf(ctx, "%s: %s", k, why);
   const mk_tensor_t *D = argv[2].v.tensor;
-  int64_t ntrain = argv[3].v.i, B = argv[8].v.i, W = argv[9].v.i, part = argv[10].v.i, parts = argv[11].v.i;
+  int64_t ntrain = argv[3].v.i, B = argv[8].v.i, W = argv[9].v.i, part = dp.g->rank, parts = dp.g->size;
   if (want(ctx, k, "P", argv[1].v.tensor, MK_F32, gpt_numel(&c)) || want(ctx, k, "D", D, MK_U8, -1)) return -1;
-  if (B < 1 || B > GPT_MAX_BATCH || W < 1 || W > GPT_MAX_WINDOWS || parts < 1 || part < 0 || part >= parts)
-    return mk_errorf(ctx, "%s: want batch 1..%d, windows 1..%d, 0 <= part < parts", k, GPT_MAX_BATCH, GPT_MAX_WINDOWS);
+  if (B < 1 || B > GPT_MAX_BATCH || W < 1 || W > GPT_MAX_WINDOWS)
+    return mk_errorf(ctx, "%s: want batch 1..%d, windows 1..%d", k, GPT_MAX_BATCH, GPT_MAX_WINDOWS);
   int64_t stride = ntrain >= 0 && ntrain < D->numel ? (D->numel - ntrain - c.T - 1) / W : 0;
   if (stride < 1) return mk_errorf(ctx, "%s: validation text too short for %lld windows", k, (long long)W);
   float *mem = NULL, *logits = NULL;
@@ -159,8 +163,10 @@ int gpt_k_eval(mk_ctx_t *ctx, int argc, const mk_arg_t *argv) {
     loss += gpt_xent_forward(NULL, logits, y, got * c.T, c.V, 0.0f);
     tokens += (int64_t)got * c.T;
   }
-  int rc = mk_return_number(ctx, loss);
-  return rc ? rc : mk_return_int(ctx, tokens);
+  float sums[2] = {(float)loss, (float)tokens};
+  int rc = gpt_all_reduce(&dp, sums, 2);
+  if (rc == 0) rc = mk_return_number(ctx, sums[0]);
+  return rc ? rc : mk_return_int(ctx, (int64_t)sums[1]);
 }
 
 /* A byte drawn from softmax(z / temp) with u uniform in [0, 1); temp <= 0: the most likely. */
