@@ -14,6 +14,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cblas.h>
+#include <time.h>
+
 #include "gpt.h"
 
 #define GPT_MAX_TEXT (256 << 20) /* most bytes of training text */
@@ -146,7 +149,44 @@ static int k_bytes(mk_ctx_t *ctx, int argc, const mk_arg_t *argv) {
 }
 
 
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+/*
+ * gpt_sgemm_flops(n, iters, batches) -> the median over batches of the FLOP/s
+ * of n x n x n sgemm on this proc (its OpenBLAS, its threads): the physical
+ * limit bench/gpt.sh sets the model's FLOP/s against.
+ */
+static int k_sgemm_flops(mk_ctx_t *ctx, int argc, const mk_arg_t *argv) {
+  int64_t n = argv[0].v.i, iters = argv[1].v.i, nb = argv[2].v.i;
+  if (n < 1 || n > 4096 || iters < 1 || nb < 1 || nb > 64)
+    return mk_error(ctx, "gpt_sgemm_flops: want n in 1..4096, iters >= 1, batches in 1..64");
+  float *a = mk_scratch(ctx, 3 * (size_t)n * (size_t)n * sizeof(float));
+  if (a == NULL) return mk_error(ctx, "gpt_sgemm_flops: no scratch memory");
+  float *b = a + n * n, *c = b + n * n;
+  for (int64_t i = 0; i < 2 * n * n; i++) a[i] = (float)(i % 7) * 0.1f;
+  double t[64];
+  for (int64_t k = 0; k <= nb; k++) { /* batch 0 warms up */
+    double t0 = now_s();
+    for (int64_t i = 0; i < iters; i++)
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)n, (int)n, 1.0f, a, (int)n, b, (int)n, 0.0f,
+                  c, (int)n);
+    if (k > 0) t[k - 1] = (now_s() - t0) / (double)iters;
+  }
+  qsort(t, (size_t)nb, sizeof(double), cmp_double);
+  return mk_return_number(ctx, 2.0 * (double)n * (double)n * (double)n / t[nb / 2]);
+}
+
 static const mk_kernel_t kernels[] = {
+  {"gpt_sgemm_flops", k_sgemm_flops, "iii", "gpt_sgemm_flops(n, iters, batches): median FLOP/s of n^3 sgemm here."},
   {"gpt_text_size", k_text_size, "s", "gpt_text_size(paths): total bytes of the files named one per line."},
   {"gpt_text_load", k_text_load, "st", "gpt_text_load(paths, D): the files concatenated into the u8 tensor D."},
   {"gpt_bigram", k_bigram, "ti", "gpt_bigram(D, ntrain): validation loss of the best add-alpha bigram model, alpha."},
