@@ -107,6 +107,9 @@ local done_steps = 0
 local function step(job, s, limit)
   local o, st = job.opts, job.state
   local n = math.min(o.fused, limit)
+  -- A call must start at --kill-at's step for it to strike there (Job:limit's ipairs stops at a nil --fail-at).
+  local kill = o["kill-at"]
+  if kill and kill > s and kill < s + n then n = kill - s end
   local r = job.procs:call("gpt_train", group(job, "tp"), group(job, "dp"), st.params, job.work.G, st.adam,
     job.data.D, d.ntrain, o.layers, o.heads, o.width, o.context, o.batch, o.seed, s, n, o.lr, o.warmup, job.total,
     o.wd, o.clip):get()
@@ -183,6 +186,9 @@ train.run {
     local o = job.opts
     job:note("val loss %.4f, bigram baseline %.4f (%.1f%% below)", d.val, d.bigram, 100 * (1 - d.val / d.bigram))
     if o.sample > 0 then job:note("sample: %s%s", o.prompt, sample(job, o.sample)) end
-    job:note("weights crc32 %08x (tp rank 0's shard)", crcs.params)
+    -- Every proc's state (its tp shard of the weights and AdamW state): the fingerprint a recovered run must match.
+    local r, list = job.procs:call("shard_crc", job.state.params, job.state.adam):get(), {}
+    for i = 1, r:size() do list[i] = string.format("%08x", type(r[i]) == "table" and r[i][1] or r[i]) end
+    job:note("state crc32 per proc: %s", table.concat(list, " "))
   end,
 }
