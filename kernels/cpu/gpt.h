@@ -58,7 +58,7 @@ typedef struct {
 
 /* What a block's forward keeps for its backward, [BT x width] each. */
 typedef struct {
-  float *x, *h, *mu1, *rs1, *qkv, *att, *y, *x2, *h2, *mu2, *rs2, *f, *g;
+  float *x, *h, *mu1, *rs1, *qkv, *att, *y, *x2, *h2, *mu2, *rs2, *f, *th, *g;
 } gpt_acts_t;
 
 /* A segment of the flat layout: kind decides the initial value and whether AdamW decays it (matrices only). */
@@ -112,8 +112,8 @@ void gpt_attn_backward(float *dqkv, float *datt, const float *dy, const float *a
                        int nh, int hs);
 
 /* gpt_mlp.c: GELU (tanh form) and the MLP half of a block. */
-void gpt_gelu_forward(float *g, const float *f, int64_t n);
-void gpt_gelu_backward(float *df, const float *dg, const float *f, int64_t n);
+void gpt_gelu_forward(float *g, float *th, const float *f, int64_t n);
+void gpt_gelu_backward(float *df, const float *dg, const float *f, const float *th, int64_t n);
 
 /* gpt_block.c: one block, and the whole model. */
 int gpt_block_forward(gpt_comm_t *cm, const gpt_cfg_t *c, const gpt_block_t *p, gpt_acts_t *a, float *xout, int B);

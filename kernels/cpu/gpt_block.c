@@ -32,7 +32,7 @@ int gpt_block_forward(gpt_comm_t *cm, const gpt_cfg_t *c, const gpt_block_t *p, 
   add_residual(a->x2, a->x, p->bproj, N, C);
   gpt_norm_forward(a->h2, a->mu2, a->rs2, a->x2, p->ln2g, p->ln2b, N, C);
   gpt_linear_forward(a->f, a->h2, p->wfc, p->bfc, N, C, c->fl);
-  gpt_gelu_forward(a->g, a->f, (int64_t)N * c->fl);
+  gpt_gelu_forward(a->g, a->th, a->f, (int64_t)N * c->fl);
   gpt_linear_forward(xout, a->g, p->wfc2, NULL, N, c->fl, C);
   if ((rc = gpt_all_reduce(cm, xout, (int64_t)N * C))) return rc;
   add_residual(xout, a->x2, p->bfc2, N, C);
@@ -49,7 +49,7 @@ int gpt_block_backward(gpt_comm_t *cm, const gpt_cfg_t *c, const gpt_block_t *p,
   float *dh = tmp, *dqkv = dh + (size_t)N * C, *dy = dqkv + (size_t)N * 3 * c->cl;
   float *df = dy + (size_t)N * c->cl, *datt = df + (size_t)N * c->fl;
   gpt_linear_backward(df, d->wfc2, d->bfc2, dx, a->g, p->wfc2, N, c->fl, C, 0.0f);
-  gpt_gelu_backward(df, df, a->f, (int64_t)N * c->fl);
+  gpt_gelu_backward(df, df, a->f, a->th, (int64_t)N * c->fl);
   gpt_linear_backward(dh, d->wfc, d->bfc, df, a->h2, p->wfc, N, C, c->fl, 0.0f);
   if ((rc = gpt_all_reduce(cm, dh, (int64_t)N * C))) return rc;
   gpt_norm_backward(dx, d->ln2g, d->ln2b, dh, a->x2, a->mu2, a->rs2, p->ln2g, N, C);

@@ -121,7 +121,7 @@ void gpt_init(const gpt_cfg_t *c, float *flat, int64_t seed) {
 /* Floats of activations per block for B sequences. */
 static size_t block_floats(const gpt_cfg_t *c, int B) {
   size_t N = (size_t)B * (size_t)c->T, C = (size_t)c->C;
-  return N * (4 * C + 4 + 3 * (size_t)c->cl + (size_t)c->cl + 2 * (size_t)c->fl) +
+  return N * (4 * C + 4 + 3 * (size_t)c->cl + (size_t)c->cl + 3 * (size_t)c->fl) +
          (size_t)B * (size_t)c->hl * (size_t)c->T * (size_t)c->T;
 }
 
@@ -143,6 +143,7 @@ float *gpt_acts_view(const gpt_cfg_t *c, int B, float *mem, gpt_acts_t *a) {
   a->mu2 = p, p += N;
   a->rs2 = p, p += N;
   a->f = p, p += N * (size_t)c->fl;
+  a->th = p, p += N * (size_t)c->fl;
   a->g = p, p += N * (size_t)c->fl;
   return p;
 }
