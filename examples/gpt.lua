@@ -1,5 +1,5 @@
 -- gpt.lua: a byte-level GPT (GPT-2's form) trained on a 2-D mesh of procs, data x tensor parallel (docs/gpt.md).
---   monarch-run examples/gpt.lua                         # the default model, 1 x 2 procs... see --help
+--   monarch-run examples/gpt.lua                         # the default: 4 layers x width 128 on dp 1 x tp 2
 --   monarch-run examples/gpt.lua --dp 2 --tp 1 --sample 200 --plot gpt.svg
 --
 -- The model, its layers and the optimizer are C kernels (library "gpt",
@@ -145,7 +145,7 @@ train.run {
     { "batch", 16, "int", "sequences per dp rank per step" },
     { "dp", 1, "int", "data-parallel ranks" },
     { "tp", 2, "int", "tensor-parallel ranks (divide heads)" },
-    { "steps", 600, "int", "training steps" },
+    { "steps", 800, "int", "training steps" },
     { "lr", 3e-3, "number", "peak AdamW learning rate" },
     { "warmup", 50, "int", "steps of linear warmup (then cosine to lr/10)" },
     { "wd", 0.1, "number", "AdamW weight decay (matrices only)" },
