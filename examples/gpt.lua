@@ -184,7 +184,9 @@ train.run {
   end,
   finish = function(job, crcs)
     local o = job.opts
-    job:note("val loss %.4f, bigram baseline %.4f (%.1f%% below)", d.val, d.bigram, 100 * (1 - d.val / d.bigram))
+    local gap = 100 * (1 - d.val / d.bigram)
+    job:note("val loss %.4f, bigram baseline %.4f (%.1f%% %s)", d.val, d.bigram, math.abs(gap), gap >= 0 and "below" or
+      "above: train longer")
     if o.sample > 0 then job:note("sample: %s%s", o.prompt, sample(job, o.sample)) end
     -- Every proc's state (its tp shard of the weights and AdamW state): the fingerprint a recovered run must match.
     local r, list = job.procs:call("shard_crc", job.state.params, job.state.adam):get(), {}
