@@ -49,7 +49,8 @@ OBJ = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
 BIN    := $(BUILD)/bin
 KDIR   := $(BUILD)/lib/monarch
 LUAMOD := $(BUILD)/lib/monarch/lua/monarch/core.so
-KERNELS := $(KDIR)/basic.so $(KDIR)/faulty.so $(KDIR)/mlp.so $(KDIR)/cartpole.so $(KDIR)/kcoll.so $(KDIR)/shard.so
+KERNELS := $(KDIR)/basic.so $(KDIR)/faulty.so $(KDIR)/mlp.so $(KDIR)/cartpole.so $(KDIR)/kcoll.so $(KDIR)/shard.so \
+           $(KDIR)/gpt.so
 
 NVCC ?= $(shell command -v nvcc 2>/dev/null)
 
@@ -84,6 +85,12 @@ $(KDIR)/basic.so: kernels/cpu/basic.c kernels/monarch_kernel.h
 $(KDIR)/mlp.so: kernels/cpu/mlp.c kernels/cpu/mlp_common.h kernels/monarch_kernel.h
 	@mkdir -p $(KDIR)
 	$(CC) $(CFLAGS_BASE) -fvisibility=hidden -shared -Ikernels $< $(shell pkg-config --cflags --libs openblas zlib) -lm -o $@
+
+# The GPT library (examples/gpt.lua): one file per layer or idea, one .so.
+GPT_SRC := $(wildcard kernels/cpu/gpt_*.c)
+$(KDIR)/gpt.so: $(GPT_SRC) kernels/cpu/gpt.h kernels/cpu/mlp_common.h kernels/monarch_kernel.h
+	@mkdir -p $(KDIR)
+	$(CC) $(CFLAGS_BASE) -O3 -fvisibility=hidden -shared -Ikernels $(GPT_SRC) $(shell pkg-config --cflags --libs openblas) -lm -o $@
 
 $(KDIR)/shard.so: kernels/cpu/shard.c kernels/monarch_kernel.h
 	@mkdir -p $(KDIR)
@@ -120,6 +127,11 @@ CTL_ENGINE := $(filter host/controller/ctl%,$(CTL_SRC))
 $(BUILD)/tests/test_ctl_%: tests/c/test_ctl_%.c $(call OBJ,$(CTL_ENGINE) $(CORE_SRC))
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -O0 $^ -o $@ $(shell pkg-config --cflags --libs cmocka) $(LDLIBS)
+
+# The GPT layers' unit tests link the library's sources directly (their internal functions).
+$(BUILD)/tests/test_gpt: tests/c/test_gpt.c tests/c/test_gpt_model.h $(GPT_SRC) kernels/cpu/gpt.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -O1 -Ikernels/cpu tests/c/test_gpt.c $(GPT_SRC) -o $@ $(shell pkg-config --cflags --libs cmocka openblas) -lm -lpthread
 
 # A fake NVML that top_spec.lua gives a host agent (MONARCH_NVML): the GPU memory column without a GPU.
 $(BUILD)/tests/libmonarch_fakenvml.so: tests/c/fake_nvml.c
@@ -161,7 +173,8 @@ $(BUILD)/bench/%: bench/%.c $(call OBJ,$(CORE_SRC))
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/monarch/lua/monarch $(DESTDIR)$(PREFIX)/share/monarch/lua/monarch/proc $(DESTDIR)$(PREFIX)/include
 	install -m 755 $(BIN)/monarch-run $(BIN)/monarch-worker $(DESTDIR)$(PREFIX)/bin/
-	install -m 644 $(KDIR)/basic.so $(KDIR)/mlp.so $(KDIR)/cartpole.so $(KDIR)/kcoll.so $(KDIR)/shard.so $(DESTDIR)$(PREFIX)/lib/monarch/
+	install -m 644 $(KDIR)/basic.so $(KDIR)/mlp.so $(KDIR)/cartpole.so $(KDIR)/kcoll.so $(KDIR)/shard.so $(KDIR)/gpt.so \
+	  $(DESTDIR)$(PREFIX)/lib/monarch/
 	for f in $(KDIR)/cuda_*.so; do [ ! -e "$$f" ] || install -m 644 "$$f" $(DESTDIR)$(PREFIX)/lib/monarch/; done
 	install -m 644 $(LUAMOD) $(DESTDIR)$(PREFIX)/lib/monarch/lua/monarch/
 	install -m 644 lua/monarch/*.lua $(DESTDIR)$(PREFIX)/share/monarch/lua/monarch/

@@ -1,0 +1,36 @@
+/* gpt_data.c - batches of byte windows and the bigram baseline (gpt.h). */
+#include <math.h>
+#include <stdlib.h>
+
+#include "gpt.h"
+
+/*
+ * B windows of T+1 bytes from data[lo, hi): x gets bytes 0..T-1 of each,
+ * y bytes 1..T. Window i's start is a function of (seed, step, first_seq + i)
+ * alone, so dp rank r reading sequences r*B.. of a step sees exactly what
+ * one proc reading dp*B sequences sees there.
+ */
+void gpt_batch(uint8_t *x, uint8_t *y, const uint8_t *data, int64_t lo, int64_t hi, int B, int T, int64_t seed,
+               int64_t step, int64_t first_seq) {
+  for (int i = 0; i < B; i++) {
+    rng_t r = rng_make(seed, TAG_GPT_BATCH, step, first_seq + i);
+    int64_t s = lo + (int64_t)rng_below(&r, (uint32_t)(hi - lo - T));
+    for (int t = 0; t < T; t++) x[(size_t)i * T + t] = data[s + t], y[(size_t)i * T + t] = data[s + t + 1];
+  }
+}
+
+/*
+ * Mean loss in nats per byte on data[ntrain, n) of a bigram model counted on
+ * data[0, ntrain) with add-alpha smoothing. NaN when memory is short.
+ */
+double gpt_bigram_loss(const uint8_t *data, int64_t ntrain, int64_t n, double alpha) {
+  double *cnt = calloc((size_t)GPT_VOCAB * GPT_VOCAB + GPT_VOCAB, sizeof(double));
+  if (cnt == NULL) return NAN;
+  double *row = cnt + GPT_VOCAB * GPT_VOCAB;
+  for (int64_t i = 0; i + 1 < ntrain; i++) cnt[data[i] * GPT_VOCAB + data[i + 1]] += 1.0, row[data[i]] += 1.0;
+  double loss = 0.0;
+  for (int64_t i = ntrain; i + 1 < n; i++)
+    loss -= log((cnt[data[i] * GPT_VOCAB + data[i + 1]] + alpha) / (row[data[i]] + GPT_VOCAB * alpha));
+  free(cnt);
+  return n - ntrain > 1 ? loss / (double)(n - ntrain - 1) : NAN;
+}
