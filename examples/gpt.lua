@@ -107,9 +107,6 @@ local done_steps = 0
 local function step(job, s, limit)
   local o, st = job.opts, job.state
   local n = math.min(o.fused, limit)
-  -- A call must start at --kill-at's step for it to strike there (Job:limit's ipairs stops at a nil --fail-at).
-  local kill = o["kill-at"]
-  if kill and kill > s and kill < s + n then n = kill - s end
   local r = job.procs:call("gpt_train", group(job, "tp"), group(job, "dp"), st.params, job.work.G, st.adam,
     job.data.D, d.ntrain, o.layers, o.heads, o.width, o.context, o.batch, o.seed, s, n, o.lr, o.warmup, job.total,
     o.wd, o.clip):get()
