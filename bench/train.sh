@@ -41,6 +41,19 @@ awk -v o="$old" -v n="$new" 'BEGIN { printf "  ratio %.3f (step time +%.1f%%; ta
 printf "  lines: by hand %d, on the library %d (target at most 250)\n" "$(wc -l < "$tmp/train_by_hand.lua")" \
   "$(wc -l < examples/train.lua)"
 
+# The controller's own work per step, counted (callgrind: instructions, not seconds, so the noise above does not
+# touch it): the difference between 450 and 50 steps of each script, over 400.
+if command -v valgrind > /dev/null; then
+  ir() {
+    valgrind --tool=callgrind --callgrind-out-file=/dev/null "$B/bin/monarch-run" "$1" --device cpu --procs 4 \
+      --steps "$2" --every 0 --quiet --data "$data" 2>&1 >/dev/null | awk '/Collected :/ { print $4; exit }'
+  }
+  io=$(( ($(ir "$tmp/train_by_hand.lua" 450) - $(ir "$tmp/train_by_hand.lua" 50)) / 400 ))
+  in=$(( ($(ir examples/train.lua 450) - $(ir examples/train.lua 50)) / 400 ))
+  awk -v o="$io" -v n="$in" 'BEGIN { printf "  controller instructions per step: by hand %d, monarch.train %d (%+.1f%%, %+d)\n", o, n,
+    (n / o - 1) * 100, n - o }'
+fi
+
 # ---- 2. controller loss --------------------------------------------------------------------
 for i in 1 2 3; do
   "$B/bin/monarch-worker" --listen 127.0.0.1:0 > "$tmp/agent$i.log" 2>&1 &
