@@ -196,9 +196,24 @@ local function handler(e)
   return (debug.traceback(tostring(e), 2):gsub("\n%s*%[C%]: in function 'xpcall'.*$", ""))
 end
 
+--- Compiles a cell: as the REPL compiles a line (an expression, else
+-- statements), else as statements whose last line is an expression that is
+-- the cell's value (`procs:load "basic"` then `procs`). Returns fn, or nil
+-- and "incomplete" or the syntax error.
+function M.compile(code)
+  local fn, err = repl.compile(code)
+  if fn then return fn end
+  local head, last = code:match("^(.*\n)([^\n]*%S[^\n]*)%s*$")
+  if head then
+    local f2 = loadstring(head .. "return " .. last, "=stdin")
+    if f2 then return f2 end
+  end
+  return nil, err
+end
+
 -- Runs the cell's code; returns ok and the values, or false and the error.
 local function run_code(code)
-  local fn, err = repl.compile(code)
+  local fn, err = M.compile(code)
   if not fn then
     return false, err == "incomplete" and "syntax error: the cell ends in the middle of a statement" or err
   end
@@ -283,7 +298,7 @@ end
 
 function H.is_complete_request(req)
   local code = type(req.content.code) == "string" and req.content.code or ""
-  local fn, err = repl.compile(code)
+  local fn, err = M.compile(code)
   local status = fn and "complete" or err == "incomplete" and "incomplete" or "invalid"
   reply(req, "is_complete_reply", { status = status, indent = status == "incomplete" and "  " or "" })
 end
@@ -363,7 +378,7 @@ end
 -- The globals of a notebook: the REPL's, display, and a top() that draws in the cell.
 local function set_globals(monarch)
   rawset(_G, "display", M.display)
-  rawset(_G, "top", function() return show.top(monarch, M.display) end)
+  rawset(_G, "top", function(opts) return show.top(monarch, M.display, opts) end)
   rawset(_G, "exit", function() error("exit: use the notebook's Kernel menu (shut down or restart)", 2) end)
   if rawget(_G, "hosts") == nil then
     local ok, h = xpcall(monarch.hosts, handler)

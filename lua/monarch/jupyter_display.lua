@@ -190,10 +190,15 @@ local function top_bundle(top, v, t)
   return { ["text/plain"] = table.concat(text, "\n"), ["text/html"] = top_html(top, lines) }
 end
 
---- The notebook's top(): the live view of monarch's hosts as one table,
--- shown with display(bundle) and updated in place about once a second,
--- until the cell is interrupted (the stop button); then it returns quietly.
-function M.top(monarch, display)
+--- The notebook's top([{seconds = s}]): the live view of monarch's hosts as
+-- one table, shown with display(bundle) and updated in place about once a
+-- second, until the cell is interrupted (the stop button) or for s seconds;
+-- then it returns quietly.
+function M.top(monarch, display, opts)
+  local seconds = opts and opts.seconds
+  if seconds ~= nil and (type(seconds) ~= "number" or seconds <= 0) then
+    error("top: seconds wants a positive number, got " .. tostring(seconds), 3)
+  end
   local runtime = require "monarch.runtime"
   local top = require "monarch.top"
   local v = top.new(monarch.hosts().agents)
@@ -201,7 +206,8 @@ function M.top(monarch, display)
   top.round(v, t)
   local next_round = t + top.INTERVAL
   local handle = display(top_bundle(top, v, t))
-  while true do
+  local stop_at = seconds and t + seconds or math.huge
+  while runtime.now() < stop_at do
     local ok, err = pcall(runtime.pump, M.TOP_POLL)
     if not ok then
       if errors.is(err) and err.kind == "interrupted" then return end
@@ -217,6 +223,7 @@ function M.top(monarch, display)
     end
     if got then handle:update(top_bundle(top, v, t)) end
   end
+  handle:update(top_bundle(top, v, runtime.now()))
 end
 
 return M

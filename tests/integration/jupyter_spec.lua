@@ -13,11 +13,13 @@ local RUN = B .. "/bin/monarch-run"
 -- Debian's python3 first (the python3-jupyter-client and python3-nbclient packages are for it).
 local python = io.open("/usr/bin/python3", "rb") and "/usr/bin/python3" or "python3"
 
+-- Runs cmd; its output (stdout and stderr) and exit status.
 local function sh(cmd)
-  local f = io.popen(cmd .. " 2>&1")
+  local f = io.popen("(" .. cmd .. ") 2>&1; echo \"exit=$?\"")
   local out = f:read("*a")
-  local ok, _, code = f:close()
-  return out, type(ok) == "number" and ok or (ok and 0 or code or 1)
+  f:close()
+  local body, code = out:match("^(.-)exit=(%d+)%s*$")
+  return body or out, tonumber(code) or 1
 end
 
 local function has_module(m) return select(2, sh(python .. " -c 'import " .. m .. "'")) == 0 end
@@ -90,23 +92,25 @@ describe("the Jupyter kernel", function()
     assert.truthy(out:find("--install-kernel takes --user or --prefix DIR, not '--bogus'", 1, true), out)
   end)
 
-  it("runs examples/notebook.ipynb headless (nbclient)", function()
+  it("runs examples/notebook.ipynb, then notebook_attach.ipynb on its persistent mesh, headless (nbclient)", function()
+    if not have_client then pending("python3-jupyter-client is not installed (apt-get install python3-jupyter-client)") end
     if not has_module("nbclient") then pending("python3-nbclient is not installed (apt-get install python3-nbclient)") end
-    local out, code = sh(string.format("timeout 300 %s tests/support/run_notebook.py %s/nb %s examples/notebook.ipynb",
-      python, dir, RUN))
+    local out, code = sh(string.format("MONARCH_TOKEN=%s timeout 300 %s tests/support/run_notebook.py %s/nb %s " ..
+      "examples/notebook.ipynb examples/notebook_attach.ipynb -- --hosts %s", token, python, dir, RUN, daemon.addr))
     assert.are.equal(0, code, out)
     assert.truthy(out:find("notebook ok", 1, true), out)
   end)
 
   it("runs the example in a real browser (notebook server, headless Chromium)", function()
+    if not have_client then pending("python3-jupyter-client is not installed (apt-get install python3-jupyter-client)") end
     local missing = {}
     if not has_module("selenium") then missing[#missing + 1] = "python3-selenium" end
     if not has_module("notebook") then missing[#missing + 1] = "jupyter-notebook" end
     if select(2, sh("command -v chromedriver")) ~= 0 then missing[#missing + 1] = "chromium-driver" end
     if select(2, sh("command -v chromium")) ~= 0 then missing[#missing + 1] = "chromium" end
     if #missing > 0 then pending(table.concat(missing, ", ") .. " not installed (apt-get install them)") end
-    local out, code = sh(string.format("timeout 300 %s tests/support/browser_notebook.py %s/br %s examples/notebook.ipynb",
-      python, dir, RUN))
+    local out, code = sh(string.format("MONARCH_TOKEN=%s timeout 300 %s tests/support/browser_notebook.py %s/br %s " ..
+      "examples/notebook.ipynb -- --hosts %s", token, python, dir, RUN, daemon.addr))
     if code == 3 then pending("headless Chromium could not start here: " .. out:sub(-300)) end
     assert.are.equal(0, code, out)
     assert.truthy(out:find("browser ok", 1, true), out)
