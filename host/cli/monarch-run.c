@@ -272,6 +272,13 @@ static int stop(int *status, int code) {
   return 1;
 }
 
+/* --jupyter-kernel with what it cannot take (said on stderr): 1, else 0. */
+static int jupyter_conflicts(const opts_t *o, int argc) {
+  if (!o->jupyter || !(o->status || o->top || o->interactive || o->code || o->nlibs || o->script_at < argc)) return 0;
+  fputs("monarch-run: --jupyter-kernel runs notebook cells: it takes no script, -e, -l, -i, --status or --top\n", stderr);
+  return 1;
+}
+
 /*
  * Parses argv into o. Returns 0 to go on, or 1 when main is to return
  * *status at once: 0 after --help or --version, 2 for a usage error.
@@ -281,9 +288,8 @@ static int parse_args(int argc, char **argv, opts_t *o, int *status) {
   o->script_at = argc;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
-    int takes = strcmp(a, "-e") == 0 || strcmp(a, "-l") == 0 || strcmp(a, "--hosts") == 0 ||
-                strcmp(a, "--hostfile") == 0 || strcmp(a, "--log-level") == 0 || strcmp(a, "--listen-joins") == 0 ||
-                strcmp(a, "--jupyter-kernel") == 0;
+    int takes = strcmp(a, "-e") == 0 || strcmp(a, "-l") == 0 || strcmp(a, "--hosts") == 0 || strcmp(a, "--hostfile") == 0 ||
+                strcmp(a, "--log-level") == 0 || strcmp(a, "--listen-joins") == 0 || strcmp(a, "--jupyter-kernel") == 0;
     if (takes && i + 1 >= argc) {
       fprintf(stderr, "monarch-run: %s needs an argument\n", a);
       return stop(status, 2);
@@ -309,7 +315,7 @@ static int parse_args(int argc, char **argv, opts_t *o, int *status) {
     } else if (strcmp(a, "--jupyter-kernel") == 0) {
       o->jupyter = argv[++i];
     } else if (strcmp(a, "--install-kernel") == 0) {
-      o->install_at = i; /* the rest are its own options (host/cli: monarch.jupyter.install) */
+      o->install_at = i; /* the rest are its own options (monarch.jupyter.install) */
       return 0;
     } else if (strcmp(a, "--listen-joins") == 0) {
       o->listen_joins = argv[++i];
@@ -350,10 +356,7 @@ static int parse_args(int argc, char **argv, opts_t *o, int *status) {
                     "(from the REPL, call top())\n");
     return stop(status, 2);
   }
-  if (o->jupyter && (o->status || o->top || o->interactive || o->code != NULL || o->nlibs > 0 || o->script_at < argc)) {
-    fprintf(stderr, "monarch-run: --jupyter-kernel runs notebook cells: it takes no script, -e, -l, -i, --status or --top\n");
-    return stop(status, 2);
-  }
+  if (jupyter_conflicts(o, argc)) return stop(status, 2);
   if (o->script_at >= argc && o->code == NULL && !o->interactive && !o->status && !o->top && !o->jupyter) {
     fputs(usage, stderr);
     return stop(status, 2);
@@ -442,11 +445,6 @@ int main(int argc, char **argv) {
   if (L == NULL) return 1;
   luaL_openlibs(L);
   set_paths(L, prefix);
-  if (o.install_at) {
-    rc = run_jupyter(L, &o, argc, argv);
-    lua_close(L);
-    return rc;
-  }
   if (o.hosts || o.hostfile || o.slurm || o.status || o.top || o.quiet || o.log_level || o.interactive || o.listen_joins ||
       o.jupyter) {
     if ((rc = set_config(L, &o)) != 0) {
@@ -464,7 +462,7 @@ int main(int argc, char **argv) {
   lua_setglobal(L, "arg");
 
   int status = 0;
-  if (o.jupyter) { /* the kernel shuts the cluster down itself */
+  if (o.jupyter || o.install_at) { /* the kernel shuts the cluster down itself */
     rc = run_jupyter(L, &o, argc, argv);
     lua_close(L);
     return rc;
