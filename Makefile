@@ -5,7 +5,7 @@ BUILD  ?= build
 CC     ?= gcc
 VERSION := $(shell sed -n 's/^\#define MN_VERSION "\(.*\)"/\1/p' host/core/version.h 2>/dev/null)
 PKGS   := luajit libuv msgpack libsodium
-DEPS_OK := $(shell pkg-config --exists $(PKGS) openblas ncursesw 2>/dev/null && echo yes)
+DEPS_OK := $(shell pkg-config --exists $(PKGS) openblas ncursesw libzmq 2>/dev/null && echo yes)
 # Compiling targets need the -dev packages; `make deps` installs (as root) or names them.
 ifneq ($(DEPS_OK),yes)
 ifeq ($(filter deps clean,$(MAKECMDGOALS)),)
@@ -26,6 +26,7 @@ PKG_LIBS   := $(shell pkg-config --libs $(PKGS))
 LDLIBS := $(PKG_LIBS) -lpthread -ldl -lm
 EDIT_LIBS := $(shell pkg-config --libs libedit 2>/dev/null)
 CURSES_LIBS := $(shell pkg-config --libs ncursesw) # the screen of monarch-run --top (host/cli/term_lua.c)
+ZMQ_LIBS := $(shell pkg-config --libs libzmq) # the Jupyter kernel's sockets (host/cli/jupyter_lua.c)
 
 # Layers (docs/architecture.md): cli -> controller | agent | proc -> coll -> core.
 # Each layer's objects see only its own headers and those below it, so an
@@ -54,7 +55,7 @@ KERNELS := $(KDIR)/basic.so $(KDIR)/faulty.so $(KDIR)/mlp.so $(KDIR)/cartpole.so
 
 NVCC ?= $(shell command -v nvcc 2>/dev/null)
 
-all: $(BIN)/monarch-run $(BIN)/monarch-worker $(LUAMOD) $(KERNELS) $(BUILD)/share/monarch/lua
+all: $(BIN)/monarch-run $(BIN)/monarch-worker $(LUAMOD) $(KERNELS) $(BUILD)/share/monarch/lua $(BUILD)/share/monarch/jupyter
 
 # Objects of host/<layer>/ get only that layer's include paths; the rest (tests, benchmarks) get all.
 $(BUILD)/obj/host/%.o: host/%.c $(wildcard host/*/*.h) kernels/monarch_kernel.h
@@ -69,9 +70,9 @@ $(BIN)/monarch-worker: $(call OBJ,host/cli/monarch-worker.c $(WRK_SRC) $(CORE_SR
 	@mkdir -p $(BIN)
 	$(CC) $(SAN) $^ -o $@ $(LDLIBS) -rdynamic
 
-$(BIN)/monarch-run: $(call OBJ,host/cli/monarch-run.c host/cli/term_lua.c $(CTL_SRC) $(CORE_SRC))
+$(BIN)/monarch-run: $(call OBJ,host/cli/monarch-run.c host/cli/term_lua.c host/cli/jupyter_lua.c $(CTL_SRC) $(CORE_SRC))
 	@mkdir -p $(BIN)
-	$(CC) $(SAN) $^ -o $@ $(LDLIBS) $(EDIT_LIBS) $(CURSES_LIBS) -rdynamic
+	$(CC) $(SAN) $^ -o $@ $(LDLIBS) $(EDIT_LIBS) $(CURSES_LIBS) $(ZMQ_LIBS) -rdynamic
 
 # The same controller core as a Lua C module, so plain luajit (and busted) can drive a cluster.
 $(LUAMOD): $(call OBJ,$(CTL_SRC) $(CORE_SRC))
@@ -111,6 +112,11 @@ $(KDIR)/%.so: kernels/test/%.c kernels/monarch_kernel.h
 $(BUILD)/share/monarch/lua:
 	@mkdir -p $(BUILD)/share/monarch
 	ln -sfn ../../../lua $@
+
+# The Jupyter kernelspec's logos (monarch-run --install-kernel copies them).
+$(BUILD)/share/monarch/jupyter:
+	@mkdir -p $(BUILD)/share/monarch
+	ln -sfn ../../../deploy/jupyter $@
 
 # ---- tests ----------------------------------------------------------------
 C_TESTS := $(patsubst tests/c/%.c,$(BUILD)/tests/%,$(wildcard tests/c/test_*.c))
@@ -183,6 +189,11 @@ install: all
 	install -d $(DESTDIR)$(PREFIX)/lib/pkgconfig
 	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' mk/monarch-kernel.pc.in \
 	  > $(DESTDIR)$(PREFIX)/lib/pkgconfig/monarch-kernel.pc
+	install -d $(DESTDIR)$(PREFIX)/share/monarch/jupyter
+	install -m 644 deploy/jupyter/*.png $(DESTDIR)$(PREFIX)/share/monarch/jupyter/
+	# The kernelspec, where Jupyter looks (PREFIX/share/jupyter/kernels), when Jupyter is installed.
+	if command -v jupyter >/dev/null 2>&1; then \
+	  $(DESTDIR)$(PREFIX)/bin/monarch-run --install-kernel --prefix $(DESTDIR)$(PREFIX); fi
 
 clean:
 	rm -rf build build-asan

@@ -6,11 +6,15 @@
 #   scripts/deps.sh --check  only report
 set -u
 pkgs=(build-essential pkg-config libluajit-5.1-dev luajit libuv1-dev libmsgpack-dev libsodium-dev
-      libopenblas-dev zlib1g-dev libcmocka-dev lua-busted lua-cjson libedit-dev libncurses-dev bc procps tmux
+      libopenblas-dev zlib1g-dev libcmocka-dev lua-busted lua-cjson libedit-dev libncurses-dev libzmq3-dev bc procps tmux
       fortunes) # fortunes: the English text examples/gpt.lua trains on (/usr/share/games/fortunes)
 # Optional, for tests only: plot_spec renders SVG plots in headless Chromium
-# and decodes the PNG with Pillow; without them its rendering checks are pending.
-optional=(chromium python3-pil)
+# and decodes the PNG with Pillow; jupyter_spec drives the Jupyter kernel with
+# jupyter_client, runs the example notebook with nbclient and, in a browser,
+# with the classic notebook server, selenium and chromedriver. Without them
+# those checks are pending.
+optional=(chromium python3-pil python3-jupyter-client python3-nbclient python3-nbformat jupyter-notebook
+          python3-selenium chromium-driver)
 check=0 tests=0
 for a in "$@"; do
   case $a in
@@ -39,12 +43,12 @@ if [ "$check" -eq 0 ] && [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; 
   if [ ${#opt_missing[@]} -gt 0 ]; then
     echo "installing (optional, tests): ${opt_missing[*]}"
     apt-get install -y -qq "${opt_missing[@]}" >/dev/null && exit 0
-    echo "could not install ${opt_missing[*]}: plot_spec's rendering checks will be pending" >&2
+    echo "could not install ${opt_missing[*]}: plot_spec's rendering and jupyter_spec's checks will be pending" >&2
   fi
   exit 0
 fi
 if [ ${#opt_missing[@]} -gt 0 ]; then
-  echo "optional test packages missing: ${opt_missing[*]} (plot_spec's rendering checks will be pending);" \
+  echo "optional test packages missing: ${opt_missing[*]} (plot_spec's rendering and jupyter_spec's checks will be pending);" \
     "install them with: sudo apt-get install ${opt_missing[*]}" >&2
 fi
 [ ${#missing[@]} -eq 0 ] && exit 0

@@ -24,6 +24,7 @@
 int luaopen_monarch_core(lua_State *L);
 int luaopen_monarch_lineedit(lua_State *L);
 int luaopen_monarch_term(lua_State *L);
+int luaopen_monarch_jupyter_wire(lua_State *L);
 
 static const char usage[] =
     "usage: monarch-run [options] [script.lua [args...]]\n"
@@ -47,6 +48,11 @@ static const char usage[] =
   "                     or --slurm, refreshed every second: each proc's state,\n"
   "                     calls/s, queue, running kernel, CPU, memory, recent\n"
   "                     failures; q or Ctrl-C quits (in the REPL: top())\n"
+    "  --jupyter-kernel CONNECTION_FILE\n"
+    "                     a Jupyter kernel: notebook cells run as REPL lines\n"
+    "  --install-kernel [--user | --prefix P]\n"
+    "                     write the kernelspec \"Monarch (Lua)\"; options before it\n"
+    "                     are passed to the kernel (see docs/jupyter.md)\n"
     "  --quiet            drop what procs print on stdout (stderr still shows)\n"
     "  --log-level LEVEL  debug, info, warn or error (default info)\n"
     "  -v, --version      print the version\n"
@@ -56,6 +62,8 @@ static const char usage[] =
 
 typedef struct {
   const char *code, *hosts, *hostfile, *log_level, *listen_joins;
+  const char *jupyter; /* --jupyter-kernel's connection file */
+  int install_at;      /* argv index of --install-kernel, 0 if none */
   const char *libs[MN_RUN_MAX_LIBS];
   int nlibs;
   int script_at; /* argv index of the script, argc if none */
@@ -143,6 +151,8 @@ static void set_paths(lua_State *L, const char *prefix) {
   lua_setfield(L, -2, "monarch.lineedit");
   lua_pushcfunction(L, luaopen_monarch_term);
   lua_setfield(L, -2, "monarch.term");
+  lua_pushcfunction(L, luaopen_monarch_jupyter_wire);
+  lua_setfield(L, -2, "monarch.jupyter_wire");
   lua_pop(L, 2);
 }
 
@@ -263,6 +273,13 @@ static int stop(int *status, int code) {
   return 1;
 }
 
+/* --jupyter-kernel with what it cannot take (said on stderr): 1, else 0. */
+static int jupyter_conflicts(const opts_t *o, int argc) {
+  if (!o->jupyter || !(o->status || o->top || o->interactive || o->code || o->nlibs || o->script_at < argc)) return 0;
+  fputs("monarch-run: --jupyter-kernel runs notebook cells: it takes no script, -e, -l, -i, --status or --top\n", stderr);
+  return 1;
+}
+
 /*
  * Parses argv into o. Returns 0 to go on, or 1 when main is to return
  * *status at once: 0 after --help or --version, 2 for a usage error.
@@ -272,8 +289,8 @@ static int parse_args(int argc, char **argv, opts_t *o, int *status) {
   o->script_at = argc;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
-    int takes = strcmp(a, "-e") == 0 || strcmp(a, "-l") == 0 || strcmp(a, "--hosts") == 0 ||
-                strcmp(a, "--hostfile") == 0 || strcmp(a, "--log-level") == 0 || strcmp(a, "--listen-joins") == 0;
+    int takes = strcmp(a, "-e") == 0 || strcmp(a, "-l") == 0 || strcmp(a, "--hosts") == 0 || strcmp(a, "--hostfile") == 0 ||
+                strcmp(a, "--log-level") == 0 || strcmp(a, "--listen-joins") == 0 || strcmp(a, "--jupyter-kernel") == 0;
     if (takes && i + 1 >= argc) {
       fprintf(stderr, "monarch-run: %s needs an argument\n", a);
       return stop(status, 2);
@@ -296,6 +313,11 @@ static int parse_args(int argc, char **argv, opts_t *o, int *status) {
       o->hosts = argv[++i];
     } else if (strcmp(a, "--hostfile") == 0) {
       o->hostfile = argv[++i];
+    } else if (strcmp(a, "--jupyter-kernel") == 0) {
+      o->jupyter = argv[++i];
+    } else if (strcmp(a, "--install-kernel") == 0) {
+      o->install_at = i; /* the rest are its own options (monarch.jupyter.install) */
+      return 0;
     } else if (strcmp(a, "--listen-joins") == 0) {
       o->listen_joins = argv[++i];
     } else if (strcmp(a, "--log-level") == 0) {
@@ -335,7 +357,8 @@ static int parse_args(int argc, char **argv, opts_t *o, int *status) {
                     "(from the REPL, call top())\n");
     return stop(status, 2);
   }
-  if (o->script_at >= argc && o->code == NULL && !o->interactive && !o->status && !o->top) {
+  if (jupyter_conflicts(o, argc)) return stop(status, 2);
+  if (o->script_at >= argc && o->code == NULL && !o->interactive && !o->status && !o->top && !o->jupyter) {
     fputs(usage, stderr);
     return stop(status, 2);
   }
@@ -367,6 +390,35 @@ static int run_script(lua_State *L, int argc, char **argv, int script_at) {
   return run_chunk(L, nargs);
 }
 
+/*
+ * --jupyter-kernel FILE: monarch.jupyter.run(FILE); --install-kernel ARGS:
+ * monarch.jupyter.install(ARGS, the options before it). The exit status.
+ */
+static int run_jupyter(lua_State *L, const opts_t *o, int argc, char **argv) {
+  if (require(L, "monarch.jupyter") != 0) return 1;
+  lua_getfield(L, -1, o->install_at ? "install" : "run");
+  lua_remove(L, -2);
+  if (o->install_at) {
+    lua_createtable(L, argc - o->install_at, 0);
+    for (int i = o->install_at + 1; i < argc; i++) {
+      lua_pushstring(L, argv[i]);
+      lua_rawseti(L, -2, i - o->install_at);
+    }
+    lua_createtable(L, o->install_at, 0);
+    for (int i = 1; i < o->install_at; i++) {
+      lua_pushstring(L, argv[i]);
+      lua_rawseti(L, -2, i);
+    }
+  } else {
+    lua_pushstring(L, o->jupyter);
+    lua_pushnil(L);
+  }
+  if (run_chunk_n(L, 2, 1) != 0) return 1;
+  int code = lua_isnumber(L, -1) ? (int)lua_tointeger(L, -1) : 0;
+  lua_pop(L, 1);
+  return code;
+}
+
 /* monarch.repl.run(): the REPL's own exit status (it shuts the cluster down itself). */
 static int run_repl(lua_State *L) {
   push_loaded_field(L, "monarch.repl", "run");
@@ -395,7 +447,8 @@ int main(int argc, char **argv) {
   if (L == NULL) return 1;
   luaL_openlibs(L);
   set_paths(L, prefix);
-  if (o.hosts || o.hostfile || o.slurm || o.status || o.top || o.quiet || o.log_level || o.interactive || o.listen_joins) {
+  if (o.hosts || o.hostfile || o.slurm || o.status || o.top || o.quiet || o.log_level || o.interactive || o.listen_joins ||
+      o.jupyter) {
     if ((rc = set_config(L, &o)) != 0) {
       lua_close(L);
       return rc;
@@ -411,6 +464,11 @@ int main(int argc, char **argv) {
   lua_setglobal(L, "arg");
 
   int status = 0;
+  if (o.jupyter || o.install_at) { /* the kernel shuts the cluster down itself */
+    rc = run_jupyter(L, &o, argc, argv);
+    lua_close(L);
+    return rc;
+  }
   if (o.status || o.top) {
     status = o.top ? run_top(L) : run_status(L);
     if (shutdown(L) != 0 && status == 0) status = 1;

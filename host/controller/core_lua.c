@@ -37,6 +37,7 @@ static int l_gc(lua_State *L) {
   lctl_t *c = lua_touserdata(L, 1);
   if (c->open) {
     c->open = 0;
+    if (c->before_close != NULL) c->before_close(c->before_close_data); /* its handles close with the loop */
     mn_join_close(&c->join); /* before the loop's last turns, which run its close callbacks */
     mn_ctl_close(&c->ctl);
     mn_buf_free(&c->scratch);
@@ -49,6 +50,23 @@ static int l_gc(lua_State *L) {
 }
 
 lctl_t *mn__core_ctl(lua_State *L) { return get_ctl(L); }
+
+/*
+ * The controller's loop, for handles of monarch-run's own (the Jupyter
+ * kernel's sockets, host/cli/jupyter_lua.c) that wake the same waits; NULL
+ * before core.init and after core.shutdown. fn(data) runs once before that
+ * loop closes, to close them; a second call replaces the first's fn.
+ */
+uv_loop_t *mn_lua_loop(lua_State *L, void (*fn)(void *data), void *data) {
+  lua_pushlightuserdata(L, &ctl_key);
+  lua_rawget(L, LUA_REGISTRYINDEX);
+  lctl_t *c = lua_touserdata(L, -1);
+  lua_pop(L, 1);
+  if (c == NULL || !c->open) return NULL;
+  c->before_close = fn;
+  c->before_close_data = data;
+  return &c->ctl.loop;
+}
 
 /* core.init(token) */
 static int l_init(lua_State *L) {

@@ -61,6 +61,8 @@ typedef struct {
   double ids_epoch;
   size_t ids_n;
   int fail_cast_in; /* test hook (core.test_fail_queue): the n-th target queued from now fails for memory */
+  void (*before_close)(void *data); /* mn_lua_before_close: run before the loop closes */
+  void *before_close_data;
 } lctl_t;
 
 /* The module's controller state; raises unless core.init ran. */

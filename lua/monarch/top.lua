@@ -140,6 +140,7 @@ local COLUMNS = {
   { "RSS", 7, 6, "r" }, { "GPU MEM", 7, 6, "r" }, { "UPTIME", 7, 9, "r" }, { "HELD", 11, 8 },
 }
 local INDENT = "  "
+M.COLUMNS = COLUMNS -- {name, width, priority, "r" when right-aligned}
 
 --- The columns that fit in `cols` characters, in display order.
 function M.columns(cols)
@@ -179,12 +180,13 @@ end
 local function proc_line(cols, p, s)
   local state, style = proc_state(p)
   local busy = p.running ~= nil and p.running ~= "-"
-  return { row(cols, {
+  local values = {
     RANK = p.rank, PID = p.pid, STATE = state, ["CALLS/S"] = rate(s and s.rate), QUEUE = p.queued,
     RUNNING = p.running, FOR = busy and M.duration(p.running_for) or "-",
     ["CPU%"] = s and s.cpu_pct and string.format("%.0f", s.cpu_pct) or "-", RSS = M.bytes(p.rss),
     ["GPU MEM"] = M.bytes(p.gpu_mem), UPTIME = M.duration(p.uptime), HELD = p.state .. (p.mine and "*" or ""),
-  }), style }
+  }
+  return { row(cols, values), style, values = values } -- values: the cells, for an HTML table (the notebook's top())
 end
 
 local function exit_cause(e)

@@ -1,0 +1,477 @@
+--- monarch.jupyter: `monarch-run --jupyter-kernel CONNECTION_FILE`, a
+-- Jupyter kernel (messaging protocol 5.3) whose cells run in the same Lua
+-- state, with the same conveniences, as the REPL (monarch.repl): an
+-- expression's value is the cell's result, print and procs' output stream to
+-- the cell as they come, errors show one line first, Tab completes and
+-- Shift-Tab shows a function's comment. The controller's loop turns between
+-- cells (the sockets wake it: host/cli/jupyter_lua.c), so heartbeats,
+-- failures and on_host_loss handlers run while the user thinks; what they
+-- print lands under the last cell. The stop button (interrupt_request, or
+-- SIGINT) cancels the call a cell waits for, as Ctrl-C does in the REPL.
+-- Also `monarch-run --install-kernel [--user | --prefix P]` (M.install).
+local cjson = require "cjson"
+local core = require "monarch.core"
+local errors = require "monarch.errors"
+local future = require "monarch.future"
+local repl = require "monarch.repl"
+local runtime = require "monarch.runtime"
+local show = require "monarch.jupyter_display"
+
+local M = {}
+M.PROTOCOL = "5.3"
+M.FLUSH_BYTES = 64 * 1024 -- a stream's buffered text sent at once past this size
+M.FLUSH_S = 0.05          -- and at least this often while a cell runs (also at every pump)
+M.IDLE_MS = 250           -- longest wait for a message when there is no controller loop to wait in
+M.KERNEL_NAME = "monarch" -- the kernelspec's directory name
+
+local k             -- the wire (monarch.jupyter_wire), while the kernel runs
+local session       -- this kernel's session id
+local counter = 0   -- messages sent, for their ids
+local count = 0     -- execution_count
+local in_cell       -- the request of the cell that runs, or nil
+local last_parent = "{}" -- the header (JSON) output between cells is shown under
+local leaving       -- a shutdown_request was answered
+local pending = {}  -- failures seen between cells, shown at the start of the next
+local real_stderr = io.stderr
+local EMPTY = "\0monarch-empty-array\0" -- cjson makes {} of an empty table: this string becomes []
+
+local function log(fmt, ...) real_stderr:write("monarch-run: ", string.format(fmt, ...), "\n") end
+
+-- ---- messages ------------------------------------------------------------------
+
+-- Replaces bytes that are not UTF-8 (a proc's binary output) by "?": the front end would drop the message.
+local function clean(s)
+  if not s:find("[\128-\255]") then return s end
+  local out, i, n = {}, 1, #s
+  while i <= n do
+    local c = s:byte(i)
+    local len = c < 0x80 and 1 or c >= 0xC2 and c < 0xE0 and 2 or c >= 0xE0 and c < 0xF0 and 3 or
+      c >= 0xF0 and c < 0xF5 and 4 or 0
+    local ok = len > 0 and i + len - 1 <= n
+    for j = i + 1, i + len - 1 do
+      if ok then
+        local b = s:byte(j)
+        ok = b >= 0x80 and b < 0xC0
+      end
+    end
+    if ok then
+      out[#out + 1] = s:sub(i, i + len - 1)
+      i = i + len
+    else
+      out[#out + 1] = "?"
+      i = i + 1
+    end
+  end
+  return table.concat(out)
+end
+
+local function encode(t)
+  local s = cjson.encode(t)
+  if s:find("\\u0000monarch-empty-array\\u0000", 1, true) then
+    s = s:gsub('"\\u0000monarch%-empty%-array\\u0000"', "[]")
+  end
+  return s
+end
+
+local function header(msg_type)
+  counter = counter + 1
+  return cjson.encode { msg_id = session .. "-" .. counter, session = session, username = "monarch",
+    date = os.date("!%Y-%m-%dT%H:%M:%S.000000Z"), msg_type = msg_type, version = M.PROTOCOL }
+end
+
+--- Sends one message: on iopub (idents nil) or as a reply to the
+-- identities of a request; parent is the request's header as it came.
+local function send(channel, idents, msg_type, parent, content)
+  local ok, err = k:send(channel, idents or { "kernel." .. session .. "." .. msg_type }, header(msg_type),
+    parent or "{}", "{}", encode(content))
+  if not ok then log("%s", err) end
+end
+
+local function publish(msg_type, content, parent) send("iopub", nil, msg_type, parent or last_parent, content) end
+
+local function reply(req, msg_type, content) send(req.channel, req.idents, msg_type, req.header_raw, content) end
+
+-- ---- output --------------------------------------------------------------------
+
+local streams = { stdout = {}, stderr = {} } -- name -> buffered parts (n, bytes, since)
+
+--- Sends what a stream has buffered.
+local function flush_stream(name)
+  local b = streams[name]
+  if #b == 0 then return end
+  local text = table.concat(b)
+  streams[name] = {}
+  publish("stream", { name = name, text = clean(text) })
+end
+
+local function flush_all()
+  flush_stream("stdout")
+  flush_stream("stderr")
+end
+
+local bytes, since = 0, 0
+local function write(name, s)
+  local b = streams[name]
+  if #b == 0 and #streams.stdout + #streams.stderr == 0 then bytes, since = 0, runtime.now() end
+  -- Another stream's text first, so that the two keep their order in the cell.
+  local other = name == "stdout" and "stderr" or "stdout"
+  if #streams[other] > 0 then flush_stream(other) end
+  b[#b + 1] = s
+  bytes = bytes + #s
+  if bytes >= M.FLUSH_BYTES or runtime.now() - since >= M.FLUSH_S then
+    flush_stream(name)
+    bytes, since = 0, runtime.now()
+  end
+end
+
+-- A file-like object for io.stdout and io.stderr.
+local function stream_file(name)
+  local f = {}
+  function f:write(...)
+    for i = 1, select("#", ...) do write(name, tostring((select(i, ...)))) end
+    return self
+  end
+  function f:flush() flush_stream(name) return self end
+  function f:setvbuf() return true end
+  function f:close() return true end
+  return f
+end
+
+-- print, io.write, io.stdout and io.stderr go to the notebook (the process's own stdout is the server's log).
+local function redirect()
+  local out, err = stream_file("stdout"), stream_file("stderr")
+  io.stdout, io.stderr = out, err
+  io.write = function(...) return out:write(...) end
+  io.read = function() error("io.read: a notebook cell cannot read input (the stdin channel is not supported)", 2) end
+  rawset(_G, "print", function(...)
+    local n = select("#", ...)
+    local parts = {}
+    for i = 1, n do parts[i] = tostring((select(i, ...))) end
+    write("stdout", table.concat(parts, "\t") .. "\n")
+  end)
+end
+
+--- display(x [, opts]): shows x in the cell now (a plot's SVG, a table,
+-- any value as the REPL prints it); returns a handle whose :update(y)
+-- replaces the picture in place (update_display_data). A cell's returned
+-- value is shown this way without display().
+local Display = {}
+Display.__index = Display
+local displays = 0
+
+local function bundle_of(x) return type(x) == "table" and x["text/plain"] and getmetatable(x) == nil and x or show.bundle(x) end
+
+function Display:update(x)
+  flush_all()
+  publish("update_display_data", { data = bundle_of(x), metadata = {}, transient = { display_id = self.id } })
+end
+
+function M.display(x, opts)
+  displays = displays + 1
+  local h = setmetatable({ id = (opts and opts.id) or (session .. "-display-" .. displays) }, Display)
+  flush_all()
+  publish("display_data", { data = bundle_of(x), metadata = {}, transient = { display_id = h.id } })
+  return h
+end
+
+-- ---- handlers ------------------------------------------------------------------
+
+local H = {}
+
+function H.kernel_info_request(req)
+  reply(req, "kernel_info_reply", {
+    status = "ok", protocol_version = M.PROTOCOL, implementation = "monarch", implementation_version = core.version,
+    language_info = { name = "lua", version = jit and jit.version or _VERSION, mimetype = "text/x-lua",
+      file_extension = ".lua", pygments_lexer = "lua", codemirror_mode = "lua" },
+    banner = string.format("monarch %s (%s): Lua against a live cluster; help() lists the commands", core.version,
+      jit and jit.version or _VERSION),
+    help_links = EMPTY,
+  })
+end
+
+local function pack(...) return { n = select("#", ...), ... } end
+
+local function handler(e)
+  if errors.is(e) then return e end
+  return (debug.traceback(tostring(e), 2):gsub("\n%s*%[C%]: in function 'xpcall'.*$", ""))
+end
+
+--- Compiles a cell: as the REPL compiles a line (an expression, else
+-- statements), else as statements whose last line is an expression that is
+-- the cell's value (`procs:load "basic"` then `procs`). Returns fn, or nil
+-- and "incomplete" or the syntax error.
+function M.compile(code)
+  local fn, err = repl.compile(code)
+  if fn then return fn end
+  local head, last = code:match("^(.*\n)([^\n]*%S[^\n]*)%s*$")
+  if head then
+    local f2 = loadstring(head .. "return " .. last, "=stdin")
+    if f2 then return f2 end
+  end
+  return nil, err
+end
+
+-- Runs the cell's code; returns ok and the values, or false and the error.
+local function run_code(code)
+  local fn, err = M.compile(code)
+  if not fn then
+    return false, err == "incomplete" and "syntax error: the cell ends in the middle of a statement" or err
+  end
+  local r = pack(xpcall(fn, handler))
+  if not r[1] then return false, r[2] end
+  return true, r
+end
+
+function H.execute_request(req)
+  local c = req.content
+  local silent = c.silent == true
+  if not silent and c.store_history ~= false then count = count + 1 end
+  last_parent = req.header_raw
+  if not silent then publish("execute_input", { code = c.code, execution_count = count }) end
+  for _, e in ipairs(pending) do write("stderr", repl.describe_error(e) .. "\n") end
+  pending = {}
+  core.interrupted() -- a stop pressed between cells is stale
+  future.waiting = nil
+  in_cell = req
+  local ok, r = run_code(type(c.code) == "string" and c.code or "")
+  in_cell = nil
+  require("monarch.log").flush() -- the procs' lines of this cell, held for their window
+  flush_all()
+  if ok then
+    if r.n > 1 and not silent then
+      publish("execute_result", { execution_count = count, data = show.result(r), metadata = {} })
+    end
+    reply(req, "execute_reply", { status = "ok", execution_count = count, user_expressions = {}, payload = EMPTY })
+    return
+  end
+  local ename, evalue, tb = show.error_parts(r)
+  publish("error", { ename = ename, evalue = clean(evalue), traceback = tb })
+  reply(req, "execute_reply", { status = "error", execution_count = count, ename = ename, evalue = clean(evalue),
+    traceback = tb })
+end
+
+-- Byte offset in s of unicode code point position pos (the protocol counts code points).
+local function byte_at(s, pos)
+  local i, n = 0, 0
+  while n < pos and i < #s do
+    i = i + 1
+    local b = s:byte(i)
+    if b < 0x80 or b >= 0xC0 then n = n + 1 end
+    while i < #s and s:byte(i + 1) >= 0x80 and s:byte(i + 1) < 0xC0 do i = i + 1 end
+  end
+  return i
+end
+
+-- The word (a name, a dotted or `:` path) that ends at byte `at` of code, and where it starts.
+local function word_before(code, at)
+  local start = at
+  while start > 0 and code:sub(start, start):match("[%w_.:]") do start = start - 1 end
+  return code:sub(start + 1, at), start
+end
+
+local function code_and_cursor(c)
+  local code = type(c.code) == "string" and c.code or ""
+  local pos = type(c.cursor_pos) == "number" and c.cursor_pos or #code
+  return code, byte_at(code, pos), pos
+end
+
+function H.complete_request(req)
+  local code, at, pos = code_and_cursor(req.content)
+  local word = word_before(code, at)
+  local ok, cands = pcall(repl.candidates, word, _G)
+  local matches = ok and cands or {}
+  -- The front end replaces the text from cursor_start: each match is the whole word.
+  reply(req, "complete_reply", { status = "ok", matches = #matches > 0 and matches or EMPTY,
+    cursor_start = pos - #word, cursor_end = pos, metadata = {} })
+end
+
+function H.inspect_request(req)
+  local code, at = code_and_cursor(req.content)
+  local j = at
+  while j < #code and code:sub(j + 1, j + 1):match("[%w_]") do j = j + 1 end -- the whole name under the cursor
+  local name = word_before(code, j):gsub("[.:]$", "")
+  local ok, text = pcall(show.inspect, name, _G)
+  local found = ok and text ~= nil
+  reply(req, "inspect_reply", { status = "ok", found = found, data = found and { ["text/plain"] = text } or {},
+    metadata = {} })
+end
+
+function H.is_complete_request(req)
+  local code = type(req.content.code) == "string" and req.content.code or ""
+  local fn, err = M.compile(code)
+  local status = fn and "complete" or err == "incomplete" and "incomplete" or "invalid"
+  reply(req, "is_complete_reply", { status = status, indent = status == "incomplete" and "  " or "" })
+end
+
+function H.comm_info_request(req) reply(req, "comm_info_reply", { status = "ok", comms = {} }) end
+
+function H.history_request(req) reply(req, "history_reply", { status = "ok", history = EMPTY }) end
+
+function H.interrupt_request(req)
+  reply(req, "interrupt_reply", { status = "ok" })
+  if in_cell then require("monarch.jupyter_wire").interrupt() end
+end
+
+function H.shutdown_request(req)
+  reply(req, "shutdown_reply", { status = "ok", restart = req.content.restart == true })
+  leaving = true
+  if in_cell then require("monarch.jupyter_wire").interrupt() end
+end
+
+-- ---- the loop ------------------------------------------------------------------
+
+-- Handles what one channel has, until it is empty (a ZMQ_FD wakes only on new traffic). While a
+-- cell runs only control is read: the shell's requests wait their turn.
+local function serve(channel)
+  while not leaving do
+    local idents, hdr, parent, meta, content, signed = k:recv(channel)
+    if idents == nil then
+      if hdr == nil then return end
+      log("ignored %s", hdr)
+    elseif not signed then
+      log("ignored a message with a bad signature on the %s channel", channel)
+    else
+      local ok1, h = pcall(cjson.decode, hdr)
+      local ok2, c = pcall(cjson.decode, content)
+      if not (ok1 and ok2 and type(h) == "table" and type(c) == "table" and type(h.msg_type) == "string") then
+        log("ignored a message on the %s channel that is not JSON with a msg_type", channel)
+      else
+        local req = { channel = channel, idents = idents, header = h, header_raw = hdr, content = c }
+        local fn = H[h.msg_type]
+        publish("status", { execution_state = "busy" }, hdr)
+        if fn then fn(req) else log("ignored a %s on the %s channel (not handled)", h.msg_type, channel) end
+        publish("status", { execution_state = "idle" }, hdr)
+      end
+    end
+  end
+end
+
+-- After every pump (runtime.hooks.after_pump), before the REPL's: a cell's output goes out as it
+-- comes, and control (interrupt, shutdown) is heard while the cell waits.
+local function after_pump()
+  if not in_cell then return end
+  flush_all()
+  serve("control")
+end
+
+-- Between cells: one turn of the controller's loop (woken by our sockets) or, without one, a wait on them.
+local function idle()
+  if runtime.initialized and k:watch() then
+    local ok, err = pcall(runtime.pump, nil)
+    if not ok and not (errors.is(err) and err.kind == "interrupted") then write("stderr", repl.describe_error(err) .. "\n") end
+  else
+    k:wait(M.IDLE_MS)
+  end
+  flush_all()
+end
+
+local function read_connection(path)
+  local f, why = io.open(path, "r")
+  if not f then return nil, "cannot read the connection file: " .. why end
+  local text = f:read("*a")
+  f:close()
+  local ok, info = pcall(cjson.decode, text)
+  if not ok or type(info) ~= "table" then return nil, path .. ": not a JSON object (a Jupyter connection file)" end
+  return info
+end
+
+-- The globals of a notebook: the REPL's, display, and a top() that draws in the cell.
+local function set_globals(monarch)
+  rawset(_G, "display", M.display)
+  rawset(_G, "top", function(opts) return show.top(monarch, M.display, opts) end)
+  rawset(_G, "exit", function() error("exit: use the notebook's Kernel menu (shut down or restart)", 2) end)
+  if rawget(_G, "hosts") == nil then
+    local ok, h = xpcall(monarch.hosts, handler)
+    if ok then rawset(_G, "hosts", h) else pending[#pending + 1] = h end
+  end
+end
+
+--- Runs the kernel on the connection file until a shutdown_request; the
+-- exit status. Meshes are stopped at the end, persistent ones excepted
+-- (the notebook is told which stay).
+function M.run(path)
+  local info, why = read_connection(path)
+  local ok, wire_or_err
+  if info then ok, wire_or_err = pcall(require("monarch.jupyter_wire").open, info) end
+  if not info or not ok then
+    log("%s", info and tostring(wire_or_err) or why)
+    return 2
+  end
+  k = wire_or_err
+  session = core.generate_token():sub(1, 32)
+  repl.start()
+  local monarch = require "monarch"
+  table.insert(runtime.hooks.after_pump, 1, after_pump)
+  redirect()
+  set_globals(monarch)
+  while not leaving do
+    serve("control")
+    serve("shell")
+    if not leaving then idle() end
+  end
+  local code = repl.finish() -- says which persistent meshes stay, on stderr: the last cell's output
+  flush_all()
+  k:close()
+  k = nil
+  return code
+end
+
+-- ---- installing the kernelspec ---------------------------------------------------
+
+local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+
+local function copy(from, to)
+  local a = io.open(from, "rb")
+  if not a then return nil, "cannot read " .. from end
+  local data = a:read("*a")
+  a:close()
+  local b, why = io.open(to, "wb")
+  if not b then return nil, "cannot write " .. why end
+  b:write(data)
+  b:close()
+  return true
+end
+
+--- `monarch-run [options] --install-kernel [--user | --prefix P]`: writes
+-- the kernelspec "Monarch (Lua)" (kernel.json and its logos). before: the
+-- options given before --install-kernel (--hosts ...), which the kernel is
+-- started with. Returns the exit status; errors are one line on stderr.
+function M.install(args, before)
+  local prefix = core.prefix()
+  local dest
+  local i = 1
+  while i <= #args do
+    local a = args[i]
+    if a == "--user" then
+      local data = os.getenv("JUPYTER_DATA_DIR")
+      dest = (data and data ~= "" and data or ((os.getenv("HOME") or "") .. "/.local/share/jupyter")) .. "/kernels"
+    elseif a == "--prefix" then
+      if not args[i + 1] then log("--prefix needs a directory") return 2 end
+      dest = args[i + 1] .. "/share/jupyter/kernels"
+      i = i + 1
+    else
+      log("--install-kernel takes --user or --prefix DIR, not '%s'", a)
+      return 2
+    end
+    i = i + 1
+  end
+  dest = (dest or (prefix .. "/share/jupyter/kernels")) .. "/" .. M.KERNEL_NAME
+  if os.execute("mkdir -p " .. q(dest)) ~= 0 then log("cannot make %s", dest) return 1 end
+  local argv = { prefix .. "/bin/monarch-run" }
+  for _, a in ipairs(before or {}) do argv[#argv + 1] = a end
+  argv[#argv + 1] = "--jupyter-kernel"
+  argv[#argv + 1] = "{connection_file}"
+  local f, why = io.open(dest .. "/kernel.json", "w")
+  if not f then log("cannot write the kernelspec: %s", why) return 1 end
+  f:write(cjson.encode { argv = argv, display_name = "Monarch (Lua)", language = "lua", interrupt_mode = "message",
+    metadata = { monarch_version = core.version } }, "\n")
+  f:close()
+  for _, size in ipairs { "32x32", "64x64" } do
+    local ok, err = copy(prefix .. "/share/monarch/jupyter/logo-" .. size .. ".png", dest .. "/logo-" .. size .. ".png")
+    if not ok then log("%s (the kernelspec has no logo)", err) end
+  end
+  print("installed the Jupyter kernel 'Monarch (Lua)' in " .. dest)
+  return 0
+end
+
+return M

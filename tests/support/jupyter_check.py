@@ -1,0 +1,291 @@
+#!/usr/bin/env python3
+"""The Jupyter kernel (monarch-run --jupyter-kernel) driven by jupyter_client, as a
+front end drives it. Installs the kernelspec into a scratch prefix (with the
+options given after --), starts the kernel from it, runs each check and prints
+one line per check: "ok NAME" or "FAIL NAME: why". tests/integration/jupyter_spec.lua
+reads the lines. Every wait is bounded.
+
+  jupyter_check.py SCRATCH_DIR MONARCH_RUN [-- options for the kernel, e.g. --hosts H:P]
+"""
+import os
+import signal
+import subprocess
+import sys
+import time
+import traceback
+
+RUN_TIMEOUT = 60  # s, longest any one cell may take here
+
+scratch, run = sys.argv[1], sys.argv[2]
+extra = sys.argv[sys.argv.index("--") + 1:] if "--" in sys.argv else []
+subprocess.run([run] + extra + ["--install-kernel", "--prefix", scratch], check=True, stdout=subprocess.DEVNULL)
+os.environ["JUPYTER_PATH"] = os.path.join(scratch, "share", "jupyter")
+os.environ.setdefault("JUPYTER_RUNTIME_DIR", os.path.join(scratch, "runtime"))
+
+from jupyter_client.manager import KernelManager  # noqa: E402
+from jupyter_client.session import Session  # noqa: E402
+
+ERR = os.path.join(scratch, "kernel.err")
+results = []
+
+
+def check(name):
+    def wrap(fn):
+        try:
+            fn()
+            results.append(name)
+            print("ok " + name, flush=True)
+        except Exception as e:  # a failed check is reported, the others still run
+            why = "".join(traceback.format_exception_only(type(e), e)).strip().replace("\n", " | ")
+            print("FAIL %s: %s" % (name, why), flush=True)
+        return fn
+    return wrap
+
+
+def start():
+    km = KernelManager(kernel_name="monarch")
+    km.start_kernel(stderr=open(ERR, "a"))
+    kc = km.client()
+    kc.start_channels()
+    kc.wait_for_ready(timeout=RUN_TIMEOUT)
+    return km, kc
+
+
+def execute(kc, code, timeout=RUN_TIMEOUT):
+    """Runs code; returns the reply's content and the iopub messages of the cell (type, content)."""
+    out = []
+    reply = kc.execute_interactive(code, timeout=timeout, output_hook=lambda m: out.append((m["msg_type"], m["content"])))
+    return reply["content"], out
+
+
+def of_type(out, t):
+    return [c for mt, c in out if mt == t]
+
+
+def expect(cond, what):
+    if not cond:
+        raise AssertionError(what)
+
+
+km, kc = start()
+
+
+@check("kernel_info")
+def _():
+    c = kc.kernel_info(reply=True, timeout=10)["content"]
+    expect(c["protocol_version"] == "5.3", c)
+    expect(c["language_info"]["name"] == "lua" and c["implementation"] == "monarch", c)
+
+
+@check("execute_result")
+def _():
+    r, out = execute(kc, "1 + 1")
+    res = of_type(out, "execute_result")
+    expect(r["status"] == "ok" and len(res) == 1 and res[0]["data"]["text/plain"] == "2", (r, out))
+    expect(res[0]["execution_count"] == r["execution_count"], (r, res))
+    r2, _ = execute(kc, "x = 41")
+    expect(r2["execution_count"] == r["execution_count"] + 1, (r, r2))
+    r3, out3 = execute(kc, "x + 1")
+    expect(of_type(out3, "execute_result")[0]["data"]["text/plain"] == "42", out3)
+
+
+@check("streams")
+def _():
+    r, out = execute(kc, 'print("one", 2) io.write("two\\n") io.stderr:write("three\\n")')
+    st = of_type(out, "stream")
+    text = {"stdout": "".join(s["text"] for s in st if s["name"] == "stdout"),
+            "stderr": "".join(s["text"] for s in st if s["name"] == "stderr")}
+    expect(text["stdout"] == "one\t2\ntwo\n" and text["stderr"] == "three\n", text)
+
+
+@check("errors")
+def _():
+    r, out = execute(kc, 'error("boom")')
+    e = of_type(out, "error")
+    expect(r["status"] == "error" and r["evalue"] == "boom" and e and e[0]["traceback"][0] == "error: boom", (r, out))
+    r, out = execute(kc, 'error(require("monarch.errors").new{kind = "timeout", message = "too late"})')
+    expect(r["ename"] == "MonarchError" and r["evalue"] == "timeout: too late", r)
+    r, _ = execute(kc, "x = = 1")
+    expect(r["status"] == "error" and "expected" in r["evalue"], r)
+
+
+PLOT = 'require("monarch.plot").svg{x = {values = {1, 2, 3}}, series = {{name = "loss", values = {3, 2, 1}}}}'
+
+
+@check("display_data_svg")
+def _():
+    r, out = execute(kc, "display(%s)" % PLOT)
+    d = of_type(out, "display_data")
+    expect(r["status"] == "ok" and d and d[0]["data"]["image/svg+xml"].lstrip().startswith("<"), out)
+    r, out = execute(kc, PLOT)
+    res = of_type(out, "execute_result")
+    expect(res and "image/svg+xml" in res[0]["data"], out)
+
+
+@check("update_display_data")
+def _():
+    r, out = execute(kc, 'h = display("first") h:update("second")')
+    d, u = of_type(out, "display_data"), of_type(out, "update_display_data")
+    expect(d and u and u[0]["transient"]["display_id"] == d[0]["transient"]["display_id"], out)
+    expect(u[0]["data"]["text/plain"] == "second", u)
+
+
+@check("mesh_html")
+def _():
+    r, out = execute(kc, 'procs = hosts:spawn_procs{procs = 2}; procs:load "basic"')
+    expect(r["status"] == "ok", (r, out))
+    r, out = execute(kc, 'procs:call("rank"):get()')
+    data = of_type(out, "execute_result")[0]["data"]
+    expect("ValueMesh" in data["text/plain"] and "<table>" in data["text/html"], data)
+    r, out = execute(kc, "procs")
+    expect("<table>" in of_type(out, "execute_result")[0]["data"]["text/html"], out)
+
+
+def interrupted_sleep(interrupt):
+    """A 30 s remote sleep, stopped by interrupt(); then the same proc answers the next cell."""
+    msg_id = kc.execute('procs:slice{procs = 0}:call_one("sleep", 30):get()')
+    time.sleep(1)  # the call is sent and the proc sleeps (only a shorter wait would make this test weaker)
+    t0 = time.time()
+    interrupt()
+    reply = kc.get_shell_msg(timeout=15)
+    expect(reply["parent_header"]["msg_id"] == msg_id, reply)
+    c = reply["content"]
+    expect(c["status"] == "error" and "interrupted" in c["evalue"], c)
+    took = time.time() - t0
+    r, out = execute(kc, 'procs:slice{procs = 0}:call_one("rank"):get()', timeout=10)
+    expect(r["status"] == "ok", (r, out))
+    return took
+
+
+@check("interrupt_request")
+def _():
+    interrupted_sleep(km.interrupt_kernel)  # interrupt_mode "message": interrupt_request on control
+
+
+@check("interrupt_sigint")
+def _():
+    interrupted_sleep(lambda: os.kill(km.provisioner.process.pid, signal.SIGINT))
+
+
+@check("top_in_place")
+def _():
+    msg_id = kc.execute("top()")
+    seen = {"display_data": 0, "update_display_data": 0}
+    deadline = time.time() + 20
+    while time.time() < deadline and seen["update_display_data"] < 1:
+        m = kc.get_iopub_msg(timeout=20)
+        if m["parent_header"].get("msg_id") == msg_id and m["msg_type"] in seen:
+            seen[m["msg_type"]] += 1
+            expect("<table>" in m["content"]["data"]["text/html"], m["content"])
+    expect(seen["display_data"] == 1 and seen["update_display_data"] >= 1, seen)
+    km.interrupt_kernel()
+    reply = kc.get_shell_msg(timeout=15)
+    expect(reply["content"]["status"] == "ok", reply["content"])
+
+
+@check("complete")
+def _():
+    c = kc.complete("procs:ca", 8, reply=True, timeout=10)["content"]
+    expect("procs:call" in c["matches"] and "procs:call_one" in c["matches"], c)
+    expect(c["cursor_start"] == 0 and c["cursor_end"] == 8, c)
+    c = kc.complete("zzzq", 4, reply=True, timeout=10)["content"]
+    expect(c["matches"] == [], c)
+
+
+@check("inspect")
+def _():
+    c = kc.inspect("procs:call", 8, reply=True, timeout=10)["content"]
+    expect(c["found"] and "Calls kernel" in c["data"]["text/plain"], c)
+    c = kc.inspect("no_such_name", 3, reply=True, timeout=10)["content"]
+    expect(not c["found"], c)
+
+
+@check("is_complete_history_comms")
+def _():
+    kc.is_complete("function f()")
+    c = kc.get_shell_msg(timeout=10)["content"]
+    expect(c["status"] == "incomplete", c)
+    kc.history()
+    c = kc.get_shell_msg(timeout=10)["content"]
+    expect(c["status"] == "ok" and c["history"] == [], c)
+    kc.comm_info()
+    c = kc.get_shell_msg(timeout=10)["content"]
+    expect(c["status"] == "ok" and c["comms"] == {}, c)
+
+
+@check("bad_signature")
+def _():
+    mark = os.path.join(scratch, "ran")
+    bad = Session(key=b"not-the-key", username="intruder")
+    bad.send(kc.shell_channel.socket, bad.msg("execute_request", content={
+        "code": 'io.open("%s", "w"):close()' % mark, "silent": False, "store_history": True,
+        "user_expressions": {}, "allow_stdin": False}))
+    r, _ = execute(kc, "1")  # answered after the bad one was read: it was dropped, not queued
+    expect(r["status"] == "ok", r)
+    expect(not os.path.exists(mark), "the badly signed cell ran")
+    log = open(ERR).read()
+    expect("bad signature" in log, log[-500:])
+
+
+def proc_pids():
+    r, out = execute(kc, 'local t = {} for _, p in ipairs(procs:proc_list()) do t[#t + 1] = p.pid end '
+                         'return table.concat(t, " ")')
+    return [int(p) for p in of_type(out, "execute_result")[0]["data"]["text/plain"].split()]
+
+
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+        return open("/proc/%d/stat" % pid).read().split()[2] != "Z"
+    except (OSError, IOError):
+        return False
+
+
+def wait_gone(pids, timeout=15):
+    deadline = time.time() + timeout
+    while time.time() < deadline and any(alive(p) for p in pids):
+        time.sleep(0.05)
+    return not any(alive(p) for p in pids)
+
+
+@check("restart")
+def _():
+    global kc
+    execute(kc, 'keep = hosts:spawn_procs{procs = 1}; keep:persist("jupyter_check")')
+    pids, old = proc_pids(), km.provisioner.process.pid
+    km.restart_kernel(now=False)
+    said = ""
+    try:
+        while "leaving persistent mesh" not in said:
+            m = kc.get_iopub_msg(timeout=5)
+            if m["msg_type"] == "stream":
+                said += m["content"]["text"]
+    except Exception:
+        pass
+    expect("leaving persistent mesh 'jupyter_check' running" in said, "not said at restart: %r" % said[-300:])
+    kc.stop_channels()
+    kc = km.client()
+    kc.start_channels()
+    kc.wait_for_ready(timeout=RUN_TIMEOUT)
+    expect(km.provisioner.process.pid != old, "the same process")
+    r, out = execute(kc, "return x")
+    expect(of_type(out, "execute_result")[0]["data"]["text/plain"] == "nil", out)
+    r, out = execute(kc, 'm = monarch.attach("jupyter_check") return #m:proc_list()')
+    expect(r["status"] == "ok" and of_type(out, "execute_result")[0]["data"]["text/plain"] == "1", (r, out))
+    execute(kc, "m:stop()")
+
+
+@check("shutdown")
+def _():
+    execute(kc, 'procs = hosts:spawn_procs{procs = 2}')
+    pids, proc = proc_pids(), km.provisioner.process
+    km.shutdown_kernel(now=False)
+    rc = proc.wait(timeout=15)
+    expect(rc == 0, "the kernel exited with %r" % rc)
+    expect(wait_gone(pids), "the kernel's procs outlived its shutdown")
+
+
+kc.stop_channels()
+if km.has_kernel:
+    km.shutdown_kernel(now=True)
+print("done %d" % len(results), flush=True)
