@@ -337,19 +337,23 @@ end
 function Job:advance(s)
   recover.inject(self, s)
   local t0 = monarch.now()
-  local r = self.spec.step(self, s, self:limit(s))
-  local list = (type(r) == "table" and type(r[1]) == "table") and r or { r or {} }
+  local r = self.spec.step(self, s, self:limit(s)) or {}
   self.t_train = self.t_train + (monarch.now() - t0)
   recover.snapshot_pending(self)
   recover.after_failure_injection(self, s)
-  local samples = 0
-  for i, figs in ipairs(list) do
-    self.metrics[s + i - 1] = figs
-    samples = samples + (figs.samples or 0)
+  local n, samples = 1, 0
+  if type(r[1]) == "table" then -- several steps: one figure table each
+    n = #r
+    for i, figs in ipairs(r) do
+      self.metrics[s + i - 1] = figs
+      samples = samples + (figs.samples or 0)
+    end
+  else
+    self.metrics[s], samples = r, r.samples or 0
   end
-  recover.stepping_again(self)
-  self:after(s + #list, samples)
-  return s + #list
+  if self.resume_clock then recover.stepping_again(self) end
+  self:after(s + n, samples)
+  return s + n
 end
 
 function Job:loop()

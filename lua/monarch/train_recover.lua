@@ -356,6 +356,7 @@ function M.before_step(job, s)
     while job.joins == 0 and monarch.now() < deadline do monarch.sleep(0.01) end
     if job.joins == 0 then job:die("--wait-join-at " .. s .. ": no host joined within " .. M.JOIN_WAIT .. " s") end
   end
+  if #job.joined == 0 then return end
   local has = {}
   for _, p in ipairs(job.procs:proc_list()) do has[p.agent] = true end
   for i = #job.joined, 1, -1 do

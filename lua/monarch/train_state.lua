@@ -95,7 +95,11 @@ end
 --- Copies the live state to each proc's snapshot, tagged with step s (one call per proc; not waited for).
 function S:snapshot(s)
   if self.on_gpu then return end
-  return self.mesh:call("shard_snap", self.tag, s, unpack(self:pairs(self.live, self.snap)))
+  local m = self.mesh
+  if self.snap_for ~= m then -- the arguments, made again only when the mesh changed (they are its tensors)
+    self.snap_for, self.snap_args = m, self:pairs(self.live, self.snap)
+  end
+  return m:call("shard_snap", self.tag, s, unpack(self.snap_args))
 end
 
 --- The snapshot step of each proc of `procs` (a list; default every proc): {[p] = step}; -1 for none.
