@@ -439,10 +439,8 @@ int main(int argc, char **argv) {
     return 2;
   }
   if (!o.status && !o.top) mn_blas_env_init(prefix); /* controller-side kernels: before OpenBLAS loads */
-  /* Line editing decodes the terminal's characters in the user's locale. */
-  if (o.interactive && setlocale(LC_CTYPE, "") == NULL) {
-    /* An unknown locale: stay in "C", bytes pass through unchanged. */
-  }
+  /* Line editing decodes the terminal's characters in the user's locale (an unknown one stays "C"). */
+  if (o.interactive) (void)setlocale(LC_CTYPE, "");
   lua_State *L = luaL_newstate();
   if (L == NULL) return 1;
   luaL_openlibs(L);

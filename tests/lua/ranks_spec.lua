@@ -5,7 +5,7 @@
 -- function (future.set_runtime) that the higher module hands its part to.
 
 -- rank -> what it holds. A module may require any module of a lower rank.
-local TIERS = { "leaves", "the loop", "procs", "meshes", "features", "monarch", "training", "the REPL" }
+local TIERS = { "leaves", "the loop", "procs", "meshes", "features", "monarch", "training", "the REPL", "the notebook" }
 
 local RANKS = {
   -- 1 leaves: need nothing of ours but each other
@@ -29,6 +29,8 @@ local RANKS = {
   ["monarch.train_ckpt"] = 7, ["monarch.train_recover"] = 7,
   -- 8 the interactive loop of monarch-run -i, over the whole library
   ["monarch.repl"] = 8,
+  -- 9 the Jupyter kernel, over the REPL
+  ["monarch.jupyter"] = 9, ["monarch.jupyter_display"] = 9,
 }
 
 -- Requires between modules of one rank that are allowed (module -> the siblings it may require).
@@ -46,6 +48,7 @@ local SIBLINGS = {
   ["monarch.persist"] = { "monarch.tensor" },
   ["monarch.status"] = { "monarch.persist" },
   ["monarch.top"] = { "monarch.persist", "monarch.status" },
+  ["monarch.jupyter"] = { "monarch.jupyter_display" },
   ["monarch.train_ckpt"] = { "monarch.train_state" },
   ["monarch.train_recover"] = { "monarch.train_ckpt", "monarch.train_state" },
   ["monarch.train"] = { "monarch.train_opts", "monarch.train_progress", "monarch.train_state", "monarch.train_ckpt",
