@@ -71,7 +71,11 @@ function M.hosts()
     if addrs then error("a launcher (" .. launcher .. ") and --hosts/MONARCH_HOSTS cannot be used together", 2) end
     runtime.init(token_from_env() or core.generate_token())
     launched = require "monarch.launch"
-    addrs = launched.start(launcher, { token = runtime.token, worker = worker_path() })
+    addrs = launched.start(launcher, { token = runtime.token, worker = worker_path(), config = M.config })
+    if getmetatable(addrs) == mesh.HostMesh then -- the agents joined it (Ray): join.attach is done
+      host_mesh = addrs
+      return host_mesh
+    end
   elseif addrs and #addrs > 0 then
     local tok = token_from_env()
     if not tok then

@@ -2,6 +2,7 @@
 -- monarch.hosts() calls M.start(name, opts) when monarch-run was given a
 -- launcher (`--slurm`, or MONARCH_LAUNCHER=slurm); the launcher starts one
 -- host agent per node and returns their addresses ({"host:port", ...}).
+-- `--ray` (MONARCH_LAUNCHER=ray) is monarch.launch_ray: its agents join.
 --
 -- Slurm. Inside an allocation (sbatch or salloc: SLURM_JOB_ID is set) one
 -- background job step runs an agent on every node of the job:
@@ -204,6 +205,7 @@ end
 -- agents leave on monarch.shutdown()'s goodbye). Then scancel JOB.STEP, then
 -- SIGTERM to srun (which cancels its step), then SIGKILL. Idempotent.
 function M.stop(grace)
+  if ray then return ray.stop(grace) end
   local c = current
   if not c then return end
   current = nil
@@ -300,11 +302,18 @@ function M.slurm(opts)
   return M.agent_addresses(tasks, nodes, node_addrs)
 end
 
---- Starts the host agents of this job with the launcher `name` ("slurm");
--- opts as for M.slurm. Returns their addresses.
+local ray -- monarch.launch_ray, once it started this job's hosts
+
+--- Starts the host agents of this job with the launcher `name`: "slurm"
+-- (opts as for M.slurm) returns their addresses; "ray" (monarch.launch_ray,
+-- opts.config: monarch.config) returns the HostMesh the agents joined.
 function M.start(name, opts)
   if name == "slurm" then return M.slurm(opts) end
-  error("monarch: unknown launcher '" .. tostring(name) .. "' (from --slurm or MONARCH_LAUNCHER; known: slurm)", 0)
+  if name == "ray" then
+    ray = require "monarch.launch_ray"
+    return ray.start(opts)
+  end
+  error("monarch: unknown launcher '" .. tostring(name) .. "' (from --slurm, --ray or MONARCH_LAUNCHER; known: slurm, ray)", 0)
 end
 
 return M
