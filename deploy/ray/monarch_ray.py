@@ -241,9 +241,23 @@ def stdin_says():
     return "stop" if line == "" or line.strip() == "stop" else None
 
 
+def check_reachable(address, timeout):
+    """A HOST:PORT address nothing listens at fails here at once (ray.init would retry for half a minute)."""
+    if not address or "://" in address or address in ("auto", "local"):
+        return
+    host, _, port = address.rpartition(":")
+    if not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=min(timeout, 10)).close()
+    except OSError as e:
+        raise Failure("no Ray cluster at %s: %s (--ray ADDRESS, or RAY_ADDRESS)" % (address, e.strerror or e))
+
+
 def run(ray, args, token, st):
     import logging
     from ray.job_config import JobConfig
+    check_reachable(args.address, args.timeout)
     ray.init(address=args.address, namespace="monarch", logging_level=logging.WARNING,
              log_to_driver=os.environ.get("MONARCH_RAY_AGENT_LOGS", "") not in ("", "0"),
              job_config=JobConfig(metadata={"monarch_job": args.name}))

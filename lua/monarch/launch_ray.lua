@@ -13,6 +13,7 @@
 -- --once, so monarch.shutdown()'s goodbye ends them; M.stop then ends the
 -- launcher, which kills the actors and removes the placement group.
 local core = require "monarch.core"
+local errors = require "monarch.errors"
 local log = require "monarch.log"
 local mesh = require "monarch.mesh"
 local join = require "monarch.join"
@@ -35,7 +36,8 @@ local OPTIONS = {
 
 local current -- the running launch: {pipe, dir, pid, status = file handle, lines, hosts = {i = info}}
 
-local function fail(msg) error("monarch ray launcher: " .. msg, 0) end
+-- One line, no traceback: monarch-run prints a MonarchError as it is.
+local function fail(msg) error(errors.new { kind = "launch", message = "ray: " .. msg }, 0) end
 
 local function shq(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 
