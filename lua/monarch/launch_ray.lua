@@ -183,9 +183,9 @@ end
 
 -- The job's name in Ray (placement group, actors): the script's name and our pid.
 local function job_name()
-  local script = _G.arg and _G.arg[0] or "job"
-  local base = tostring(script):match("([^/]+)$") or "job"
-  return (base:gsub("%.lua$", ""):gsub("[^%w%-_.]", "_")) .. "-" .. ffi.C.getpid()
+  local script = _G.arg and tostring(_G.arg[0]) or ""
+  local base = script:match("([^/]+)%.lua$") or "job" -- -e code has no script name
+  return (base:gsub("[^%w%-_.]", "_")) .. "-" .. ffi.C.getpid()
 end
 
 -- Puts the hosts in bundle order (host I of the mesh is bundle I), matching agents by hostname and pid.
