@@ -205,7 +205,6 @@ end
 -- agents leave on monarch.shutdown()'s goodbye). Then scancel JOB.STEP, then
 -- SIGTERM to srun (which cancels its step), then SIGKILL. Idempotent.
 function M.stop(grace)
-  if ray then return ray.stop(grace) end
   local c = current
   if not c then return end
   current = nil
@@ -302,18 +301,11 @@ function M.slurm(opts)
   return M.agent_addresses(tasks, nodes, node_addrs)
 end
 
-local ray -- monarch.launch_ray, once it started this job's hosts
-
---- Starts the host agents of this job with the launcher `name`: "slurm"
--- (opts as for M.slurm) returns their addresses; "ray" (monarch.launch_ray,
--- opts.config: monarch.config) returns the HostMesh the agents joined.
+--- Starts the host agents of this job with the launcher `name` ("slurm");
+-- opts as for M.slurm. Returns their addresses.
 function M.start(name, opts)
   if name == "slurm" then return M.slurm(opts) end
-  if name == "ray" then
-    ray = require "monarch.launch_ray"
-    return ray.start(opts)
-  end
-  error("monarch: unknown launcher '" .. tostring(name) .. "' (from --slurm, --ray or MONARCH_LAUNCHER; known: slurm, ray)", 0)
+  error("monarch: unknown launcher '" .. tostring(name) .. "' (from --slurm or MONARCH_LAUNCHER; known: slurm, and ray: monarch.launch_ray)", 0)
 end
 
 return M
