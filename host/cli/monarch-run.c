@@ -378,13 +378,9 @@ static int parse_args(int argc, char **argv, opts_t *o, int *status) {
       break;
     }
   }
-  if (o->slurm && (o->hosts != NULL || o->hostfile != NULL)) {
-    fprintf(stderr, "monarch-run: --slurm starts its own host agents; it cannot be combined with --hosts or --hostfile\n");
-    return stop(status, 2);
-  }
-  if (o->ray && (o->slurm || o->hosts != NULL || o->hostfile != NULL)) {
-    fprintf(stderr, "monarch-run: --ray starts its own host agents; it cannot be combined with --slurm, --hosts or "
-                    "--hostfile\n");
+  if ((o->slurm || o->ray) && (o->hosts != NULL || o->hostfile != NULL || (o->slurm && o->ray))) {
+    fprintf(stderr, "monarch-run: %s starts its own host agents; it cannot be combined with --hosts, --hostfile or %s\n",
+            o->ray ? "--ray" : "--slurm", o->ray ? "--slurm" : "--ray");
     return stop(status, 2);
   }
   if (o->top && (o->status || o->interactive || o->code != NULL || o->nlibs > 0 || o->script_at < argc)) {
