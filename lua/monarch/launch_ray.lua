@@ -27,6 +27,7 @@ local M = {}
 M.START_TIMEOUT = 60 -- seconds to place the group and have every agent join (--ray-timeout)
 M.STOP_GRACE = 15    -- seconds the launcher gets to tear down after "stop" before it is killed
 local POLL = 0.05    -- seconds between looks at the status file while starting
+local NOTE_EVERY = 0.25 -- seconds between looks at it while the job runs
 
 -- --ray-NAME options: how each is read. monarch-run passes them as strings (config.ray).
 local OPTIONS = {
@@ -250,8 +251,12 @@ function M.start(opts)
   wait_joined(h, c, o.timeout)
   order_hosts(h, c)
   log.log("info", string.format("ray: %d hosts in placement group %s", #h.agents, tostring(c.pg)))
-  runtime.tick(function()
-    if current == c then for _, ev in ipairs(read_events(c)) do note(c, ev) end end
+  local last = 0
+  runtime.tick(function() -- every pump, but the file is read at most every NOTE_EVERY seconds
+    local now = core.now()
+    if current ~= c or now - last < NOTE_EVERY then return end
+    last = now
+    for _, ev in ipairs(read_events(c)) do note(c, ev) end
   end)
   return h
 end
