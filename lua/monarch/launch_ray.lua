@@ -9,7 +9,8 @@
 -- The pipe to the launcher: its stdin is ours (io.popen "w"). The first line
 -- is the cluster token; "stop" asks for teardown; EOF (we ended, or were
 -- killed) does the same. Its status lines go to a file in a private
--- directory (mktemp -d, 0700) that we read as it grows. The agents run with
+-- directory (mktemp -d, 0700) that we read as it grows; the directory is
+-- removed as soon as both ends have the file open. The agents run with
 -- --once, so monarch.shutdown()'s goodbye ends them; M.stop then ends the
 -- launcher, which kills the actors and removes the placement group.
 local core = require "monarch.core"
@@ -248,6 +249,9 @@ function M.start(opts)
     c.status = io.open(dir .. "/status", "r")
     if not c.status then core.sleep(0.01) end
   until c.status or core.now() > deadline
+  -- Both ends hold the file open now: the directory can go, so not even a kill -9 leaves it behind.
+  capture("rm -rf " .. shq(dir))
+  if not c.status then M.stop(0); fail("the launcher's shell never opened its status file") end
   wait_joined(h, c, o.timeout)
   order_hosts(h, c)
   log.log("info", string.format("ray: %d hosts in placement group %s", #h.agents, tostring(c.pg)))
