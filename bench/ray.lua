@@ -52,9 +52,10 @@ local function by_hand()
     end
     addrs[i] = addr
   end
-  local _, rc = sh(("MONARCH_TOKEN=%s %s/bin/monarch-run --hosts %s tests/support/ray_job.lua"):format(
+  local out, rc = sh(("MONARCH_TOKEN=%s %s/bin/monarch-run --hosts %s tests/support/ray_job.lua"):format(
     token, B, table.concat(addrs, ",")))
-  assert(rc == 0, "the job on agents by hand failed")
+  assert(rc == 0, "the job on agents by hand failed:\n" .. out)
+  for i = 1, 3 do os.remove(dir .. "/agent" .. i) end -- the next run's agents write new ones
   return now() - t0
 end
 
