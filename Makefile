@@ -55,7 +55,8 @@ KERNELS := $(KDIR)/basic.so $(KDIR)/faulty.so $(KDIR)/mlp.so $(KDIR)/cartpole.so
 
 NVCC ?= $(shell command -v nvcc 2>/dev/null)
 
-all: $(BIN)/monarch-run $(BIN)/monarch-worker $(LUAMOD) $(KERNELS) $(BUILD)/share/monarch/lua $(BUILD)/share/monarch/jupyter
+all: $(BIN)/monarch-run $(BIN)/monarch-worker $(LUAMOD) $(KERNELS) $(BUILD)/share/monarch/lua $(BUILD)/share/monarch/jupyter \
+     $(BUILD)/share/monarch/ray
 
 # Objects of host/<layer>/ get only that layer's include paths; the rest (tests, benchmarks) get all.
 $(BUILD)/obj/host/%.o: host/%.c $(wildcard host/*/*.h) kernels/monarch_kernel.h
@@ -113,10 +114,8 @@ $(BUILD)/share/monarch/lua:
 	@mkdir -p $(BUILD)/share/monarch
 	ln -sfn ../../../lua $@
 
-# The Jupyter kernelspec's logos (monarch-run --install-kernel copies them).
-$(BUILD)/share/monarch/jupyter:
-	@mkdir -p $(BUILD)/share/monarch
-	ln -sfn ../../../deploy/jupyter $@
+all: $(BIN)/monarch-run $(BIN)/monarch-worker $(LUAMOD) $(KERNELS) $(BUILD)/share/monarch/lua $(BUILD)/share/monarch/jupyter \
+     $(BUILD)/share/monarch/ray
 
 # ---- tests ----------------------------------------------------------------
 C_TESTS := $(patsubst tests/c/%.c,$(BUILD)/tests/%,$(wildcard tests/c/test_*.c))
@@ -186,6 +185,8 @@ install: all
 	install -m 644 lua/monarch/*.lua $(DESTDIR)$(PREFIX)/share/monarch/lua/monarch/
 	install -m 644 lua/monarch/proc/*.lua $(DESTDIR)$(PREFIX)/share/monarch/lua/monarch/proc/
 	install -m 644 kernels/monarch_kernel.h $(DESTDIR)$(PREFIX)/include/
+	install -d $(DESTDIR)$(PREFIX)/share/monarch/ray
+	install -m 644 deploy/ray/monarch_ray.py $(DESTDIR)$(PREFIX)/share/monarch/ray/
 	install -d $(DESTDIR)$(PREFIX)/lib/pkgconfig
 	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' mk/monarch-kernel.pc.in \
 	  > $(DESTDIR)$(PREFIX)/lib/pkgconfig/monarch-kernel.pc

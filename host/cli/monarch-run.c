@@ -20,6 +20,7 @@
 #include <string.h>
 
 #define MN_RUN_MAX_LIBS 32 /* most -l options */
+#define MN_RUN_MAX_RAY 16  /* most --ray-NAME options */
 
 int luaopen_monarch_core(lua_State *L);
 int luaopen_monarch_lineedit(lua_State *L);
@@ -43,6 +44,10 @@ static const char usage[] =
     "                     let host agents join the running job: listen there for\n"
     "                     `monarch-worker --join` (also MONARCH_JOIN_ADDR)\n"
     "  --slurm            start host agents on the nodes of this Slurm allocation\n"
+    "  --ray [ADDRESS]    start host agents on a Ray cluster (default: RAY_ADDRESS,\n"
+    "                     then a local one), one per node; --ray-hosts N,\n"
+    "                     --ray-cpus N, --ray-gpus N, --ray-timeout S, --ray-elastic\n"
+    "                     (nodes added later join), --ray-max-hosts N\n"
     "  --status           report on the cluster and exit\n"
   "  --top              a live full-screen view of the hosts of --hosts, --hostfile\n"
   "                     or --slurm, refreshed every second: each proc's state,\n"
@@ -66,8 +71,10 @@ typedef struct {
   int install_at;      /* argv index of --install-kernel, 0 if none */
   const char *libs[MN_RUN_MAX_LIBS];
   int nlibs;
+  const char *ray_opts[2 * MN_RUN_MAX_RAY]; /* --ray-NAME VALUE pairs, NAME without the prefix */
+  int nray;
   int script_at; /* argv index of the script, argc if none */
-  int interactive, slurm, status, top, quiet;
+  int interactive, slurm, ray, status, top, quiet;
 } opts_t;
 
 /* Adds a traceback to errors, except to structured ones (a MonarchError: a lost host, a failed proc,
@@ -247,9 +254,17 @@ static int set_config(lua_State *L, const opts_t *o) {
     lua_pushstring(L, o->listen_joins);
     lua_setfield(L, -2, "listen_joins");
   }
-  if (o->slurm) {
-    lua_pushliteral(L, "slurm");
+  if (o->slurm || o->ray) {
+    lua_pushstring(L, o->slurm ? "slurm" : "ray");
     lua_setfield(L, -2, "launcher");
+  }
+  if (o->ray) { /* config.ray: {NAME = VALUE}, checked by monarch.launch_ray */
+    lua_newtable(L);
+    for (int i = 0; i + 1 < o->nray; i += 2) {
+      lua_pushstring(L, o->ray_opts[i + 1]);
+      lua_setfield(L, -2, o->ray_opts[i]);
+    }
+    lua_setfield(L, -2, "ray");
   }
   if (o->status) {
     lua_pushboolean(L, 1);
@@ -273,11 +288,57 @@ static int stop(int *status, int code) {
   return 1;
 }
 
-/* --jupyter-kernel with what it cannot take (said on stderr): 1, else 0. */
-static int jupyter_conflicts(const opts_t *o, int argc) {
+/* Options that cannot go together (said on stderr): 1, else 0. */
+static int conflicts(const opts_t *o, int argc) {
+  if ((o->slurm || o->ray) && (o->hosts != NULL || o->hostfile != NULL || (o->slurm && o->ray))) {
+    fprintf(stderr, "monarch-run: %s starts its own host agents; it cannot be combined with --hosts, --hostfile or %s\n",
+            o->ray ? "--ray" : "--slurm", o->ray ? "--slurm" : "--ray");
+    return 1;
+  }
+  if (o->top && (o->status || o->interactive || o->code != NULL || o->nlibs > 0 || o->script_at < argc)) {
+    fprintf(stderr, "monarch-run: --top only watches the cluster: it takes no script, -e, -l, -i or --status "
+                    "(from the REPL, call top())\n");
+    return 1;
+  }
   if (!o->jupyter || !(o->status || o->top || o->interactive || o->code || o->nlibs || o->script_at < argc)) return 0;
   fputs("monarch-run: --jupyter-kernel runs notebook cells: it takes no script, -e, -l, -i, --status or --top\n", stderr);
   return 1;
+}
+
+/* Whether s, after --ray, is its cluster address rather than the script: "auto", or HOST:PORT / ray://... */
+static int is_ray_address(const char *s) {
+  size_t n = strlen(s);
+  if (s[0] == '-' || (n >= 4 && strcmp(s + n - 4, ".lua") == 0)) return 0;
+  return strcmp(s, "auto") == 0 || strchr(s, ':') != NULL;
+}
+
+/*
+ * --ray [ADDRESS], --ray=ADDRESS, --ray-elastic, --ray-NAME VALUE at argv[*i]: recorded in o (the
+ * names are checked in Lua). Returns 0, or 2 (reported) for a missing value or too many options.
+ */
+static int parse_ray(int argc, char **argv, int *i, opts_t *o) {
+  const char *a = argv[*i], *name = NULL, *value = NULL;
+  o->ray = 1;
+  if (strcmp(a, "--ray") == 0) {
+    if (*i + 1 < argc && is_ray_address(argv[*i + 1])) name = "address", value = argv[++*i];
+  } else if (strncmp(a, "--ray=", 6) == 0) {
+    name = "address", value = a + 6;
+  } else if (strcmp(a, "--ray-elastic") == 0) {
+    name = "elastic", value = "true";
+  } else if (*i + 1 < argc) {
+    name = a + 6, value = argv[++*i];
+  } else {
+    fprintf(stderr, "monarch-run: %s needs an argument\n", a);
+    return 2;
+  }
+  if (name == NULL) return 0;
+  if (o->nray == 2 * MN_RUN_MAX_RAY) {
+    fprintf(stderr, "monarch-run: more than %d --ray options\n", MN_RUN_MAX_RAY);
+    return 2;
+  }
+  o->ray_opts[o->nray++] = name;
+  o->ray_opts[o->nray++] = value;
+  return 0;
 }
 
 /*
@@ -329,6 +390,8 @@ static int parse_args(int argc, char **argv, opts_t *o, int *status) {
       }
     } else if (strcmp(a, "--slurm") == 0) {
       o->slurm = 1;
+    } else if (strcmp(a, "--ray") == 0 || strncmp(a, "--ray=", 6) == 0 || strncmp(a, "--ray-", 6) == 0) {
+      if (parse_ray(argc, argv, &i, o) != 0) return stop(status, 2);
     } else if (strcmp(a, "--status") == 0) {
       o->status = 1;
     } else if (strcmp(a, "--top") == 0) {
@@ -348,16 +411,7 @@ static int parse_args(int argc, char **argv, opts_t *o, int *status) {
       break;
     }
   }
-  if (o->slurm && (o->hosts != NULL || o->hostfile != NULL)) {
-    fprintf(stderr, "monarch-run: --slurm starts its own host agents; it cannot be combined with --hosts or --hostfile\n");
-    return stop(status, 2);
-  }
-  if (o->top && (o->status || o->interactive || o->code != NULL || o->nlibs > 0 || o->script_at < argc)) {
-    fprintf(stderr, "monarch-run: --top only watches the cluster: it takes no script, -e, -l, -i or --status "
-                    "(from the REPL, call top())\n");
-    return stop(status, 2);
-  }
-  if (jupyter_conflicts(o, argc)) return stop(status, 2);
+  if (conflicts(o, argc)) return stop(status, 2);
   if (o->script_at >= argc && o->code == NULL && !o->interactive && !o->status && !o->top && !o->jupyter) {
     fputs(usage, stderr);
     return stop(status, 2);
@@ -447,6 +501,9 @@ int main(int argc, char **argv) {
   set_paths(L, prefix);
   if (o.hosts || o.hostfile || o.slurm || o.status || o.top || o.quiet || o.log_level || o.interactive || o.listen_joins ||
       o.jupyter) {
+}
+
+  if (o.hosts || o.hostfile || o.slurm || o.ray || o.status || o.top || o.quiet || o.log_level || o.interactive || o.listen_joins) {
     if ((rc = set_config(L, &o)) != 0) {
       lua_close(L);
       return rc;

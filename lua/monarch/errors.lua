@@ -55,6 +55,7 @@ M.KINDS = {
   { "load", "`ProcMesh:load` failed" },
   { "spawn", "`spawn_procs` could not start or reach every proc" },
   { "connect", "a host agent could not be reached, or is not connected" },
+  { "launch", "a launcher (`--ray`) could not start the job's host agents: the cluster lacks the resources asked for, cannot be reached, or its launcher failed" },
   { "restart", "a proc could not be restarted: its kernels, tensors or `on_restart` hooks failed (raised at the next wait)" },
   { "script", "an `on_failure` handler raised" },
   { "persist", "`persist` or `detach` failed, or a host agent refused it" },

@@ -28,7 +28,7 @@ M.config = M.config or {}
 
 local host_mesh -- the HostMesh of this script, made once
 local told_agent_exit -- the hook that reports the local host agent's exit is in
-local launched -- monarch.launch, once a launcher started the agents: shutdown ends their job step
+local launched -- monarch.launch or launch_ray, once a launcher started the agents: shutdown ends them
 
 local function read_file(path)
   local f = io.open(path, "rb")
@@ -72,6 +72,11 @@ function M.hosts()
   if launcher and launcher ~= "" then -- agents started by a cluster manager (monarch.launch)
     if addrs then error("a launcher (" .. launcher .. ") and --hosts/MONARCH_HOSTS cannot be used together", 2) end
     runtime.init(token_from_env() or core.generate_token())
+    if launcher == "ray" then -- the agents join the mesh it returns (join.attach is done)
+      launched = require "monarch.launch_ray"
+      host_mesh = launched.start { token = runtime.token, worker = worker_path(), config = M.config }
+      return host_mesh
+    end
     launched = require "monarch.launch"
     addrs = launched.start(launcher, { token = runtime.token, worker = worker_path() })
   elseif addrs and #addrs > 0 then

@@ -2,6 +2,7 @@
 -- monarch.hosts() calls M.start(name, opts) when monarch-run was given a
 -- launcher (`--slurm`, or MONARCH_LAUNCHER=slurm); the launcher starts one
 -- host agent per node and returns their addresses ({"host:port", ...}).
+-- `--ray` (MONARCH_LAUNCHER=ray) is monarch.launch_ray: its agents join.
 --
 -- Slurm. Inside an allocation (sbatch or salloc: SLURM_JOB_ID is set) one
 -- background job step runs an agent on every node of the job:
@@ -304,7 +305,7 @@ end
 -- opts as for M.slurm. Returns their addresses.
 function M.start(name, opts)
   if name == "slurm" then return M.slurm(opts) end
-  error("monarch: unknown launcher '" .. tostring(name) .. "' (from --slurm or MONARCH_LAUNCHER; known: slurm)", 0)
+  error("monarch: unknown launcher '" .. tostring(name) .. "' (from --slurm or MONARCH_LAUNCHER; known: slurm, and ray: monarch.launch_ray)", 0)
 end
 
 return M

@@ -1,0 +1,125 @@
+-- bench/ray.lua: the measurements of bench/ray.sh (which says what they are).
+local ffi = require "ffi"
+local shell = require "support.shell"
+local ray_cluster = require "support.ray_cluster"
+
+pcall(ffi.cdef, [[
+typedef struct { long tv_sec; long tv_nsec; } mn_bench_timespec;
+int clock_gettime(int clk, mn_bench_timespec *ts);
+int usleep(unsigned int us);
+]])
+
+local B = os.getenv("MONARCH_BUILD") or "build"
+local RUNS = tonumber(arg[1]) or 5
+local sh = shell.run
+
+local function now() -- wall clock (CLOCK_REALTIME): compared with the times Ray's side reports
+  local ts = ffi.new("mn_bench_timespec")
+  ffi.C.clock_gettime(0, ts)
+  return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
+end
+
+local function median(xs)
+  local s = { unpack(xs) }
+  table.sort(s)
+  local n = #s
+  return n % 2 == 1 and s[(n + 1) / 2] or (s[n / 2] + s[n / 2 + 1]) / 2
+end
+
+local function timed(cmd)
+  local t0 = now()
+  local out, rc = sh(cmd)
+  if rc ~= 0 then error("failed (rc " .. tostring(rc) .. "): " .. cmd .. "\n" .. out, 0) end
+  return now() - t0, out
+end
+
+local py = assert(ray_cluster.python())
+local token = (sh("head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n'")):match("%x+")
+local dir = (sh("mktemp -d /tmp/monarch-raybench.XXXXXX")):match("%S+")
+local c
+
+-- The job on 3 agents started here, their start timed with it.
+local function by_hand()
+  local t0 = now()
+  local addrs = {}
+  for i = 1, 3 do
+    local log = dir .. "/agent" .. i
+    os.execute(("MONARCH_TOKEN=%s %s/bin/monarch-worker --listen 127.0.0.1:0 --once >%s 2>&1 &"):format(token, B, log))
+    local addr
+    while not addr do
+      addr = shell.exists(log) and shell.read(log):match("listening on (%S+:%d+)")
+      if not addr then ffi.C.usleep(2000) end
+    end
+    addrs[i] = addr
+  end
+  local out, rc = sh(("MONARCH_TOKEN=%s %s/bin/monarch-run --hosts %s tests/support/ray_job.lua"):format(
+    token, B, table.concat(addrs, ",")))
+  assert(rc == 0, "the job on agents by hand failed:\n" .. out)
+  for i = 1, 3 do os.remove(dir .. "/agent" .. i) end -- the next run's agents write new ones
+  return now() - t0
+end
+
+local function start_bench()
+  local ray, hand, actors = {}, {}, {}
+  timed(("MONARCH_RAY_PYTHON=%s %s/bin/monarch-run --ray %s tests/support/ray_job.lua"):format(py, B, c.address)) -- warm-up
+  for i = 1, RUNS do
+    ray[i] = timed(("MONARCH_RAY_PYTHON=%s %s/bin/monarch-run --ray %s tests/support/ray_job.lua"):format(py, B, c.address))
+    hand[i] = by_hand()
+    actors[i] = timed(("%s bench/ray_actors.py %s"):format(py, c.address))
+  end
+  local r, h, a = median(ray), median(hand), median(actors)
+  print(("start 3 hosts x 2 procs + first call, median of %d:"):format(RUNS))
+  print(("  monarch-run --ray          %7.3f s"):format(r))
+  print(("  agents started by hand     %7.3f s   ratio %.2fx (target <= 1.2x)"):format(h, r / h))
+  print(("  Ray's own actors (6)       %7.3f s   ratio %.2fx (target <= 0.6x)"):format(a, r / a))
+end
+
+-- One kill: train.lua on the 3 nodes, node 3's raylet killed at step 400; node 3 is started again after.
+local function kill_once(i)
+  local out = dir .. "/train" .. i
+  local data = shell.exists("data/digits.csv.gz") and "" or " --data " .. dir .. "/synthetic.csv"
+  os.execute(("MONARCH_RAY_PYTHON=%s %s/bin/monarch-run --ray %s examples/train.lua --device cpu --procs 2 "
+    .. "--steps 12000 --log-every 200 --checkpoint-dir %s/ck%s >%s 2>&1 &"):format(py, B, c.address, dir, data, out))
+  while not (shell.exists(out) and shell.read(out):find("step 400/12000", 1, true)) do ffi.C.usleep(5000) end
+  local alive = c:state().nodes
+  local t_kill = c:kill_node(#c.nodes)
+  local ray_file = dir .. "/raydead" .. i
+  os.execute(("%s tests/ray/state.py %s dead-after %.6f %d >%s 2>&1 &"):format(py, c.address, t_kill, alive, ray_file))
+  local t_step
+  while true do
+    local text = shell.read(out)
+    if not t_step and text:find("stepping again", 1, true) then t_step = now() - t_kill end
+    if text:find("checkpoint: ", 1, true) or text:find("monarch%-run: ") then break end
+    ffi.C.usleep(5000)
+  end
+  while not shell.read(ray_file):match("dead [%d.]+") and not shell.read(ray_file):find("alive") do ffi.C.usleep(20000) end
+  local ray_dead = tonumber(shell.read(ray_file):match("dead ([%d.]+)"))
+  assert(t_step, "train.lua did not step again after the kill:\n" .. shell.read(out))
+  c:add_node(1) -- back to 3 nodes for the next run
+  return t_step, ray_dead
+end
+
+local function kill_bench()
+  local ours, rays = {}, {}
+  local n = math.max(1, math.min(RUNS, 3))
+  for i = 1, n do ours[i], rays[i] = kill_once(i) end
+  local o, r = median(ours), median(rays)
+  print(("a node's raylet killed -> train.lua stepping again on the survivors, median of %d:"):format(n))
+  print(("  ours (kill to stepping)    %7.3f s"):format(o))
+  print(("  Ray marks the node dead    %7.3f s   ours - Ray's = %.3f s (target < 2 s)"):format(r, o - r))
+end
+
+local ok, err = pcall(function()
+  if not shell.exists("data/digits.csv.gz") then
+    require("support.digits").synthetic(dir .. "/synthetic.csv")
+  end
+  c = ray_cluster.start { nodes = 3, cpus = 1 }
+  start_bench()
+  kill_bench()
+end)
+if c then c:stop() end
+os.execute("rm -rf " .. dir)
+if not ok then
+  io.stderr:write("bench/ray.sh: ", tostring(err), "\n")
+  os.exit(1)
+end

@@ -1,0 +1,137 @@
+-- monarch-run --ray (issue 32): a real Ray cluster on this machine (a head
+-- and two more nodes, each its own raylet: tests/support/ray_cluster.lua)
+-- allocates the hosts; examples/train.lua runs over them, shrinks when a
+-- node's raylet is killed, grows onto a node added with --ray-elastic; the
+-- end of a job, or the controller's kill -9, leaves no placement group, actor
+-- or agent behind. Pending where ray cannot be imported (.ci/run installs it).
+local shell = require "support.shell"
+local wait_for = require("support.wait").wait_for
+local ray_cluster = require "support.ray_cluster"
+
+local B = os.getenv("MONARCH_BUILD") or "build"
+local sh = shell.run
+
+local py, why = ray_cluster.python()
+if not py then
+  describe("monarch-run --ray", function()
+    pending("skipped: " .. why)
+  end)
+  print("ray_spec: skipped: " .. why)
+  return
+end
+
+local AGENTS = "[m]onarch-worker --listen 0.0.0.0:0 --once --parent [0-9]+ --join" -- what the actors run
+local TIMEOUT = 120 -- seconds any one job here may take
+
+-- A fresh directory for one test's files.
+local function scratch()
+  local d = (sh("mktemp -d /tmp/monarch-rayspec.XXXXXX")):match("(%S+)")
+  finally(function() os.execute("rm -rf " .. d) end)
+  return d
+end
+
+local function run_cmd(c, args)
+  return ("MONARCH_RAY_PYTHON=%s OPENBLAS_NUM_THREADS=1 timeout %d %s/bin/monarch-run --ray %s %s"):format(
+    py, TIMEOUT, B, c.address, args)
+end
+
+-- Starts monarch-run in the background; returns the output file and the pid file.
+local function background(cmd, dir)
+  local out, pidf = dir .. "/out", dir .. "/pid"
+  os.execute(("sh -c '%s >%s 2>&1 & echo $! >%s; wait $!; echo \"::rc=$?\" >>%s' &"):format(
+    cmd:gsub("'", "'\\''"), out, pidf, out))
+  return out, pidf
+end
+
+local function output(path) return shell.exists(path) and shell.read(path) or "" end
+
+local function expect(path, pattern, timeout)
+  return (wait_for(function() return output(path):match(pattern) end, timeout or TIMEOUT,
+    function() return "'" .. pattern .. "' in:\n" .. output(path) end))
+end
+
+-- Nothing of a job is left: no placement group, no actor, no agent process.
+local function assert_nothing_left(c)
+  local s
+  wait_for(function()
+    s = c:state()
+    return s.pgs == 0 and s.actors == 0 and select(2, sh("pgrep -f '" .. AGENTS .. "'")) ~= 0
+  end, 60, function()
+    return ("the job's leftovers to go: %d placement groups, %d actors, agents: %s"):format(
+      s.pgs, s.actors, (sh("pgrep -af '" .. AGENTS .. "'")))
+  end)
+end
+
+describe("monarch-run --ray on a local Ray cluster of 3 nodes", function()
+  local c
+
+  setup(function() c = ray_cluster.start { nodes = 3, cpus = 1 } end)
+  teardown(function() if c then c:stop() end end)
+
+  it("trains examples/train.lua over the 3 nodes and leaves nothing behind", function()
+    local dir = scratch()
+    local data_arg = require("support.digits").data_arg(dir)
+    local out, rc = sh(run_cmd(c, "examples/train.lua --device cpu --procs 2 --steps 200 --quiet --checkpoint-dir "
+      .. dir .. "/ck" .. data_arg))
+    assert.are.equal(0, rc, out)
+    assert.matches("ray: 3 hosts in placement group monarch:train%-%d+", out)
+    assert.matches("weights identical on all 6 procs", out)
+    assert_nothing_left(c)
+  end)
+
+  it("gives one clear error, not a hang, when the cluster lacks the hosts asked for", function()
+    local out, rc = sh(run_cmd(c, "--ray-hosts 4 --ray-timeout 3 tests/support/ray_job.lua"))
+    assert.are.equal(1, rc, out) -- not 124: the launcher's own timeout ended it
+    assert.matches("monarch%-run: monarch: launch: ray: Ray could not place 4 host bundle%(s%) of {CPU: 1}, one per "
+      .. "node %(STRICT_SPREAD%), within 3s: the cluster has 3 alive node%(s%)", out)
+    assert.not_matches("traceback", out)
+    assert_nothing_left(c)
+  end)
+
+  it("leaves no placement group, actor or agent behind when the controller is killed with SIGKILL", function()
+    local dir = scratch()
+    local out, pidf = background(run_cmd(c, "tests/support/ray_job.lua 300"), dir)
+    expect(out, "hosts 3 procs 6 first call")
+    assert.are.equal(3, c:state().actors)
+    local pid = expect(pidf, "(%d+)")
+    -- timeout(1) is the pid we know; monarch-run is its child.
+    local child = (sh("pgrep -P " .. pid)):match("(%d+)")
+    assert.is_string(child, "monarch-run is not running under timeout " .. pid)
+    os.execute("kill -9 " .. child)
+    expect(out, "::rc=%d+")
+    assert_nothing_left(c)
+  end)
+
+  it("shrinks the job when a node's raylet is killed mid-run, and training finishes on the survivors", function()
+    local dir = scratch()
+    local data_arg = require("support.digits").data_arg(dir)
+    local out = background(run_cmd(c, "examples/train.lua --device cpu --procs 2 --steps 12000 --log-every 200 "
+      .. "--checkpoint-dir " .. dir .. "/ck" .. data_arg), dir)
+    expect(out, "step 400/12000")
+    c:kill_node(3)
+    local rc = tonumber(expect(out, "::rc=(%d+)"))
+    local text = output(out)
+    assert.are.equal(0, rc, text)
+    assert.matches("host_lost", text)
+    assert.matches("training goes on with 4 procs on 2 hosts from step %d+", text)
+    assert.matches("weights identical on all 4 procs", text)
+    assert_nothing_left(c)
+  end)
+
+  it("with --ray-elastic, gives a node added later to the job: it joins and trains", function()
+    local dir = scratch()
+    local data_arg = require("support.digits").data_arg(dir)
+    assert.are.equal(2, c:state().nodes) -- the head and node 2: node 3 was killed above
+    local out = background(run_cmd(c, "--ray-elastic --ray-max-hosts 3 examples/train.lua --device cpu --procs 2 "
+      .. "--steps 300 --quiet --wait-join-at 30 --checkpoint-dir " .. dir .. "/ck" .. data_arg), dir)
+    expect(out, "waiting for a host to join")
+    c:add_node(1)
+    local rc = tonumber(expect(out, "::rc=(%d+)"))
+    local text = output(out)
+    assert.are.equal(0, rc, text)
+    assert.matches("ray: node %x+ added %(host 2%)", text)
+    assert.matches("1 host%(s%) joined with 2 procs; training goes on with 6 procs on 3 hosts", text)
+    assert.matches("weights identical on all 6 procs", text)
+    assert_nothing_left(c)
+  end)
+end)
