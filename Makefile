@@ -114,8 +114,14 @@ $(BUILD)/share/monarch/lua:
 	@mkdir -p $(BUILD)/share/monarch
 	ln -sfn ../../../lua $@
 
-all: $(BIN)/monarch-run $(BIN)/monarch-worker $(LUAMOD) $(KERNELS) $(BUILD)/share/monarch/lua $(BUILD)/share/monarch/jupyter \
-     $(BUILD)/share/monarch/ray
+$(BUILD)/share/monarch/jupyter:
+	@mkdir -p $(BUILD)/share/monarch
+	ln -sfn ../../../deploy/jupyter $@
+
+# The Ray launcher (monarch-run --ray), where the controller looks for it: PREFIX/share/monarch/ray.
+$(BUILD)/share/monarch/ray:
+	@mkdir -p $(BUILD)/share/monarch
+	ln -sfn ../../../deploy/ray $@
 
 # ---- tests ----------------------------------------------------------------
 C_TESTS := $(patsubst tests/c/%.c,$(BUILD)/tests/%,$(wildcard tests/c/test_*.c))
