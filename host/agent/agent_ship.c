@@ -333,7 +333,9 @@ void mn__agent_handle_ship_ask(aconn_t *c, const msgpack_object *m) {
     return;
   }
   agent_t *a = c->a;
-  if (!mn__agent_ship_enabled(a)) answer(c->session, q.hash, "refused", "this host agent was started with --no-ship");
+  /* --no-ship: the controller's path holding the same bytes here is still used as is; nothing else is. */
+  if (!mn__agent_ship_enabled(a) && a->sim == NULL && q.place_len == 0 && same_local(&q)) answer(c->session, q.hash, "local", "");
+  else if (!mn__agent_ship_enabled(a)) answer(c->session, q.hash, "refused", "this host agent was started with --no-ship");
   else if (a->sim != NULL) answer(c->session, q.hash, seen(a->ship, q.hash) ? (q.place_len ? "placed" : "cached") : "need", "(simulated)");
   else ask_cache(a, c->session, &q);
 }

@@ -18,6 +18,7 @@ require "monarch.gpu"
 local persist = require "monarch.persist"
 local trace = require "monarch.trace"
 local join = require "monarch.join" -- hosts that join the job: HostMesh:on_join/refresh, ProcMesh:grow
+local ship = require "monarch.ship" -- libraries and files shipped to hosts that lack them: HostMesh:sync
 
 local M = { _VERSION = core.version } -- host/core/version.h
 
@@ -188,6 +189,7 @@ end
 M.listen = join.listen
 
 M.log = require "monarch.log"
+M.ship = ship -- monarch.ship.stats(): the bytes of shipped files this controller wrote
 M.attach, M.persistent = persist.attach, persist.list
 
 --- Prints each host's procs (state, uptime, queued and executed calls, the

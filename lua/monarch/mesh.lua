@@ -400,11 +400,42 @@ local function with_lib(libs, lib)
   return nexts[lib]
 end
 
---- Loads a kernel library on every proc (blocking); raises a clear error if any proc cannot.
+local shipper -- monarch.ship's: ships a library path to the hosts that lack it (M.set_shipper)
+
+--- Called once by monarch.ship: fn(procs, lib, what) ships lib where needed and returns name(agent), the name
+-- that agent's procs load it by; or nil for a library that is not shipped (a name, a path the controller lacks).
+function M.set_shipper(fn) shipper = fn end
+
+-- The load of lib on procs, each host's procs by the name their host gives it: one future per name.
+local function load_futures(self, lib, what)
+  local name = shipper and shipper(self._procs, lib, what)
+  if not name then return { self:_submit("__load", { lib }, 1, { what = what }) } end
+  local groups, order = {}, {}
+  for _, p in ipairs(self._procs) do
+    local n = name(p.agent)
+    if not groups[n] then
+      groups[n] = {}
+      order[#order + 1] = n
+    end
+    groups[n][#groups[n] + 1] = p
+  end
+  local futs = {}
+  for i, n in ipairs(order) do
+    futs[i] = runtime.submit(groups[n], "__load", { n }, 1, { what = what, timeout = self._opts.timeout,
+      retries = self._opts.retries, backoff = self._opts.backoff,
+      make_result = function(values) return values end }).future
+  end
+  return futs
+end
+
+--- Loads a kernel library on every proc (blocking); raises a clear error if any proc cannot. A path to a
+-- library the controller has is shipped to the hosts that lack it (monarch.ship).
 function ProcMesh:load(lib)
   check_kernel(lib, 2)
-  local fut = self:_submit("__load", { lib }, 1, { what = "load of '" .. lib .. "'" })
-  local ok, err = pcall(fut.get, fut)
+  local what = "load of '" .. lib .. "'"
+  local ok, err = pcall(function()
+    for _, fut in ipairs(load_futures(self, lib, what)) do fut:get() end
+  end)
   if not ok then
     if errors.is(err) then
       err.kernel = nil
