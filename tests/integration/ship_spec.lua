@@ -288,7 +288,8 @@ MK_EXPORT const mk_library_t *monarch_kernels(void) {
     local cu = dir .. "/k.cu"
     local f = assert(io.open(cu, "wb"))
     f:write((slurp(dir .. "/k.c"):gsub("#include \"monarch_kernel.h\"",
-      "#include \"monarch_kernel.h\"\n__global__ void twice(float *x) { x[threadIdx.x] *= 2; }")))
+      "#include \"monarch_kernel.h\"\n__global__ void twice(float *x) { x[threadIdx.x] *= 2; }")
+      :gsub("MK_EXPORT const", "extern \"C\" MK_EXPORT const")))
     f:close()
     local lib = dir .. "/libcudaship.so"
     assert(sh(("nvcc -shared -Xcompiler -fPIC -cudart shared -DVALUE=77 -I%s %s -o %s"):format(KERNELS, cu, lib)),
