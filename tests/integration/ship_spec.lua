@@ -279,6 +279,25 @@ MK_EXPORT const mk_library_t *monarch_kernels(void) {
     assert.matches("no such file or folder", tostring(err), 1, true)
   end)
 
+  it("sends through the cast tree: the controller writes one copy per top agent", function()
+    local lib = build_lib("libtree.so", 4, "-DPAD=100000")
+    local core = require "monarch.core"
+    local group = agent.start{ token = runtime.token, args = "--simulate --hosts 8 --ship-cache /nonexistent",
+      hosts = 8 }
+    daemons[#daemons + 1] = group
+    finally(function() monarch.configure{ cast_min = 16, fanout = 16 } end)
+    monarch.configure{ cast_min = 2, fanout = 2 }
+    local m = spawn(mesh_mod.host_mesh(mesh_mod.connect_agents(group.addrs)), 1)
+    wait_for(function()
+      m:call("noop"):get(10)
+      return core.cast_stats().routed >= 6
+    end, 10, "the simulated hosts' tree links")
+    local size = #slurp(lib)
+    local sent = shipped(function() m:load(lib) end)
+    assert.is_true(sent >= size and sent <= 2 * size, "the controller wrote " .. sent / size .. " copies")
+    assert.are.equal(0, shipped(function() m:load(lib) end)) -- every simulated host verified and kept its hash
+  end)
+
   it("ships a CUDA library built with nvcc, loaded against the fake CUDA runtime", function()
     if not sh("command -v nvcc") then pending("nvcc is not installed") end
     local build = os.getenv("MONARCH_BUILD") or "build"
