@@ -175,6 +175,7 @@ int luaopen_monarch_core(lua_State *L) {
       /* shipping files to the hosts (core_ship.c) */
       {"ship_hash", mn__core_ship_hash}, {"ship_elf", mn__core_ship_elf}, {"ship_ask", mn__core_ship_ask},
       {"ship_send", mn__core_ship_send}, {"ship_stats", mn__core_ship_stats}, {"listdir", mn__core_listdir},
+      {"stat", mn__core_stat},
       /* the join port (core_join.c) */
       {"listen", mn__core_listen}, {"joins", mn__core_joins},
       /* settings and counters (core_config.c) */

@@ -115,6 +115,7 @@ int mn__core_ship_ask(lua_State *L);
 int mn__core_ship_send(lua_State *L);
 int mn__core_ship_stats(lua_State *L);
 int mn__core_listdir(lua_State *L);
+int mn__core_stat(lua_State *L);
 
 /* core_join.c */
 int mn__core_listen(lua_State *L);

@@ -407,8 +407,8 @@ local shipper -- monarch.ship's: ships a library path to the hosts that lack it 
 function M.set_shipper(fn) shipper = fn end
 
 -- The load of lib on procs, each host's procs by the name their host gives it: one future per name.
-local function load_futures(self, lib, what)
-  local name = shipper and shipper(self._procs, lib, what)
+local function load_futures(self, lib, what, fresh)
+  local name = shipper and shipper(self._procs, lib, what, fresh)
   if not name then return { self:_submit("__load", { lib }, 1, { what = what }) } end
   local groups, order = {}, {}
   for _, p in ipairs(self._procs) do
@@ -433,8 +433,19 @@ end
 function ProcMesh:load(lib)
   check_kernel(lib, 2)
   local what = "load of '" .. lib .. "'"
+  local function get_all(futs)
+    for _, fut in ipairs(futs) do fut:get() end
+  end
   local ok, err = pcall(function()
-    for _, fut in ipairs(load_futures(self, lib, what)) do fut:get() end
+    local futs = load_futures(self, lib, what, false)
+    local shipped = shipper ~= nil and lib:find("/", 1, true) ~= nil
+    local ok1, e1 = pcall(get_all, futs)
+    -- A host's cache lost a shipped library since it said it had it (another job's files evicted it): ask again.
+    if not ok1 and shipped and tostring(e1):find("kernel library 'ship:", 1, true) then
+      get_all(load_futures(self, lib, what, true))
+    elseif not ok1 then
+      error(e1, 0)
+    end
   end)
   if not ok then
     if errors.is(err) then

@@ -24,6 +24,7 @@ M.CHUNK = 1024 * 1024       -- bytes per SHIP_DATA frame (MN_SHIP_CHUNK)
 M.WINDOW = 16 * 1024 * 1024 -- bytes queued to the agents before the next chunk waits for the sockets
 M.ASK_TIMEOUT = 30          -- seconds for every agent to say what it has
 M.TIMEOUT_PER_MIB = 2       -- and, on top of 30 s, to take the bytes
+M.STALL = 3                 -- seconds without a new answer after which the tree's attempt gives way to a direct one
 
 local MSG = core.MSG
 local states = setmetatable({}, { __mode = "k" }) -- agent record -> hex -> {state, detail, n}
@@ -67,10 +68,16 @@ end
 
 -- ---- files ------------------------------------------------------------------------------------
 
-local files = {} -- hex -> { bytes, size, path }: what was shipped, kept for restarts and joins
+local files = {}   -- hex -> { bytes, size, path }: what was shipped, kept for restarts and joins
+local by_path = {} -- path -> { rec, size, mtime, ino }: a file not changed since is not read or hashed again
 
 --- Reads and hashes the file at path; returns its record (kept by hash).
 local function file(path, what)
+  local size, mtime, ino = core.stat(path)
+  local seen = by_path[path]
+  if seen and size and seen.size == size and seen.mtime == mtime and seen.ino == ino and files[seen.rec.hex] then
+    return seen.rec
+  end
   local f, err = io.open(path, "rb")
   if not f then fail(what, "cannot read " .. path .. ": " .. tostring(err)) end
   local bytes = f:read("*a")
@@ -78,6 +85,7 @@ local function file(path, what)
   local hex = core.ship_hash(bytes)
   local rec = files[hex] or { bytes = bytes, size = #bytes, path = path, hex = hex }
   files[hex] = rec
+  if size then by_path[path] = { rec = rec, size = size, mtime = mtime, ino = ino } end
   return rec
 end
 
@@ -100,6 +108,22 @@ end
 -- ---- the exchange -----------------------------------------------------------------------------
 
 local function state_of(a, hex) return states[a] and states[a][hex] end
+
+-- What each agent said it has (hex -> "cached" or "local"): a second load there asks nothing. Shipping a file
+-- to an agent may evict others from its cache, so that forgets the rest; a load that still finds a file gone
+-- (another job's files evicted it) asks again (ProcMesh:load's retry, M.library's fresh).
+local known = setmetatable({}, { __mode = "k" })
+
+local function remember(agents, hex, shipped_to)
+  for _, a in ipairs(shipped_to or {}) do known[a] = {} end
+  for _, a in ipairs(agents) do
+    local s = state_of(a, hex)
+    if s and (s.state == "cached" or s.state == "local") then
+      known[a] = known[a] or {}
+      known[a][hex] = s.state
+    end
+  end
+end
 
 -- Sends every chunk of rec to the agents in `to` (through the tree unless direct), a window at a time.
 local function send_bytes(rec, to, direct)
@@ -136,6 +160,7 @@ local function ask(rec, agents, place, what)
 end
 
 local DONE = { cached = true, ["local"] = true, placed = true }
+local FINAL = { cached = true, corrupt = true, refused = true, error = true } -- what ends a transfer
 
 -- Ships rec to those of `agents` that lack it; each then holds it (or the call raises).
 local function deliver(rec, agents, what)
@@ -148,17 +173,27 @@ local function deliver(rec, agents, what)
       " and refuses shipped files (monarch-worker --no-ship): " .. tostring(s.detail), a)
     elseif not DONE[s.state] then fail(what, "host " .. name_of(a) .. ": " .. tostring(s.detail), a) end
   end
-  if #need == 0 then return end
+  if #need == 0 then return need end
+  local shipped_to = need
   local timeout = M.ASK_TIMEOUT + M.TIMEOUT_PER_MIB * rec.size / 1048576
   for attempt = 1, 2 do -- the second, directly, for those a lost relay left without the file
     local marks = {}
     for i, a in ipairs(need) do marks[i] = state_of(a, rec.hex).n end
     send_bytes(rec, need, attempt == 2)
+    -- Through the tree a chunk may come out of order (a route changed mid-file: "gap"); the direct second
+    -- attempt waits past the first's late answers, for a final one.
+    -- The first attempt also ends once answers stop coming for M.STALL seconds: a relay that dropped its
+    -- children's chunks (a link lost on the way) leaves them silent, and they are sent to directly.
+    local answered, progress = -1, runtime.now()
     pcall(wait, function()
+      local n = 0
       for i, a in ipairs(need) do
-        if state_of(a, rec.hex).n == marks[i] and a.state ~= "dead" then return false end
+        local s = state_of(a, rec.hex)
+        local final = FINAL[s.state] or (attempt == 1 and s.state == "gap")
+        if (s.n ~= marks[i] and final) or a.state == "dead" then n = n + 1 end
       end
-      return true
+      if n > answered then answered, progress = n, runtime.now() end
+      return n == #need or (attempt == 1 and runtime.now() - progress > M.STALL)
     end, timeout, what)
     local again = {}
     for i, a in ipairs(need) do
@@ -170,7 +205,7 @@ local function deliver(rec, agents, what)
       end
     end
     need = again
-    if #need == 0 then return end
+    if #need == 0 then return shipped_to end
   end
   fail(what, "host " .. name_of(need[1]) .. " did not receive " .. rec.path .. " (" ..
     tostring(state_of(need[1], rec.hex).detail) .. ")", need[1])
@@ -181,22 +216,24 @@ end
 --- For ProcMesh:load (and restarts, grows) of a library path the controller has: ships it where needed and
 -- returns name(agent), the name each agent's procs load it by ("ship:<hash>", or the path where that host
 -- has the same bytes). A name without a '/', or a path the controller lacks, is loaded as before.
-function M.library(lib, agents, what)
+function M.library(lib, agents, what, fresh)
   if not lib:find("/", 1, true) then return nil end
   local f = io.open(lib, "rb")
   if not f then return nil end -- the hosts may have it where the controller does not
   f:close()
   local rec = file(lib, what)
-  local asked = {}
+  local asked, all_known = {}, true
   for _, a in ipairs(agents) do
     if a.ship ~= nil then asked[#asked + 1] = a end -- an agent before shipping loads by path, as it did
+    all_known = all_known and (a.ship == nil or (known[a] and known[a][rec.hex]) ~= nil)
   end
-  check_elf(rec, asked, what)
-  ask(rec, asked, "", what)
-  deliver(rec, asked, what)
+  if fresh or not all_known then
+    check_elf(rec, asked, what)
+    ask(rec, asked, "", what)
+    remember(asked, rec.hex, deliver(rec, asked, what))
+  end
   return function(a)
-    local s = state_of(a, rec.hex)
-    if a.ship == nil or (s and s.state == "local") then return lib end
+    if a.ship == nil or known[a][rec.hex] == "local" then return lib end
     return "ship:" .. rec.hex
   end
 end
@@ -213,9 +250,9 @@ local function agents_of(procs)
   return out
 end
 
-mesh.set_shipper(function(procs, lib, what) return M.library(lib, agents_of(procs), what) end)
+mesh.set_shipper(function(procs, lib, what, fresh) return M.library(lib, agents_of(procs), what, fresh) end)
 procs_mod.set_lib_resolver(function(p, lib)
-  local name = M.library(lib, agents_of({ p }), "reload of '" .. lib .. "' after a restart")
+  local name = M.library(lib, agents_of({ p }), "reload of '" .. lib .. "' after a restart", true)
   return name and name(p.agent) or lib
 end)
 

@@ -116,6 +116,16 @@ MK_EXPORT const mk_library_t *monarch_kernels(void) {
     assert.are.same({ 42, 42 }, answers(m2))
   end)
 
+  it("ships again when a host's cache lost a library it said it had (another job evicted it)", function()
+    local lib = build_lib("liblost.so", 13)
+    local d, hosts = start()
+    spawn(hosts, 1):load(lib)
+    sh("rm -f /proc/" .. d.pid .. "/root/tmp/cache/blobs/*")
+    local m = spawn(hosts, 1)
+    assert.are.equal(#slurp(lib), shipped(function() m:load(lib) end))
+    assert.are.same({ 13 }, answers(m))
+  end)
+
   it("uses a library the host has at the same path with the same bytes as is", function()
     local lib = build_lib("libshared.so", 5)
     local d = agent.start{ token = runtime.token, args = "--ship-cache " .. dir .. "/cache-shared" }
