@@ -10,7 +10,7 @@
 #     controller wrote (target: at most the fan-out, 16) and the first load's time (target: under 10 s);
 #  3. a SYNC_MIB (100) MiB folder synced to one host, one 1 KiB file changed, synced again: the bytes of
 #     the second sync (target: under 64 KiB) against the first's.
-#   bench/ship.sh                      REPS=5 AGENTS=32 LIB_MIB=5 SIM_HOSTS=4096 SYNC_MIB=100
+#   REPS=5 AGENTS=32 LIB_MIB=5 SIM_HOSTS=4096 SYNC_MIB=100 bench/ship.sh   (0 skips a part)
 # Needs root (unshare -m) for parts 1 and 3. Kills every process it started.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -68,7 +68,7 @@ lib() { cc -shared -fPIC -O1 -Ikernels -DPAD=$((mib << 20)) -DVALUE="$2" "$dir/k
 [ -x $B/bench/tcp_stream ] || make -s $B/bench/tcp_stream >/dev/null
 echo "ship bench ($(nproc) cores, $(date -u +%Y-%m-%dT%H:%MZ))"
 
-if [ "$(id -u)" = 0 ] && unshare -m --propagation private true 2>/dev/null; then
+if [ "$agents" -gt 0 ] && [ "$(id -u)" = 0 ] && unshare -m --propagation private true 2>/dev/null; then
   mkdir -p "$base"
   for i in $(seq 1 "$reps"); do lib "$dir/ship_$i.so" "$i"; lib "$base/base_$i.so" $((i + 50)); done
   private_agents "$agents"

@@ -442,27 +442,26 @@ static void xfer_finish(agent_t *a, asession_t *s, shipx_t **at) {
   xfer_unlink(a->ship, at);
 }
 
-/* d's chunk for this agent: must follow what it has of the file (chunks of one file come in order). */
+/*
+ * d's chunk for this agent. Chunks of one file come in order on one way, but the controller may send the
+ * file again directly while the tree's copy is still on its way (a relay lost, a stalled attempt): a chunk
+ * at offset 0 starts the file again, and one that does not follow what the agent has is dropped without an
+ * answer (every copy holds the same bytes, so whichever way the chunks in order come, the file is whole; a
+ * file that never completes gets no answer, and the controller sends it again directly).
+ */
 static void take_chunk(agent_t *a, asession_t *s, const mn_msg_ship_data_t *d) {
   char err[400];
   shipx_t **at = NULL, *x = xfer_find(a->ship, d->hash, &at);
   if (x != NULL && d->offset == 0) xfer_unlink(a->ship, at); /* sent again from the start */
   if (x == NULL || d->offset == 0) {
-    if (d->offset != 0) {
-      answer(s, d->hash, "gap", "a chunk came without the file's start");
-      return;
-    }
+    if (d->offset != 0) return; /* a late copy's chunk, after the file was done (or before its start) */
     if ((x = xfer_start(a, d, err, sizeof(err))) == NULL) {
       answer(s, d->hash, "error", err);
       return;
     }
     at = &a->ship->xfers;
   }
-  if (d->offset != x->got || d->size != x->size) {
-    answer(s, d->hash, "gap", "chunks of the file came out of order");
-    xfer_unlink(a->ship, at);
-    return;
-  }
+  if (d->offset != x->got || d->size != x->size) return;
   char *flipped = NULL;
   if (a->ship->flip && d->len > 0 && (flipped = malloc(d->len)) != NULL) {
     memcpy(flipped, d->chunk, d->len);

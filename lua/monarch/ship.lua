@@ -180,8 +180,7 @@ local function deliver(rec, agents, what)
     local marks = {}
     for i, a in ipairs(need) do marks[i] = state_of(a, rec.hex).n end
     send_bytes(rec, need, attempt == 2)
-    -- Through the tree a chunk may come out of order (a route changed mid-file: "gap"); the direct second
-    -- attempt waits past the first's late answers, for a final one.
+    -- The direct second attempt waits for a final answer (late ones of the first are stale).
     -- The first attempt also ends once answers stop coming for M.STALL seconds: a relay that dropped its
     -- children's chunks (a link lost on the way) leaves them silent, and they are sent to directly.
     local answered, progress = -1, runtime.now()
@@ -189,7 +188,7 @@ local function deliver(rec, agents, what)
       local n = 0
       for i, a in ipairs(need) do
         local s = state_of(a, rec.hex)
-        local final = FINAL[s.state] or (attempt == 1 and s.state == "gap")
+        local final = FINAL[s.state]
         if (s.n ~= marks[i] and final) or a.state == "dead" then n = n + 1 end
       end
       if n > answered then answered, progress = n, runtime.now() end
