@@ -126,6 +126,7 @@ static void session_end(asession_t *s) {
   for (aconn_t *c = a->conns; c; c = c->next)
     if (c->relay_of == s) c->relay_of = NULL;
   mn__agent_tree_close(s);
+  mn__agent_ship_session_end(s);
   mn_buf_free(&s->backlog);
   mn__agent_relay_session_gone(s);
   free(s);
@@ -301,7 +302,7 @@ static void relay_attach(aconn_t *c, uint64_t id, uint64_t silence_ms) {
   c->relay_silence_ms = silence_ms;
 }
 
-/* A relay link carries casts, spawns, ACKS and its parent's pings, nothing else. */
+/* A relay link carries casts, spawns, ACKS, shipped chunks and its parent's pings, nothing else. */
 static void relay_link_handle(aconn_t *c, const msgpack_object *m, mn_buf_t *out) {
   char err[256];
   const msgpack_object *id;
@@ -311,6 +312,8 @@ static void relay_link_handle(aconn_t *c, const msgpack_object *m, mn_buf_t *out
     handle_spawn(c, c->relay_of, m);
   } else if (mn_msg_type(m) == MN_MSG_ACKS) {
     mn__agent_handle_acks(c, m);
+  } else if (mn_msg_type(m) == MN_MSG_SHIP_DATA) {
+    mn__agent_handle_ship_data(c, c->relay_of, m);
   } else if (mn_msg_type(m) == MN_MSG_PING && mn_msg_parse_ping(m, &id, err, sizeof(err)) == 0) {
     if (mn_msg_pack_pong(out, id) == 0) mn__agent_send_buf(c, out);
   } else {
@@ -332,7 +335,8 @@ static void handle(aconn_t *c, const msgpack_object *m) {
       c->ready = 1;
       c->a->served++; /* a count: agent_join.c tells from it whether the controller it joined came */
       uv_timer_stop(&c->hs_timer);
-      mn_hs_welcome(&out, &c->a->auth, c->ns, nc, "agent");
+      mn_hs_welcome_agent(&out, &c->a->auth, c->ns, nc, c->a->elf.elf_class, c->a->elf.machine,
+                          mn__agent_ship_enabled(c->a));
       mn__agent_send_buf(c, &out);
     }
     mn_buf_free(&out);
@@ -373,6 +377,8 @@ static void handle(aconn_t *c, const msgpack_object *m) {
   case MN_MSG_CAST: mn__agent_handle_cast(c, m); break;
   case MN_MSG_ACKS: mn__agent_handle_acks(c, m); break;
   case MN_MSG_TREE: mn__agent_tree_set(c, m); break;
+  case MN_MSG_SHIP_ASK: mn__agent_handle_ship_ask(c, m); break;
+  case MN_MSG_SHIP_DATA: mn__agent_handle_ship_data(c, c->session, m); break;
   case MN_MSG_PING: {
     const msgpack_object *id;
     /* A PING of another shape is ignored: nobody waits for its answer. */
@@ -544,6 +550,8 @@ static int agent_start(agent_t *a, const mn_agent_opts_t *o, uv_loop_t *loop, in
   uv_timer_start(&a->tick, on_tick, 1000, 1000);
   uv_unref((uv_handle_t *)&a->tick);
   if (o->simulate && mn__agent_sim_init(a) != 0) return 2;
+  (void)mn_elf_self(&a->elf); /* unknown (zeros) if /proc is not mounted: controllers then skip the check */
+  if (mn__agent_ship_init(a) != 0) return 2;
   if (o->join != NULL && mn__agent_join_start(a) != 0) return 2;
   return 0;
 }
@@ -558,6 +566,7 @@ static void agent_finish(agent_t *a) {
   mn__agent_relay_close(a);
   mn__agent_tree_stop(a);
   mn__agent_sim_close(a);
+  mn__agent_ship_close(a);
   if (a->hang_period != 0) uv_close((uv_handle_t *)&a->hang_timer, NULL);
   uv_close((uv_handle_t *)&a->server, NULL);
 }

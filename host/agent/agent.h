@@ -18,6 +18,9 @@ typedef struct {
   int simulate;           /* --simulate: procs are virtual, emulated inside the agent (agent_sim.c); a scale test */
   int group;              /* --hosts N with --simulate: N agents, each on its own port, share this process and
                            * its one event loop (a scale test's thousands of hosts); 0 or 1: one agent */
+  const char *ship_cache; /* --ship-cache DIR: where shipped files are kept (NULL: ~/.cache/monarch/ship) */
+  unsigned long long ship_max; /* --ship-cache-max BYTES: its cap (0: 1 GiB) */
+  int no_ship;            /* --no-ship: refuse shipped files */
 } mn_agent_opts_t;
 
 /*

@@ -16,6 +16,7 @@
 #include "agent.h"
 
 #include "handshake.h"
+#include "ship.h"
 #include "wire.h"
 
 #include <signal.h>
@@ -40,6 +41,7 @@ typedef struct apersist_s apersist_t;
 typedef struct alink_s alink_t;
 typedef struct asim_s asim_t;
 typedef struct aproc_s aproc_t;
+typedef struct aship_s aship_t;
 
 /* A persistent mesh's record: its procs point at it. */
 struct apersist_s {
@@ -94,6 +96,8 @@ typedef struct {
   ajoin_t *join;       /* --join: the attempt to join a controller (agent_join.c) */
   int exit_code;       /* what mn_agent_main returns once the loop stops */
   asim_t *sim;         /* --simulate: the virtual procs (agent_sim.c); NULL otherwise */
+  aship_t *ship;       /* the cache of shipped files (agent_ship.c) */
+  mn_elf_id_t elf;     /* what this binary is (ELF class, machine), told in WELCOME: a library shipped must match */
 } agent_t;
 
 struct asession_s {
@@ -187,6 +191,23 @@ void mn__agent_session_send(asession_t *s, const mn_buf_t *b);
 /* Stops the agent: closes every connection, kills every proc, ends the loop. */
 void mn__agent_stop(agent_t *a);
 
+/* ---- agent_ship.c: the cache of shipped files ------------------------------------------------ */
+
+#define MN_SHIP_CACHE_MAX (1ull << 30) /* default cap of the ship cache (--ship-cache-max), bytes */
+
+/* Sets up a->ship from the options (the directories are made at first use); 0 or MN_ENOMEM. */
+int mn__agent_ship_init(agent_t *a);
+void mn__agent_ship_close(agent_t *a);
+/* Whether this agent takes shipped files (not --no-ship). */
+int mn__agent_ship_enabled(const agent_t *a);
+/* The cache's blob directory and session s's workspace, for its procs' environment. */
+void mn__agent_ship_paths(const agent_t *a, const asession_t *s, char *blobs, size_t bn, char *work, size_t wn);
+void mn__agent_handle_ship_ask(aconn_t *c, const msgpack_object *m);
+/* SHIP_DATA for session s, from its controller or a parent's relay link c. */
+void mn__agent_handle_ship_data(aconn_t *c, asession_t *s, const msgpack_object *m);
+/* The session is over: its workspace goes (unless persistent meshes live on). */
+void mn__agent_ship_session_end(asession_t *s);
+
 /* ---- agent_pids.c: the live procs by pid ------------------------------------------------------ */
 
 /* Makes room for one more proc, before it is spawned: 0, or UV_ENOMEM. */
@@ -258,6 +279,8 @@ int64_t mn__agent_tree_forward(asession_t *s, const msgpack_object *subs, const 
 void mn__agent_tree_forward_spawn(asession_t *s, const msgpack_object *subs);
 /* Hands ACKS's subs on to the children's links. */
 void mn__agent_tree_forward_acks(asession_t *s, const msgpack_object *subs);
+/* SHIP_DATA's subs: each (index, self, subs) triple's chunk to that child's link (ship.h). */
+void mn__agent_tree_forward_ship(asession_t *s, const mn_msg_ship_data_t *d);
 /* Whether a parent's relay link for s was heard within ms: the controller reaches s through it. */
 int mn__agent_tree_heard(agent_t *a, const asession_t *s, uint64_t ms);
 /* At exit: stops the links' timer. */

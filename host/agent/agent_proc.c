@@ -1,6 +1,8 @@
 /* agent_proc.c - the host agent's procs: spawning, port reports, exits, status lines and output. */
 #include "agent_int.h"
 
+#include <limits.h>
+
 /* ---- procs ----------------------------------------------------------------- */
 
 void mn__agent_proc_handle_closed(uv_handle_t *h) {
@@ -191,7 +193,8 @@ void mn__agent_watch_hangs(agent_t *a, uint64_t hang_ms) {
   uv_unref((uv_handle_t *)&a->hang_timer);
 }
 
-#define PROC_ENV_VARS 4 /* what proc_env may add */
+#define PROC_ENV_VARS 4 /* what proc_env may add, and the two paths of shipped files */
+#define PROC_ENV_SHIP 2
 
 /*
  * The proc's environment: the agent's, plus what the user left unset of
@@ -204,17 +207,21 @@ void mn__agent_watch_hangs(agent_t *a, uint64_t hang_ms) {
  *    then takes a core another proc needs: 8 procs on 2 cores gathered
  *    2.4x slower). bench/core.lua;
  *  - MONARCH_STATUS_MS, how often its I/O thread writes a status line: a
- *    quarter of the session's hang timeout, so the agent sees a hang in time.
- * Fills env (room for environ, PROC_ENV_VARS more and the NULL) from bufs.
+ *    quarter of the session's hang timeout, so the agent sees a hang in time;
+ * and, always ours (agent_ship.c), ship[0] MONARCH_SHIP_CACHE=, where shipped libraries
+ * are (ship:<hash> names resolve there), and ship[1] MONARCH_WORKSPACE=, the session's files.
+ * Fills env (room for environ, PROC_ENV_VARS + PROC_ENV_SHIP more and the NULL) from bufs.
  */
-static void proc_env(char **env, size_t room, char bufs[PROC_ENV_VARS][48], int threads, int spin_us, int st_ms) {
+static void proc_env(char **env, size_t room, char bufs[PROC_ENV_VARS][48], int threads, int spin_us, int st_ms,
+                     char *const ship[PROC_ENV_SHIP]) {
   extern char **environ;
   static const char *const vars[PROC_ENV_VARS] = {"OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MONARCH_SPIN_US",
                                                   "MONARCH_STATUS_MS"};
   int vals[PROC_ENV_VARS] = {threads, threads, spin_us, st_ms};
   size_t n = 0;
   int have[PROC_ENV_VARS] = {0};
-  for (char **e = environ; *e != NULL && n + PROC_ENV_VARS + 1 < room; e++) {
+  for (char **e = environ; *e != NULL && n + PROC_ENV_VARS + PROC_ENV_SHIP + 1 < room; e++) {
+    if (strncmp(*e, "MONARCH_SHIP_CACHE=", 19) == 0 || strncmp(*e, "MONARCH_WORKSPACE=", 18) == 0) continue;
     for (int v = 0; v < PROC_ENV_VARS; v++)
       if (strncmp(*e, vars[v], strlen(vars[v])) == 0 && (*e)[strlen(vars[v])] == '=') have[v] = 1;
     env[n++] = *e;
@@ -224,6 +231,7 @@ static void proc_env(char **env, size_t room, char bufs[PROC_ENV_VARS][48], int 
     snprintf(bufs[v], sizeof(bufs[v]), "%s=%d", vars[v], vals[v]);
     env[n++] = bufs[v];
   }
+  for (int v = 0; v < PROC_ENV_SHIP; v++) env[n++] = ship[v];
   env[n] = NULL;
 }
 
@@ -259,7 +267,8 @@ int mn__agent_spawn_one(asession_t *c, uint64_t req, int index, int rank, int wo
   extern char **environ;
   size_t nenv = 0;
   while (environ[nenv] != NULL) nenv++;
-  char **env = malloc(sizeof(char *) * (nenv + PROC_ENV_VARS + 1)), bufs[PROC_ENV_VARS][48];
+  char **env = malloc(sizeof(char *) * (nenv + PROC_ENV_VARS + PROC_ENV_SHIP + 1)), bufs[PROC_ENV_VARS][48];
+  char blobs[PATH_MAX], work[PATH_MAX], ship_env[PROC_ENV_SHIP][PATH_MAX + 24], *ship[PROC_ENV_SHIP];
   aproc_t *p = calloc(1, sizeof(*p));
   char srank[16], sworld[16], sparent[16], sorphan[32], sdevice[16];
   if (p == NULL || env == NULL || mn__agent_pids_reserve(a) != 0) { /* reserved: the add below cannot fail */
@@ -267,8 +276,13 @@ int mn__agent_spawn_one(asession_t *c, uint64_t req, int index, int rank, int wo
     free(env);
     return UV_ENOMEM;
   }
-  proc_env(env, nenv + PROC_ENV_VARS + 1, bufs, threads, spin_us,
-           c->hang_ms > 0 ? (int)status_ms(c->hang_ms) : -1);
+  mn__agent_ship_paths(a, c, blobs, sizeof(blobs), work, sizeof(work));
+  snprintf(ship_env[0], sizeof(ship_env[0]), "MONARCH_SHIP_CACHE=%s", blobs);
+  snprintf(ship_env[1], sizeof(ship_env[1]), "MONARCH_WORKSPACE=%s", work);
+  ship[0] = ship_env[0];
+  ship[1] = ship_env[1];
+  proc_env(env, nenv + PROC_ENV_VARS + PROC_ENV_SHIP + 1, bufs, threads, spin_us,
+           c->hang_ms > 0 ? (int)status_ms(c->hang_ms) : -1, ship);
   p->a = a;
   p->owner = c;
   p->req = req;

@@ -345,6 +345,27 @@ void mn__agent_tree_forward_acks(asession_t *s, const msgpack_object *subs) {
   }
 }
 
+void mn__agent_tree_forward_ship(asession_t *s, const mn_msg_ship_data_t *d) {
+  for (uint32_t i = 0; i + 2 < d->subs->via.array.size; i += 3) {
+    const msgpack_object *q = &d->subs->via.array.ptr[i];
+    alink_t *l = q[0].via.u64 < s->nlinks ? s->links[q[0].via.u64] : NULL;
+    if (l == NULL || l->state != L_UP) continue; /* the controller hears no answer from it and sends directly */
+    mn_buf_t b;
+    msgpack_packer pk;
+    size_t start;
+    mn_buf_init(&b);
+    int f = mn_msg_ship_data_head(&b, &pk, &start, d->hash, d->size, d->offset, d->chunk, d->len, q[1].via.boolean,
+                                  q[2].via.array.size / 3);
+    for (uint32_t j = 0; f == 0 && j < q[2].via.array.size; j++) f |= msgpack_pack_object(&pk, q[2].via.array.ptr[j]);
+    if (f == 0) {
+      mn_frame_end(&b, start);
+      link_send(l, &b);
+    } else {
+      mn_buf_free(&b);
+    }
+  }
+}
+
 int mn__agent_tree_heard(agent_t *a, const asession_t *s, uint64_t ms) {
   uint64_t now = uv_now(a->loop);
   for (aconn_t *c = a->conns; c; c = c->next)

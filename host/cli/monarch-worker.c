@@ -12,6 +12,7 @@
 
 static const char usage[] =
     "usage: monarch-worker [--listen HOST:PORT] [--join HOST:PORT] [--once] [--parent PID] [--port-fd FD] [--simulate [--hosts N]]\n"
+    "                      [--ship-cache DIR] [--ship-cache-max BYTES] [--no-ship]\n"
     "       monarch-worker --blas-probe [CORETYPE [M N K [TA TB]]]\n"
     "       monarch-worker --proc --rank R --world W --bind HOST [--parent PID] [--port-fd FD] [--relay-fd FD] [--device D]\n"
     "\n"
@@ -29,6 +30,11 @@ static const char usage[] =
     "  --hosts N            with --simulate: N simulated host agents in this one process, on one\n"
     "                       event loop, each on its own port (one banner line each; with a\n"
     "                       --listen port P, ports P to P+N-1), so thousands fit on a machine\n"
+    "  --ship-cache DIR     keep files the controller ships (kernel libraries, hosts:sync) in DIR\n"
+    "                       (default ~/.cache/monarch/ship; must be ours, mode 700)\n"
+    "  --ship-cache-max N   cap that cache at N bytes (suffix K, M or G; default 1G), least\n"
+    "                       recently used files evicted first\n"
+    "  --no-ship            refuse shipped files (docs/security.md)\n"
     "  --blas-probe         check and time sgemm under OpenBLAS core type CORETYPE (\"-\": its own\n"
     "                       choice), in this process, at our kernels' shapes (or M N K, TA TB 0|1):\n"
     "                       a line per shape and a summary (the agent and monarch-run run it)\n"
@@ -46,17 +52,48 @@ static int parse_int(const char *s, const char *flag, int *out) {
   return 0;
 }
 
+typedef struct {
+  const char *cache;
+  unsigned long long max;
+  int off;
+} ship_opts_t;
+
+/* The shipping options (--ship-cache DIR, --ship-cache-max BYTES, --no-ship): the arguments they took (0: not
+ * one of them), or -1 after a message on stderr. */
+static int ship_option(const char *a, const char *v, ship_opts_t *o) {
+  if (strcmp(a, "--no-ship") == 0) return o->off = 1;
+  if (strcmp(a, "--ship-cache") == 0 && v != NULL && v[0] == '/') return o->cache = v, 2;
+  if (strcmp(a, "--ship-cache") == 0) {
+    fprintf(stderr, "monarch-worker: --ship-cache wants an absolute directory, got '%s'\n", v ? v : "");
+    return -1;
+  }
+  if (strcmp(a, "--ship-cache-max") != 0) return 0;
+  char *end;
+  unsigned long long n = strtoull(v ? v : "", &end, 10);
+  int shift = *end == 'K' ? 10 : *end == 'M' ? 20 : *end == 'G' ? 30 : 0;
+  if (v == NULL || end == v || n == 0 || (shift ? end[1] != '\0' : *end != '\0') || n > (1ull << 50) >> shift) {
+    fprintf(stderr, "monarch-worker: --ship-cache-max wants a positive byte count (suffix K, M or G), got '%s'\n",
+            v ? v : "");
+    return -1;
+  }
+  o->max = n << shift;
+  return 2;
+}
+
 int main(int argc, char **argv) {
   static char prefix[PATH_MAX], exe[PATH_MAX + 32], host[256] = "127.0.0.1";
   int proc = 0, rank = 0, world = 1, parent = 0, port_fd = -1, relay_fd = -1, port = 0, once = 0, device = -1,
       simulate = 0, group = 1;
   double orphan = 10.0;
+  ship_opts_t ship = {NULL, 0, 0};
   const char *bind = "127.0.0.1", *join = NULL;
   if (argc >= 2 && strcmp(argv[1], "--blas-probe") == 0) return mn_blas_probe_main(argc - 2, argv + 2);
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-    int rc = 0;
-    if (strcmp(a, "--proc") == 0) proc = 1;
+    int rc = 0, took = ship_option(a, v, &ship);
+    if (took < 0) return 2;
+    if (took > 0) i += took - 1;
+    else if (strcmp(a, "--proc") == 0) proc = 1;
     else if (strcmp(a, "--once") == 0) once = 1;
     else if (strcmp(a, "--simulate") == 0) simulate = 1;
     else if (strcmp(a, "--hosts") == 0) rc = parse_int(v, a, &group), i++;
@@ -113,6 +150,7 @@ int main(int argc, char **argv) {
             " --once nor --join; got --hosts %d\n", MN_MAX_GROUP, group);
     return 2;
   }
-  mn_agent_opts_t o = {host, port, port_fd, parent, once, exe, orphan, join, simulate, group};
+  mn_agent_opts_t o = {host, port, port_fd, parent, once, exe, orphan, join, simulate, group,
+                       ship.cache, ship.max, ship.off};
   return mn_agent_main(&o);
 }

@@ -9,7 +9,7 @@
  * the address of a static key; core.init makes it, core.shutdown (or the
  * state's collection) closes it. The module's other functions live by
  * topic: core_conn.c (connections), core_call.c (calls), core_bulk.c
- * (bulk), core_join.c (the join port), core_config.c (settings, counters).
+ * (bulk), core_join.c (the join port), core_ship.c (shipping), core_config.c (settings, counters).
  */
 #include "clock.h"
 #include "core_lua_int.h"
@@ -190,6 +190,10 @@ int luaopen_monarch_core(lua_State *L) {
       /* bulk (core_bulk.c) */
       {"put_chunk", mn__core_put_chunk}, {"fetch_into", mn__core_fetch_into}, {"bulk_self", mn__core_bulk_self},
       {"hold", mn__core_hold}, {"holds", mn__core_holds},
+      /* shipping files to the hosts (core_ship.c) */
+      {"ship_hash", mn__core_ship_hash}, {"ship_elf", mn__core_ship_elf}, {"ship_ask", mn__core_ship_ask},
+      {"ship_send", mn__core_ship_send}, {"ship_stats", mn__core_ship_stats}, {"listdir", mn__core_listdir},
+      {"stat", mn__core_stat},
       /* the join port (core_join.c) */
       {"listen", mn__core_listen}, {"joins", mn__core_joins},
       /* settings and counters (core_config.c) */

@@ -2,7 +2,7 @@
  * core_lua_int.h - what the files of the monarch.core module share: its
  * state (lctl_t), and the functions core_lua.c registers, by the file that
  * holds each (core_conn.c, core_call.c, core_results.c, core_bulk.c,
- * core_join.c, core_config.c). The controller's engine (ctl*.c) includes no
+ * core_join.c, core_ship.c, core_config.c). The controller's engine (ctl*.c) includes no
  * Lua header; these files are its only Lua face (tests/layers.sh checks).
  */
 #ifndef MN_CORE_LUA_INT_H
@@ -110,6 +110,15 @@ int mn__core_fetch_into(lua_State *L);
 int mn__core_bulk_self(lua_State *L);
 int mn__core_hold(lua_State *L);
 int mn__core_holds(lua_State *L);
+/* core_ship.c */
+int mn__core_ship_hash(lua_State *L);
+int mn__core_ship_elf(lua_State *L);
+int mn__core_ship_ask(lua_State *L);
+int mn__core_ship_send(lua_State *L);
+int mn__core_ship_stats(lua_State *L);
+int mn__core_listdir(lua_State *L);
+int mn__core_stat(lua_State *L);
+
 /* core_join.c */
 int mn__core_listen(lua_State *L);
 int mn__core_joins(lua_State *L);

@@ -277,11 +277,19 @@ static int push_event_value(lua_State *L, lctl_t *c, const mn_event_t *e, int ev
   mn_conn_info_t i;
   if (e->kind == MN_EV_CONNECTED) {
     mn_ctl_info(&c->ctl, e->conn, &i);
-    lua_createtable(L, 0, 2);
+    lua_createtable(L, 0, 5);
     lua_pushstring(L, i.host);
     lua_setfield(L, -2, "host");
     lua_pushnumber(L, (lua_Number)e->a);
     lua_setfield(L, -2, "pid");
+    if (i.ship >= 0) { /* an agent that knows shipping (ship.lua) */
+      lua_pushboolean(L, i.ship);
+      lua_setfield(L, -2, "ship");
+      lua_pushinteger(L, i.elf_class);
+      lua_setfield(L, -2, "elf_class");
+      lua_pushinteger(L, i.elf_machine);
+      lua_setfield(L, -2, "elf_machine");
+    }
   } else if (e->kind == MN_EV_CLOSED || e->kind == MN_EV_RECONNECTING) {
     mn_ctl_info(&c->ctl, e->conn, &i);
     lua_pushstring(L, i.reason);

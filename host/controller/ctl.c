@@ -345,6 +345,7 @@ static int add_agent_part(mn_ctl_t *c, mn_conn_t *k) {
   if (mn__ctl_room(&c->agent_ids, &c->agent_ids_cap, c->nagent_ids) != 0) return MN_ENOMEM;
   if ((k->ag = calloc(1, sizeof(*k->ag))) == NULL) return MN_ENOMEM;
   k->ag->tree_pos = -1;
+  k->ag->ship = -1; /* until its WELCOME says */
   return 0;
 }
 
@@ -402,7 +403,8 @@ int mn_ctl_info(mn_ctl_t *c, int id, mn_conn_info_t *out) {
   const mn_conn_t *named = k->relay_only && mn_ctl_conn(c, k->via) ? mn_ctl_conn(c, k->via) : k;
   const char *host = named->info_host ? named->info_host : "";
   *out = (mn_conn_info_t){k->kind, k->state, state_names[k->state], host, k->info_pid, mn__ctl_reason(k), k->rcount,
-                          k->lazy ? k->direct : -1};
+                          k->lazy ? k->direct : -1, k->ag ? k->ag->elf_class : 0, k->ag ? k->ag->elf_machine : 0,
+                          k->ag ? k->ag->ship : -1};
   return 0;
 }
 

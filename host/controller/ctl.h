@@ -75,6 +75,7 @@ typedef struct {
   const char *reason;     /* why it closed or is reconnecting */
   size_t inflight;        /* calls sent and not answered */
   int direct;             /* a pooled proc (ctl_pool.c): 1 while its link is up, else 0; -1: not pooled */
+  int elf_class, elf_machine, ship; /* an agent's WELCOME (mn_msg_welcome_t); 0, 0, -1 for others */
 } mn_conn_info_t;
 
 struct mn_ctl_s {
@@ -133,7 +134,18 @@ struct mn_ctl_s {
   uint64_t pool_opened, pool_closed; /* pooled links opened and closed since the start (core.cast_stats) */
   int *spawning, nspawning; /* agents whose spawn goes through the tree, gathered (ctl_spawn.c) */
   uint64_t spawn_relayed, spawn_resent; /* spawns sent through the tree, and sent again directly (core.cast_stats) */
+  uint64_t ship_bytes, ship_frames; /* shipped file bytes this controller wrote, and their SHIP_DATA frames (ctl_ship.c) */
 };
+
+/*
+ * Shipping (ctl_ship.c). One chunk [offset, offset + len) of a file of `size` bytes with `hash`, for the
+ * agents ids[0..n): each gets it through its parents in the cast tree where their links are up (the
+ * controller writes one frame per top agent), or, with direct, on its own connection. 0 or MN_ENOMEM.
+ */
+int mn_ctl_ship_data(mn_ctl_t *c, const int *ids, int n, const uint8_t *hash, uint64_t size, uint64_t offset,
+                     const char *chunk, size_t len, int direct);
+/* Bytes queued and not yet written to every agent: what a sender waits on before its next chunk. */
+size_t mn_ctl_agents_pending(mn_ctl_t *c);
 
 /* 0, or MN_EAUTH (a bad token) or MN_ENOMEM. */
 int mn_ctl_init(mn_ctl_t *c, const char *token, size_t toklen);

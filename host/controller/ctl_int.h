@@ -45,6 +45,11 @@ typedef struct {
   mn_buf_t spawn;
   uint64_t spawn_req;    /* 0: none */
   uint8_t spawn_new;     /* among those the spawn being sent now is for */
+  /* What its WELCOME told (ctl_ship.c, lua/monarch/ship.lua): ELF class and machine (0: not said), and
+   * whether it takes shipped files (1), refuses them (0, --no-ship), or predates shipping (-1). */
+  int16_t elf_class, elf_machine;
+  int8_t ship;
+  uint8_t ship_mark;     /* ctl_ship.c, while one chunk is packed: wants it, or hands it on */
 } mn_agent_part_t;
 
 /* What only a pooled proc holds (ctl_pool.c). */
@@ -245,6 +250,10 @@ void mn__ctl_cast_changed(mn_ctl_t *c, mn_conn_t *k, mn_conn_change_t what);
 
 /* Whether casts go through the tree: past the fan-out it was built for (inline: the hub asks per call). */
 static inline int mn__ctl_tree_active(const mn_ctl_t *c) { return c->tree_k > 1 && c->ntree > c->tree_k; }
+/* a's parent in the tree, if the tree is active, their link up and the parent ready; else NULL (ctl_ship.c). */
+mn_conn_t *mn__ctl_tree_linked_parent(mn_ctl_t *c, const mn_conn_t *a);
+/* Child j of a in the tree, or NULL past its last. */
+mn_conn_t *mn__ctl_tree_child(mn_ctl_t *c, const mn_conn_t *a, int j);
 /* The hub's handler: an agent up, back, lost or closed marks the tree for a rebuild. */
 void mn__ctl_tree_conn_changed(mn_ctl_t *c, mn_conn_t *k, mn_conn_change_t what);
 /* Rebuilds the tree if the agents changed (TREE to each agent when it is, or was, active). */

@@ -281,6 +281,11 @@ static int welcomed(mn_ctl_t *c, mn_conn_t *k, const mn_msg_welcome_t *w, char *
     return MN_EPEER;
   }
   if (w->host != NULL) mn__ctl_set_text(&k->info_host, "%.*s", (int)w->host_len, w->host);
+  if (k->ag != NULL) { /* what it runs and whether it takes shipped files (ctl_ship.c) */
+    k->ag->elf_class = (int16_t)w->elf_class;
+    k->ag->elf_machine = (int16_t)w->elf_machine;
+    k->ag->ship = (int8_t)w->ship;
+  }
   /* A pooled proc's reopened link: no event, the proc never left. */
   if (k->lazy && k->state == MN_CS_READY) return mn__ctl_conn_changed(c, k, MN_CHANGE_LINK_UP);
   k->info_pid = w->pid;

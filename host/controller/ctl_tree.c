@@ -111,6 +111,15 @@ static mn_conn_t *linked_parent(mn_ctl_t *c, const mn_conn_t *a) {
   return p != NULL && p->state == MN_CS_READY ? p : NULL;
 }
 
+mn_conn_t *mn__ctl_tree_linked_parent(mn_ctl_t *c, const mn_conn_t *a) {
+  return a->ag != NULL && a->ag->tree_pos >= 0 && mn__ctl_tree_active(c) ? linked_parent(c, a) : NULL;
+}
+
+mn_conn_t *mn__ctl_tree_child(mn_ctl_t *c, const mn_conn_t *a, int j) {
+  if (a->ag->tree_pos < 0 || j >= c->tree_k || child_pos(c, a->ag->tree_pos, j) >= c->ntree) return NULL;
+  return mn_ctl_conn(c, c->tree[child_pos(c, a->ag->tree_pos, j)]);
+}
+
 int mn__ctl_tree_vouched(mn_ctl_t *c, const mn_conn_t *a) {
   return a->ag->tree_pos >= 0 && mn__ctl_tree_active(c) && linked_parent(c, a) != NULL;
 }

@@ -60,6 +60,9 @@ static const spec_t specs[] = {
     [MN_MSG_ACKS] = {"ACKS", 2, 0, BY_CTL, "[34, [pid, acked, ...], subs?]"},
     [MN_MSG_TREE] = {"TREE", 3, 0, BY_CTL, "[35, epoch, [addr, session, ...], ping_ms?, silence_ms?]"},
     [MN_MSG_LINKED] = {"LINKED", 4, 1, BY_SERVER, "[36, epoch, index, up]"},
+    [MN_MSG_SHIP_ASK] = {"SHIP_ASK", 5, 0, BY_CTL, "[40, hash: bin(32), size, path, place]"},
+    [MN_MSG_SHIP_DATA] = {"SHIP_DATA", 7, 0, BY_CTL, "[41, hash: bin(32), size, offset, chunk: bin, self: bool, subs]"},
+    [MN_MSG_SHIP_STATE] = {"SHIP_STATE", 4, 0, BY_SERVER, "[42, hash: bin(32), state, detail]"},
 };
 
 #define NSPECS (sizeof(specs) / sizeof(specs[0]))
@@ -204,6 +207,11 @@ int mn_msg_parse_welcome(const msgpack_object *m, mn_msg_welcome_t *out, char *e
   out->host = h && h->type == MSGPACK_OBJECT_STR ? h->via.str.ptr : NULL;
   out->host_len = out->host ? h->via.str.size : 0;
   out->pid = pid && pid->type == MSGPACK_OBJECT_POSITIVE_INTEGER ? (int64_t)pid->via.u64 : 0;
+  const msgpack_object *ec = mn_map_get(at(m, 2), "elf_class"), *em = mn_map_get(at(m, 2), "elf_machine");
+  const msgpack_object *sh = mn_map_get(at(m, 2), "ship");
+  out->elf_class = ec && ec->type == MSGPACK_OBJECT_POSITIVE_INTEGER && ec->via.u64 < 256 ? (int)ec->via.u64 : 0;
+  out->elf_machine = em && em->type == MSGPACK_OBJECT_POSITIVE_INTEGER && em->via.u64 < 65536 ? (int)em->via.u64 : 0;
+  out->ship = sh && sh->type == MSGPACK_OBJECT_BOOLEAN ? sh->via.boolean : -1;
   return 0;
 }
 

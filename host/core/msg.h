@@ -55,6 +55,9 @@ typedef enum {
   MN_MSG_ACKS = 34,       /* controller -> agent: [pid, acked, ...]: ACKs for its procs, handed on over their relays */
   MN_MSG_TREE = 35,       /* controller -> agent: epoch, [addr, session, ...]: the agents it relays casts to */
   MN_MSG_LINKED = 36,     /* agent -> controller: epoch, index, up: its link to child `index` of that TREE came up or went */
+  MN_MSG_SHIP_ASK = 40,   /* controller -> agent: hash, size, path, place: does its cache hold this file? (ship.h) */
+  MN_MSG_SHIP_DATA = 41,  /* controller -> agent (and down the tree): hash, size, offset, chunk, self, subs */
+  MN_MSG_SHIP_STATE = 42, /* agent -> controller: hash, state, detail: what it has of that file now */
 } mn_msg_t;
 
 #define MN_MSG_CALL_SEQ_OFFSET 7 /* a CALL frame's seq bytes: len(4) + fixarray(1) + type(1) + 0xcf(1) */
@@ -85,6 +88,9 @@ int mn_msg_pack_hello(mn_buf_t *b, const uint8_t nonce_s[32], const char *role);
 int mn_msg_pack_auth(mn_buf_t *b, const uint8_t nonce_c[32], const uint8_t mac[32]);
 /* info is {hostname, pid, role}. */
 int mn_msg_pack_welcome(mn_buf_t *b, const uint8_t mac[32], const char *hostname, int64_t pid, const char *role);
+/* An agent's WELCOME: info also says what it runs (ELF class and machine) and whether it takes shipped files. */
+int mn_msg_pack_welcome_agent(mn_buf_t *b, const uint8_t mac[32], const char *hostname, int64_t pid, int elf_class,
+                              int elf_machine, int ship);
 int mn_msg_pack_ping(mn_buf_t *b, uint64_t id);
 /* The agent's answer: id re-encoded as it came. */
 int mn_msg_pack_pong(mn_buf_t *b, const msgpack_object *id);
@@ -232,6 +238,9 @@ typedef struct {
   const char *host;     /* info.hostname, NULL if absent or not a str */
   size_t host_len;
   int64_t pid;          /* info.pid, 0 if absent or not a uint */
+  int elf_class;        /* info.elf_class (1: 32-bit, 2: 64-bit), 0 if absent (an agent before shipping) */
+  int elf_machine;      /* info.elf_machine (e_machine of the agent's own binary), 0 if absent */
+  int ship;             /* info.ship: 1 it takes shipped files, 0 --no-ship, -1 absent (an older agent) */
 } mn_msg_welcome_t;
 
 typedef struct {

@@ -70,6 +70,21 @@ int mn_msg_pack_welcome(mn_buf_t *b, const uint8_t mac[32], const char *hostname
   return finish(b, s, f);
 }
 
+int mn_msg_pack_welcome_agent(mn_buf_t *b, const uint8_t mac[32], const char *hostname, int64_t pid, int elf_class,
+                              int elf_machine, int ship) {
+  msgpack_packer pk;
+  size_t s;
+  int f = head(b, &pk, &s, 3, MN_MSG_WELCOME);
+  f |= pack_bin(&pk, mac, 32) | msgpack_pack_map(&pk, 6);
+  f |= pack_cstr(&pk, "hostname") | pack_cstr(&pk, hostname);
+  f |= pack_cstr(&pk, "pid") | msgpack_pack_int64(&pk, pid);
+  f |= pack_cstr(&pk, "role") | pack_cstr(&pk, "agent");
+  f |= pack_cstr(&pk, "elf_class") | msgpack_pack_int(&pk, elf_class);
+  f |= pack_cstr(&pk, "elf_machine") | msgpack_pack_int(&pk, elf_machine);
+  f |= pack_cstr(&pk, "ship") | (ship ? msgpack_pack_true(&pk) : msgpack_pack_false(&pk));
+  return finish(b, s, f);
+}
+
 int mn_msg_pack_join(mn_buf_t *b, const uint8_t nonce_a[32], const char *addr, const uint8_t mac[32]) {
   msgpack_packer pk;
   size_t s;

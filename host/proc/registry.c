@@ -105,6 +105,12 @@ const mk_kernel_t *mn_registry_find(const mn_registry_t *r, const char *name, si
  * two spellings of one file load it once) or NULL. */
 static char *locate(const mn_registry_t *r, const char *name) {
   char path[4096];
+  /* ship:<hash>: a library the controller shipped, in the agent's cache (host/agent/agent_ship.c). */
+  const char *cache = getenv("MONARCH_SHIP_CACHE");
+  if (strncmp(name, "ship:", 5) == 0 && strlen(name) == 5 + 64 && strchr(name + 5, '/') == NULL && cache != NULL) {
+    snprintf(path, sizeof(path), "%s/%s", cache, name + 5);
+    return access(path, R_OK) == 0 ? realpath(path, NULL) : NULL;
+  }
   if (strchr(name, '/') != NULL) return access(name, R_OK) == 0 ? realpath(name, NULL) : NULL;
   const char *env = getenv("MONARCH_KERNEL_PATH");
   if (env != NULL) {

@@ -20,6 +20,7 @@ local trace = require "monarch.trace"
 local join = require "monarch.join" -- hosts that join the job: HostMesh:on_join/refresh, ProcMesh:grow
 -- The trace names each host's BLAS core type, from the hosts' STATUS at stop (trace.lua is a leaf).
 trace.set_host_status(function(agents) return require("monarch.status").collect(agents) end)
+local ship = require "monarch.ship" -- libraries and files shipped to hosts that lack them: HostMesh:sync
 
 local M = { _VERSION = core.version } -- host/core/version.h
 
@@ -195,6 +196,7 @@ end
 M.listen = join.listen
 
 M.log = require "monarch.log"
+M.ship = ship -- monarch.ship.stats(): the bytes of shipped files this controller wrote
 M.attach, M.persistent = persist.attach, persist.list
 
 --- Prints each host's procs (state, uptime, queued and executed calls, the

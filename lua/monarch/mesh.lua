@@ -400,11 +400,53 @@ local function with_lib(libs, lib)
   return nexts[lib]
 end
 
---- Loads a kernel library on every proc (blocking); raises a clear error if any proc cannot.
+local shipper -- monarch.ship's: ships a library path to the hosts that lack it (M.set_shipper)
+
+--- Called once by monarch.ship: fn(procs, lib, what) ships lib where needed and returns name(agent), the name
+-- that agent's procs load it by; or nil for a library that is not shipped (a name, a path the controller lacks).
+function M.set_shipper(fn) shipper = fn end
+
+-- The load of lib on procs, each host's procs by the name their host gives it: one future per name.
+local function load_futures(self, lib, what, fresh)
+  local name = shipper and shipper(self._procs, lib, what, fresh)
+  if not name then return { self:_submit("__load", { lib }, 1, { what = what }) } end
+  local groups, order = {}, {}
+  for _, p in ipairs(self._procs) do
+    local n = name(p.agent)
+    if not groups[n] then
+      groups[n] = {}
+      order[#order + 1] = n
+    end
+    groups[n][#groups[n] + 1] = p
+  end
+  local futs = {}
+  for i, n in ipairs(order) do
+    futs[i] = runtime.submit(groups[n], "__load", { n }, 1, { what = what, timeout = self._opts.timeout,
+      retries = self._opts.retries, backoff = self._opts.backoff,
+      make_result = function(values) return values end }).future
+  end
+  return futs
+end
+
+--- Loads a kernel library on every proc (blocking); raises a clear error if any proc cannot. A path to a
+-- library the controller has is shipped to the hosts that lack it (monarch.ship).
 function ProcMesh:load(lib)
   check_kernel(lib, 2)
-  local fut = self:_submit("__load", { lib }, 1, { what = "load of '" .. lib .. "'" })
-  local ok, err = pcall(fut.get, fut)
+  local what = "load of '" .. lib .. "'"
+  local function get_all(futs)
+    for _, fut in ipairs(futs) do fut:get() end
+  end
+  local ok, err = pcall(function()
+    local futs = load_futures(self, lib, what, false)
+    local shipped = shipper ~= nil and lib:find("/", 1, true) ~= nil
+    local ok1, e1 = pcall(get_all, futs)
+    -- A host's cache lost a shipped library since it said it had it (another job's files evicted it): ask again.
+    if not ok1 and shipped and tostring(e1):find("kernel library 'ship:", 1, true) then
+      get_all(load_futures(self, lib, what, true))
+    elseif not ok1 then
+      error(e1, 0)
+    end
+  end)
   if not ok then
     if errors.is(err) then
       err.kernel = nil

@@ -373,6 +373,8 @@ local function agent_handler(a)
       a.state = "ready"
       a.hostname = info.host ~= "" and info.host or a.addr
       a.pid = info.pid
+      -- What it runs and whether it takes shipped files (monarch.ship); nil from an agent before shipping.
+      a.ship, a.elf_class, a.elf_machine = info.ship, info.elf_class, info.elf_machine
     end,
     on_closed = function(reason)
       a.state = "dead"
@@ -536,6 +538,11 @@ end
 
 -- ---- restarts --------------------------------------------------------------------
 
+local lib_resolver -- monarch.ship's: the name a restarted proc loads a library by (shipped there first)
+
+--- Called once by monarch.ship: fn(p, lib) -> the name p loads lib by after a restart.
+function M.set_lib_resolver(fn) lib_resolver = fn end
+
 --- Re-creates what a restarted proc must have before it serves the script
 -- again: its kernel libraries, its tensors (zeroed), then the init hooks.
 local function restore(p)
@@ -543,7 +550,7 @@ local function restore(p)
     local rec = runtime.submit({ p }, kernel, { ... }, select("#", ...), { mode = "one", bypass = true })
     return rec.future:await()
   end
-  for _, lib in ipairs(p.libs or {}) do call("__load", lib) end
+  for _, lib in ipairs(p.libs or {}) do call("__load", lib_resolver and lib_resolver(p, lib) or lib) end
   local ids = {}
   for id in pairs(p.tensors or {}) do ids[#ids + 1] = id end
   table.sort(ids)

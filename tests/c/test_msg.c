@@ -24,7 +24,7 @@ static void test_names(void **state) {
   (void)state;
   int n = 0;
   mn_msg_each(count_type, &n);
-  assert_int_equal(n, 32);
+  assert_int_equal(n, 35); /* 32, and SHIP_ASK, SHIP_DATA, SHIP_STATE (40..42) */
   assert_string_equal(mn_msg_name(MN_MSG_CALL), "CALL");
   assert_null(mn_msg_name(0));
   assert_null(mn_msg_name(23));
@@ -33,6 +33,8 @@ static void test_names(void **state) {
   assert_string_equal(mn_msg_name(MN_MSG_JOINED), "JOINED");
   assert_string_equal(mn_msg_name(MN_MSG_ACKS), "ACKS");
   assert_null(mn_msg_name(37));
+  assert_string_equal(mn_msg_name(MN_MSG_SHIP_DATA), "SHIP_DATA");
+  assert_null(mn_msg_name(43));
   assert_null(mn_msg_name(1000));
   assert_null(mn_msg_name(-1));
 }

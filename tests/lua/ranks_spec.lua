@@ -21,7 +21,7 @@ local RANKS = {
   -- 5 features: ProcMesh methods of other modules, and tools over meshes
   ["monarch.tensor"] = 5, ["monarch.collective"] = 5, ["monarch.gpu"] = 5, ["monarch.actor"] = 5,
   ["monarch.persist"] = 5, ["monarch.join"] = 5, ["monarch.status"] = 5, ["monarch.top"] = 5,
-  ["monarch.checkpoint"] = 5, ["monarch.plot"] = 5, ["monarch.launch_ray"] = 5,
+  ["monarch.checkpoint"] = 5, ["monarch.plot"] = 5, ["monarch.launch_ray"] = 5, ["monarch.ship"] = 5,
   -- 6 the library's face
   ["monarch"] = 6,
   -- 7 training as a library (monarch.train), over the whole library

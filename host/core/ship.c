@@ -1,0 +1,203 @@
+/*
+ * ship.c - content hashes, ELF identities and the SHIP messages (ship.h).
+ */
+#include "ship.h"
+
+#include "err.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sodium.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+/* ---- hashes --------------------------------------------------------------------------------- */
+
+void mn_ship_hex(const uint8_t hash[MN_SHIP_HASH_LEN], char out[MN_SHIP_HEX_LEN + 1]) {
+  static const char digits[] = "0123456789abcdef";
+  for (int i = 0; i < MN_SHIP_HASH_LEN; i++) {
+    out[2 * i] = digits[hash[i] >> 4];
+    out[2 * i + 1] = digits[hash[i] & 15];
+  }
+  out[MN_SHIP_HEX_LEN] = '\0';
+}
+
+static int nibble(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  return -1;
+}
+
+int mn_ship_unhex(const char *hex, size_t n, uint8_t hash[MN_SHIP_HASH_LEN]) {
+  if (n != MN_SHIP_HEX_LEN) return MN_EINVAL;
+  for (int i = 0; i < MN_SHIP_HASH_LEN; i++) {
+    int hi = nibble(hex[2 * i]), lo = nibble(hex[2 * i + 1]);
+    if (hi < 0 || lo < 0) return MN_EINVAL;
+    hash[i] = (uint8_t)(hi << 4 | lo);
+  }
+  return 0;
+}
+
+void mn_ship_hash(const void *p, size_t n, uint8_t hash[MN_SHIP_HASH_LEN]) {
+  crypto_generichash(hash, MN_SHIP_HASH_LEN, p, n, NULL, 0);
+}
+
+int mn_ship_hash_file(const char *path, uint8_t hash[MN_SHIP_HASH_LEN], uint64_t *size) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -errno;
+  crypto_generichash_state st;
+  crypto_generichash_init(&st, NULL, 0, MN_SHIP_HASH_LEN);
+  static __thread char buf[1 << 16];
+  uint64_t total = 0;
+  for (;;) {
+    ssize_t r = read(fd, buf, sizeof(buf));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) {
+      int e = -errno;
+      close(fd);
+      return e;
+    }
+    if (r == 0) break;
+    crypto_generichash_update(&st, (const unsigned char *)buf, (size_t)r);
+    total += (uint64_t)r;
+  }
+  close(fd);
+  crypto_generichash_final(&st, hash, MN_SHIP_HASH_LEN);
+  *size = total;
+  return 0;
+}
+
+/* ---- ELF identity --------------------------------------------------------------------------- */
+
+int mn_elf_identify(const void *p, size_t n, mn_elf_id_t *out) {
+  const uint8_t *b = p;
+  if (n < MN_ELF_HEAD || memcmp(b, "\x7f" "ELF", 4) != 0) return MN_EINVAL;
+  if ((b[4] != 1 && b[4] != 2) || (b[5] != 1 && b[5] != 2)) return MN_EINVAL;
+  out->elf_class = b[4];
+  /* e_type and e_machine are 16-bit in the file's own byte order (EI_DATA: 1 little, 2 big). */
+  out->type = b[5] == 1 ? b[16] | b[17] << 8 : b[16] << 8 | b[17];
+  out->machine = b[5] == 1 ? b[18] | b[19] << 8 : b[18] << 8 | b[19];
+  return 0;
+}
+
+int mn_elf_self(mn_elf_id_t *out) {
+  uint8_t head[MN_ELF_HEAD];
+  int fd = open("/proc/self/exe", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -errno;
+  ssize_t r = read(fd, head, sizeof(head));
+  close(fd);
+  return r == (ssize_t)sizeof(head) ? mn_elf_identify(head, sizeof(head), out) : MN_EINVAL;
+}
+
+const char *mn_elf_machine_name(int machine, char *buf, size_t n) {
+  static const struct {
+    int m;
+    const char *name;
+  } names[] = {{3, "i386"}, {8, "mips"}, {20, "ppc"}, {21, "ppc64"}, {22, "s390x"}, {40, "arm"},
+               {62, "x86_64"}, {183, "aarch64"}, {190, "cuda"}, {243, "riscv"}, {258, "loongarch"}};
+  for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+    if (names[i].m == machine) return names[i].name;
+  snprintf(buf, n, "machine %d", machine);
+  return buf;
+}
+
+/* ---- messages ------------------------------------------------------------------------------- */
+
+static int bad(char *err, size_t errlen, const char *name, const char *layout, const char *what) {
+  snprintf(err, errlen, "malformed %s: want %s; %s", name, layout, what);
+  return MN_EPROTO;
+}
+
+#define ASK_LAYOUT "[40, hash: bin(32), size, path, place]"
+#define DATA_LAYOUT "[41, hash: bin(32), size, offset, chunk: bin, self: bool, subs]"
+
+static int get_hash(const msgpack_object *m, const uint8_t **hash) {
+  const char *p;
+  size_t n;
+  if (mn_get_bin(m, 1, &p, &n) != 0 || n != MN_SHIP_HASH_LEN) return MN_EPROTO;
+  *hash = (const uint8_t *)p;
+  return 0;
+}
+
+int mn_msg_parse_ship_ask(const msgpack_object *m, mn_msg_ship_ask_t *out, char *err, size_t errlen) {
+  if (mn_msg_type(m) != MN_MSG_SHIP_ASK || m->via.array.size < 5) return bad(err, errlen, "SHIP_ASK", ASK_LAYOUT, "too few elements");
+  if (get_hash(m, &out->hash) != 0) return bad(err, errlen, "SHIP_ASK", ASK_LAYOUT, "hash (element 1) is not a bin of 32 bytes");
+  if (mn_get_u64(m, 2, &out->size) != 0 || out->size > MN_SHIP_MAX_SIZE)
+    return bad(err, errlen, "SHIP_ASK", ASK_LAYOUT, "size (element 2) is not a uint up to MN_SHIP_MAX_SIZE");
+  if (mn_get_str(m, 3, &out->path, &out->path_len) != 0 || out->path_len > MN_SHIP_MAX_PATH)
+    return bad(err, errlen, "SHIP_ASK", ASK_LAYOUT, "path (element 3) is not a str of at most 4096 bytes");
+  if (mn_get_str(m, 4, &out->place, &out->place_len) != 0 || out->place_len > MN_SHIP_MAX_PATH)
+    return bad(err, errlen, "SHIP_ASK", ASK_LAYOUT, "place (element 4) is not a str of at most 4096 bytes");
+  return 0;
+}
+
+int mn_msg_parse_ship_data(const msgpack_object *m, mn_msg_ship_data_t *out, char *err, size_t errlen) {
+  const msgpack_object *a = m->via.array.ptr;
+  if (mn_msg_type(m) != MN_MSG_SHIP_DATA || m->via.array.size < 7) return bad(err, errlen, "SHIP_DATA", DATA_LAYOUT, "too few elements");
+  if (get_hash(m, &out->hash) != 0) return bad(err, errlen, "SHIP_DATA", DATA_LAYOUT, "hash (element 1) is not a bin of 32 bytes");
+  if (mn_get_u64(m, 2, &out->size) != 0 || mn_get_u64(m, 3, &out->offset) != 0 || out->size > MN_SHIP_MAX_SIZE)
+    return bad(err, errlen, "SHIP_DATA", DATA_LAYOUT, "size or offset (elements 2, 3) is not a uint");
+  if (mn_get_bin(m, 4, &out->chunk, &out->len) != 0 || out->offset > out->size || out->len > out->size - out->offset)
+    return bad(err, errlen, "SHIP_DATA", DATA_LAYOUT, "chunk (element 4) is not a bin inside the file");
+  if (a[5].type != MSGPACK_OBJECT_BOOLEAN || a[6].type != MSGPACK_OBJECT_ARRAY || a[6].via.array.size % 3 != 0)
+    return bad(err, errlen, "SHIP_DATA", DATA_LAYOUT, "self (element 5) is not a bool or subs (element 6) not triples");
+  out->self = a[5].via.boolean;
+  out->subs = &a[6];
+  for (uint32_t i = 0; i < out->subs->via.array.size; i += 3) {
+    const msgpack_object *t = &out->subs->via.array.ptr[i];
+    if (t[0].type != MSGPACK_OBJECT_POSITIVE_INTEGER || t[1].type != MSGPACK_OBJECT_BOOLEAN ||
+        t[2].type != MSGPACK_OBJECT_ARRAY || t[2].via.array.size % 3 != 0)
+      return bad(err, errlen, "SHIP_DATA", DATA_LAYOUT, "a sub is not an (index, self, subs) triple");
+  }
+  return 0;
+}
+
+static int pack_str(msgpack_packer *pk, const char *s) {
+  size_t n = strlen(s);
+  return msgpack_pack_str(pk, n) | msgpack_pack_str_body(pk, s, n);
+}
+
+static int pack_hash(msgpack_packer *pk, const uint8_t hash[MN_SHIP_HASH_LEN]) {
+  return msgpack_pack_bin(pk, MN_SHIP_HASH_LEN) | msgpack_pack_bin_body(pk, hash, MN_SHIP_HASH_LEN);
+}
+
+static int finish(mn_buf_t *b, size_t start, int failed) {
+  if (failed) {
+    b->len = start;
+    return MN_ENOMEM;
+  }
+  mn_frame_end(b, start);
+  return 0;
+}
+
+int mn_msg_pack_ship_ask(mn_buf_t *b, const uint8_t hash[MN_SHIP_HASH_LEN], uint64_t size, const char *path,
+                         const char *place) {
+  msgpack_packer pk;
+  msgpack_packer_init(&pk, b, mn_buf_write_cb);
+  size_t s = mn_frame_begin(b);
+  int f = msgpack_pack_array(&pk, 5) | msgpack_pack_int(&pk, MN_MSG_SHIP_ASK) | pack_hash(&pk, hash);
+  f |= msgpack_pack_uint64(&pk, size) | pack_str(&pk, path) | pack_str(&pk, place);
+  return finish(b, s, f);
+}
+
+int mn_msg_ship_data_head(mn_buf_t *b, msgpack_packer *pk, size_t *start, const uint8_t hash[MN_SHIP_HASH_LEN],
+                          uint64_t size, uint64_t offset, const char *chunk, size_t len, int self, uint32_t nsubs) {
+  msgpack_packer_init(pk, b, mn_buf_write_cb);
+  *start = mn_frame_begin(b);
+  int f = msgpack_pack_array(pk, 7) | msgpack_pack_int(pk, MN_MSG_SHIP_DATA) | pack_hash(pk, hash);
+  f |= msgpack_pack_uint64(pk, size) | msgpack_pack_uint64(pk, offset);
+  f |= msgpack_pack_bin(pk, len) | msgpack_pack_bin_body(pk, chunk, len);
+  f |= (self ? msgpack_pack_true(pk) : msgpack_pack_false(pk)) | msgpack_pack_array(pk, 3 * nsubs);
+  if (f != 0) b->len = *start;
+  return f != 0 ? MN_ENOMEM : 0;
+}
+
+int mn_msg_pack_ship_state(mn_buf_t *b, const uint8_t hash[MN_SHIP_HASH_LEN], const char *state, const char *detail) {
+  msgpack_packer pk;
+  msgpack_packer_init(&pk, b, mn_buf_write_cb);
+  size_t s = mn_frame_begin(b);
+  int f = msgpack_pack_array(&pk, 4) | msgpack_pack_int(&pk, MN_MSG_SHIP_STATE) | pack_hash(&pk, hash);
+  f |= pack_str(&pk, state) | pack_str(&pk, detail);
+  return finish(b, s, f);
+}

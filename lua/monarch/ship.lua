@@ -1,0 +1,325 @@
+-- monarch.ship: files the controller ships to its hosts (docs/lua-api.md, "Shipping").
+--
+-- ProcMesh:load(path) of a library file the controller has: the file is hashed (BLAKE2b-256), every host
+-- agent of the mesh is asked whether it has those bytes (SHIP_ASK: in its cache, or at the same path), and
+-- those that lack them get them in 1 MiB chunks, down the cast tree (core.ship_send, ctl_ship.c). Each
+-- agent checks the hash and keeps the file in its cache; its procs load it as "ship:<hash>". Before any
+-- byte travels the library's ELF class and machine are checked against what each agent runs (WELCOME).
+-- HostMesh:sync{...} puts files and folders into each host's job workspace the same way.
+--
+-- Restarted procs and procs on hosts that joined (ProcMesh:grow) load their libraries through the same
+-- path (the hooks below), so they get what was shipped without the script doing anything.
+
+local core = require "monarch.core"
+local errors = require "monarch.errors"
+local future = require "monarch.future"
+local runtime = require "monarch.runtime"
+local tasks = require "monarch.tasks"
+local procs_mod = require "monarch.procs"
+local mesh = require "monarch.mesh"
+
+local M = {}
+
+M.CHUNK = 1024 * 1024       -- bytes per SHIP_DATA frame (MN_SHIP_CHUNK)
+M.WINDOW = 16 * 1024 * 1024 -- bytes queued to the agents before the next chunk waits for the sockets
+M.ASK_TIMEOUT = 30          -- seconds for every agent to say what it has
+M.TIMEOUT_PER_MIB = 2       -- and, on top of 30 s, to take the bytes
+M.STALL = 3                 -- seconds without a new answer after which the tree's attempt gives way to a direct one
+
+local MSG = core.MSG
+local states = setmetatable({}, { __mode = "k" }) -- agent record -> hex -> {state, detail, n}
+local agent_of = {}                                 -- agent conn id -> agent record (SHIP_STATE comes by conn)
+
+local function hex_of(bin)
+  return (bin:gsub(".", function(ch) return string.format("%02x", ch:byte()) end))
+end
+
+runtime.on_message(MSG.SHIP_STATE, function(m, conn)
+  local a = agent_of[conn]
+  if not a or type(m[2]) ~= "string" then return end
+  local t = states[a]
+  if not t then
+    t = {}
+    states[a] = t
+  end
+  local hex = hex_of(m[2])
+  local s = t[hex] or { n = 0 }
+  s.state, s.detail, s.n = m[3], m[4], s.n + 1
+  t[hex] = s
+end)
+
+local function name_of(a) return (a.hostname or a.addr or "?") .. ":" .. tostring(a.port) end
+
+local function fail(what, message, a)
+  error(errors.new { kind = "load", host = a and name_of(a), message = what .. ": " .. message }, 0)
+end
+
+-- Waits for pred() in a task (without blocking the loop) or in the script (pumping it).
+local function wait(pred, timeout, what)
+  if not tasks.in_task() then return procs_mod.wait_until(pred, timeout, what) end
+  local deadline = runtime.now() + timeout
+  while not pred() do
+    if runtime.now() > deadline then
+      error(errors.new { kind = "timeout", message = what .. " did not finish within " .. timeout .. "s" }, 0)
+    end
+    tasks.wait_for(future.new("ship"), 0.005)
+  end
+end
+
+-- ---- files ------------------------------------------------------------------------------------
+
+local files = {}   -- hex -> { bytes, size, path }: what was shipped, kept for restarts and joins
+local by_path = {} -- path -> { rec, size, mtime, ino }: a file not changed since is not read or hashed again
+
+--- Reads and hashes the file at path; returns its record (kept by hash).
+local function file(path, what)
+  local size, mtime, ino = core.stat(path)
+  local seen = by_path[path]
+  if seen and size and seen.size == size and seen.mtime == mtime and seen.ino == ino and files[seen.rec.hex] then
+    return seen.rec
+  end
+  local f, err = io.open(path, "rb")
+  if not f then fail(what, "cannot read " .. path .. ": " .. tostring(err)) end
+  local bytes = f:read("*a")
+  f:close()
+  local hex = core.ship_hash(bytes)
+  local rec = files[hex] or { bytes = bytes, size = #bytes, path = path, hex = hex }
+  files[hex] = rec
+  if size then by_path[path] = { rec = rec, size = size, mtime = mtime, ino = ino } end
+  return rec
+end
+
+local ELF_CLASS = { [1] = "ELF32", [2] = "ELF64" }
+
+-- A library must be a shared object for each agent's machine (what its WELCOME said).
+local function check_elf(rec, agents, what)
+  local cls, machine, etype = core.ship_elf(rec.bytes)
+  if not cls then fail(what, rec.path .. " is not an ELF file (a kernel library is a shared object, .so)") end
+  if etype ~= 3 then fail(what, rec.path .. " is an ELF file but not a shared object (e_type " .. etype .. ")") end
+  for _, a in ipairs(agents) do
+    if a.elf_machine and a.elf_machine ~= 0 and (a.elf_machine ~= machine or a.elf_class ~= cls) then
+      fail(what, string.format("%s is built for %s (%s), but host %s runs %s (%s)", rec.path,
+        core.ship_elf(nil, machine), ELF_CLASS[cls] or "?", name_of(a), core.ship_elf(nil, a.elf_machine),
+        ELF_CLASS[a.elf_class] or "?"), a)
+    end
+  end
+end
+
+-- ---- the exchange -----------------------------------------------------------------------------
+
+local function state_of(a, hex) return states[a] and states[a][hex] end
+
+-- What each agent said it has (hex -> "cached" or "local"): a second load there asks nothing. Shipping a file
+-- to an agent may evict others from its cache, so that forgets the rest; a load that still finds a file gone
+-- (another job's files evicted it) asks again (ProcMesh:load's retry, M.library's fresh).
+local known = setmetatable({}, { __mode = "k" })
+
+local function remember(agents, hex, shipped_to)
+  for _, a in ipairs(shipped_to or {}) do known[a] = {} end
+  for _, a in ipairs(agents) do
+    local s = state_of(a, hex)
+    if s and (s.state == "cached" or s.state == "local") then
+      known[a] = known[a] or {}
+      known[a][hex] = s.state
+    end
+  end
+end
+
+-- Sends every chunk of rec to the agents in `to` (through the tree unless direct), a window at a time.
+local function send_bytes(rec, to, direct)
+  local conns = {}
+  for i, a in ipairs(to) do conns[i] = a.conn end
+  local off = 0
+  repeat
+    local n = math.min(M.CHUNK, rec.size - off)
+    core.ship_send(conns, rec.hex, rec.size, off, rec.bytes:sub(off + 1, off + n), direct)
+    off = off + n
+    if core.ship_stats().pending > M.WINDOW then
+      wait(function() return core.ship_stats().pending <= M.WINDOW / 2 end, 600, "shipping " .. rec.path)
+    end
+  until off >= rec.size
+end
+
+-- Asks every agent about rec (place: its workspace path, or ""); returns once each has answered.
+local function ask(rec, agents, place, what)
+  local before = {}
+  for i, a in ipairs(agents) do
+    if a.state ~= "ready" then fail(what, "host agent is not connected (" .. tostring(a.reason or a.state) .. ")", a) end
+    agent_of[a.conn] = a
+    local s = state_of(a, rec.hex)
+    before[i] = s and s.n or 0
+    core.ship_ask(a.conn, rec.hex, rec.size, place == "" and rec.path or "", place)
+  end
+  wait(function()
+    for i, a in ipairs(agents) do
+      local s = state_of(a, rec.hex)
+      if (not s or s.n == before[i]) and a.state ~= "dead" then return false end
+    end
+    return true
+  end, M.ASK_TIMEOUT, what .. ": asking the hosts for " .. rec.path)
+end
+
+local DONE = { cached = true, ["local"] = true, placed = true }
+local FINAL = { cached = true, corrupt = true, refused = true, error = true } -- what ends a transfer
+
+-- Ships rec to those of `agents` that lack it; each then holds it (or the call raises).
+local function deliver(rec, agents, what)
+  local need = {}
+  for _, a in ipairs(agents) do
+    local s = state_of(a, rec.hex)
+    if not s then fail(what, "host agent lost: " .. tostring(a.reason), a) end
+    if s.state == "need" then need[#need + 1] = a
+    elseif s.state == "refused" then fail(what, "host " .. name_of(a) .. " lacks " .. rec.path ..
+      " and refuses shipped files (monarch-worker --no-ship): " .. tostring(s.detail), a)
+    elseif not DONE[s.state] then fail(what, "host " .. name_of(a) .. ": " .. tostring(s.detail), a) end
+  end
+  if #need == 0 then return need end
+  local shipped_to = need
+  local timeout = M.ASK_TIMEOUT + M.TIMEOUT_PER_MIB * rec.size / 1048576
+  for attempt = 1, 2 do -- the second, directly, for those a lost relay left without the file
+    local marks = {}
+    for i, a in ipairs(need) do marks[i] = state_of(a, rec.hex).n end
+    send_bytes(rec, need, attempt == 2)
+    -- The direct second attempt waits for a final answer (late ones of the first are stale).
+    -- The first attempt also ends once answers stop coming for M.STALL seconds: a relay that dropped its
+    -- children's chunks (a link lost on the way) leaves them silent, and they are sent to directly.
+    local answered, progress = -1, runtime.now()
+    pcall(wait, function()
+      local n = 0
+      for i, a in ipairs(need) do
+        local s = state_of(a, rec.hex)
+        local final = FINAL[s.state]
+        if (s.n ~= marks[i] and final) or a.state == "dead" then n = n + 1 end
+      end
+      if n > answered then answered, progress = n, runtime.now() end
+      return n == #need or (attempt == 1 and runtime.now() - progress > M.STALL)
+    end, timeout, what)
+    local again = {}
+    for i, a in ipairs(need) do
+      local s = state_of(a, rec.hex)
+      if s.state == "corrupt" or s.state == "refused" or s.state == "error" then
+        fail(what, "host " .. name_of(a) .. ": " .. rec.path .. ": " .. tostring(s.detail), a)
+      elseif s.state ~= "cached" or s.n == marks[i] then
+        again[#again + 1] = a
+      end
+    end
+    need = again
+    if #need == 0 then return shipped_to end
+  end
+  fail(what, "host " .. name_of(need[1]) .. " did not receive " .. rec.path .. " (" ..
+    tostring(state_of(need[1], rec.hex).detail) .. ")", need[1])
+end
+
+-- ---- libraries --------------------------------------------------------------------------------
+
+--- For ProcMesh:load (and restarts, grows) of a library path the controller has: ships it where needed and
+-- returns name(agent), the name each agent's procs load it by ("ship:<hash>", or the path where that host
+-- has the same bytes). A name without a '/', or a path the controller lacks, is loaded as before.
+function M.library(lib, agents, what, fresh)
+  if not lib:find("/", 1, true) then return nil end
+  local f = io.open(lib, "rb")
+  if not f then return nil end -- the hosts may have it where the controller does not
+  f:close()
+  local rec = file(lib, what)
+  local asked, all_known = {}, true
+  for _, a in ipairs(agents) do
+    if a.ship ~= nil then asked[#asked + 1] = a end -- an agent before shipping loads by path, as it did
+    all_known = all_known and (a.ship == nil or (known[a] and known[a][rec.hex]) ~= nil)
+  end
+  if fresh or not all_known then
+    check_elf(rec, asked, what)
+    ask(rec, asked, "", what)
+    remember(asked, rec.hex, deliver(rec, asked, what))
+  end
+  return function(a)
+    if a.ship == nil or known[a][rec.hex] == "local" then return lib end
+    return "ship:" .. rec.hex
+  end
+end
+
+local function agents_of(procs)
+  local seen, out = {}, {}
+  for _, p in ipairs(procs) do
+    local a = p.agent
+    if a and not seen[a] then
+      seen[a] = true
+      out[#out + 1] = a
+    end
+  end
+  return out
+end
+
+mesh.set_shipper(function(procs, lib, what, fresh) return M.library(lib, agents_of(procs), what, fresh) end)
+procs_mod.set_lib_resolver(function(p, lib)
+  local name = M.library(lib, agents_of({ p }), "reload of '" .. lib .. "' after a restart", true)
+  return name and name(p.agent) or lib
+end)
+
+-- ---- workspaces (HostMesh:sync) -----------------------------------------------------------------
+
+-- Every regular file under path, as {abs, rel} (rel: its path in the workspace under `base`).
+local function walk(path, base, out)
+  local list = core.listdir(path)
+  if not list then
+    out[#out + 1] = { path, base }
+    return out
+  end
+  table.sort(list, function(x, y) return x[1] < y[1] end)
+  for _, e in ipairs(list) do
+    local abs, rel = path .. "/" .. e[1], base .. "/" .. e[1]
+    if e[2] == "d" then walk(abs, rel, out)
+    elseif e[2] == "f" then out[#out + 1] = { abs, rel } end
+  end
+  return out
+end
+
+local function entries(spec)
+  local out = {}
+  for i, item in ipairs(spec) do
+    if type(item) ~= "string" or item == "" then error("sync: entry " .. i .. " is not a path", 3) end
+    local p = item:gsub("/+$", "")
+    local base = p:match("([^/]+)$") or p
+    if core.listdir(p) then walk(p, base, out)
+    else
+      local f = io.open(p, "rb")
+      if not f then error("sync: " .. item .. ": no such file or folder", 3) end
+      f:close()
+      out[#out + 1] = { p, base }
+    end
+  end
+  return out
+end
+
+--- Puts files and folders into every host's job workspace (MONARCH_WORKSPACE in the procs' environment):
+-- sync{ "data/", "weights.bin" } makes <workspace>/data/... and <workspace>/weights.bin. Only files a host
+-- lacks travel (by content). Returns {files = n, shipped = files sent, bytes = bytes sent}.
+function mesh.HostMesh:sync(spec)
+  if type(spec) ~= "table" then error("sync wants a list of paths, got " .. type(spec), 2) end
+  local list, what = entries(spec), "sync"
+  local agents, before, shipped = {}, core.ship_stats().bytes, 0
+  for _, a in ipairs(self.agents) do
+    if a.ship == nil then fail(what, "host " .. name_of(a) .. "'s monarch-worker predates shipping", a) end
+    if a.state == "ready" then agents[#agents + 1] = a end
+  end
+  for _, e in ipairs(list) do
+    local rec = file(e[1], what)
+    ask(rec, agents, e[2], what)
+    local need = {}
+    for _, a in ipairs(agents) do
+      if state_of(a, rec.hex).state == "need" then need[#need + 1] = a end
+    end
+    deliver(rec, agents, what)
+    if #need > 0 then
+      shipped = shipped + 1
+      ask(rec, need, e[2], what) -- now in their caches: linked into the workspace
+      deliver(rec, need, what)
+    end
+    files[rec.hex] = nil -- a workspace file is not kept in the controller's memory
+  end
+  return { files = #list, shipped = shipped, bytes = core.ship_stats().bytes - before }
+end
+
+--- What this controller has written of shipped files: {bytes, frames, pending}.
+function M.stats() return core.ship_stats() end
+
+return M
