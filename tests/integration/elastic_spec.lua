@@ -13,24 +13,13 @@ local alive = require("support.procstat").alive
 local shell = require "support.shell"
 local sh = shell.run
 
--- A fresh directory for this test's files, removed after the run (at exit of the spec file).
-local dirs = {}
-local function scratch()
-  local d = os.tmpname()
-  os.remove(d)
-  os.execute("mkdir -p " .. d)
-  dirs[#dirs + 1] = d
-  return d
-end
+-- A fresh directory for a test's files, removed when the test ends.
+local function scratch() return shell.scratch(finally) end
 
 local background, wait_output, finished = shell.background, shell.wait_output, shell.finished
 
 describe("a host lost for good", function()
   local daemons = {}
-
-  teardown(function()
-    for _, d in ipairs(dirs) do os.execute("rm -rf " .. d) end
-  end)
 
   before_each(function()
     monarch.hosts()

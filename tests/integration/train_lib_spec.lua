@@ -13,14 +13,7 @@ local B = os.getenv("MONARCH_BUILD") or "build"
 local sh, read, exists = shell.run, shell.read, shell.exists
 local TOKEN = "train-lib-spec-" .. tostring(os.time()) .. "-" .. tostring(math.random(1e9))
 
-local dirs = {}
-local function scratch()
-  local d = os.tmpname()
-  os.remove(d)
-  os.execute("mkdir -p " .. d)
-  dirs[#dirs + 1] = d
-  return d
-end
+local function scratch() return shell.scratch(finally) end
 
 local function toy(args, hosts)
   local h = hosts and (" --hosts " .. hosts) or ""
@@ -31,7 +24,6 @@ end
 local function crc_of(out) return out:match("crc32 (%x+)") end
 
 describe("monarch.train with a toy step", function()
-  teardown(function() for _, d in ipairs(dirs) do os.execute("rm -rf " .. d) end end)
 
   it("parses its options and the script's, and names a wrong one in one line", function()
     local out, rc = toy("--help")

@@ -38,6 +38,16 @@ function M.exists(p)
   return f ~= nil
 end
 
+--- A fresh directory for a test's files, removed when the test ends: pass busted's `finally` (a spec's
+-- global, which a module cannot see).
+function M.scratch(finally)
+  local d = os.tmpname()
+  os.remove(d)
+  os.execute("mkdir -p " .. d)
+  finally(function() os.execute("rm -rf '" .. d .. "'") end)
+  return d
+end
+
 --- Starts cmd in the background, its output (and then "::rc=N") into out_path.
 function M.background(cmd, out_path)
   os.execute(("(%s > %s 2>&1; echo \"::rc=$?\" >> %s) &"):format(cmd, out_path, out_path))
