@@ -141,9 +141,12 @@ function HostMesh:spawn_procs(spec, at)
       error(string.format("spawn_procs: %d procs per host but gpus = %d: GPU procs are pinned one per GPU", per_host, gpus), 2)
     end
   end
-  local world, base = at and at.world or per_host * #self.agents, at and at.rank_base or 0
-  local procs = procs_mod.spawn(self.agents, per_host, { base = base, world = world, gpus = gpus }, 2)
-  local dims_n, dims_s = { "hosts" }, { #self.agents }
+  -- The hosts as they are now: one that joins while the spawn waits is appended to self.agents, and gets none.
+  local agents = {}
+  for i = 1, #self.agents do agents[i] = self.agents[i] end
+  local world, base = at and at.world or per_host * #agents, at and at.rank_base or 0
+  local procs = procs_mod.spawn(agents, per_host, { base = base, world = world, gpus = gpus }, 2)
+  local dims_n, dims_s = { "hosts" }, { #agents }
   for i = 1, #names do dims_n[i + 1], dims_s[i + 1] = names[i], sizes[i] end
   return M.proc_mesh(procs, shape_mod.new(dims_n, dims_s), {})
 end

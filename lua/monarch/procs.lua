@@ -462,10 +462,6 @@ M.TREE_WAIT = 1
 -- listing the others. level: where errors point, as for error().
 function M.spawn(agents, per_host, opts, level)
   local base, world, gpus = opts.base, opts.world, opts.gpus
-  -- A copy: a host that joins while the spawn waits is appended to the HostMesh's list, and gets no procs here.
-  local list = {}
-  for i = 1, #agents do list[i] = agents[i] end
-  agents = list
   -- A mesh that is cast to keeps direct links only while they pay (a capped pool): no socket per proc.
   local pooled = per_host * #agents >= core.cast_stats().cast_min or nil
   local asks = {}

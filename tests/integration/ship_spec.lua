@@ -10,7 +10,11 @@ local wait_for = require("support.wait").wait_for
 local sh = require("support.shell").quiet
 
 local KERNELS = (os.getenv("PWD") or ".") .. "/kernels"
-local PRIVATE = [[unshare -m --propagation private sh -c 'mount -t tmpfs tmpfs /tmp && exec "$@"' sh]]
+-- A checkout under /tmp (a clean clone there) stays visible in it: bound aside to /mnt, then back over the tmpfs.
+local REPO = os.getenv("PWD") or "."
+local PRIVATE = ([[unshare -m --propagation private sh -c 'R=$1; shift; case "$R" in /tmp/*) mount --bind "$R" /mnt ]]
+  .. [[&& mount -t tmpfs tmpfs /tmp && mkdir -p "$R" && mount --bind /mnt "$R";; *) mount -t tmpfs tmpfs /tmp;; esac ]]
+  .. [[&& exec "$@"' sh '%s']]):format(REPO)
 
 local can_unshare = sh("id -u | grep -qx 0") and sh("unshare -m --propagation private true")
 
