@@ -499,11 +499,8 @@ int main(int argc, char **argv) {
   if (L == NULL) return 1;
   luaL_openlibs(L);
   set_paths(L, prefix);
-  if (o.hosts || o.hostfile || o.slurm || o.status || o.top || o.quiet || o.log_level || o.interactive || o.listen_joins ||
-      o.jupyter) {
-}
-
-  if (o.hosts || o.hostfile || o.slurm || o.ray || o.status || o.top || o.quiet || o.log_level || o.interactive || o.listen_joins) {
+  if (o.hosts || o.hostfile || o.slurm || o.ray || o.status || o.top || o.quiet || o.log_level || o.interactive ||
+      o.listen_joins || o.jupyter) {
     if ((rc = set_config(L, &o)) != 0) {
       lua_close(L);
       return rc;
