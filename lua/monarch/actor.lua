@@ -19,7 +19,6 @@ local errors = require "monarch.errors"
 local future = require "monarch.future"
 local mesh = require "monarch.mesh"
 local runtime = require "monarch.runtime"
-local shape_mod = require "monarch.shape"
 local value_mesh = require "monarch.value_mesh"
 local unpack = unpack or table.unpack
 
@@ -347,7 +346,7 @@ local function remember(procs, name, entry)
     end
   end
   if #fresh > 0 and ProcMesh.on_restart then
-    mesh.proc_mesh(fresh, shape_mod.new({ "procs" }, { #fresh }), {}):on_restart(function(single)
+    mesh.flat(fresh):on_restart(function(single)
       for _, p in ipairs(single:proc_list()) do
         for aname, e in pairs(p._actors or {}) do
           e.spawned[p] = nil

@@ -222,6 +222,12 @@ function M.proc_mesh(procs, shape, opts, libs)
   return setmetatable({ _procs = procs, shape = shape, _opts = opts or {}, _libs = libs or {}, _rr = 0 }, ProcMesh)
 end
 
+--- A mesh of the given procs along one dimension "procs", for calls to them alone (one proc, a group of a
+-- collective, the holders of a tensor). libs: the kernel libraries it records as loaded (default none).
+function M.flat(procs, libs)
+  return M.proc_mesh(procs, shape_mod.new({ "procs" }, { #procs }), {}, libs)
+end
+
 --- Number of procs.
 function ProcMesh:size(dim)
   if dim then return self.shape:dim(dim) or error("no dimension named '" .. tostring(dim) .. "'", 2) end
@@ -303,7 +309,7 @@ end
 function ProcMesh:on_restart(fn)
   if type(fn) ~= "function" then error("on_restart wants a function", 2) end
   -- monarch.procs runs a proc's init hooks as hook(p): this one hands fn the mesh of that one proc.
-  local function hook(p) return fn(M.proc_mesh({ p }, shape_mod.new({ "procs" }, { 1 }), {}), p.rank) end
+  local function hook(p) return fn(M.flat({ p }), p.rank) end
   for _, p in ipairs(self._procs) do
     p.init_hooks = p.init_hooks or {}
     p.init_hooks[#p.init_hooks + 1] = hook

@@ -350,7 +350,7 @@ function M.attach(name)
     if t.ranks then
       local sub = {}
       for _, r in ipairs(t.ranks) do sub[#sub + 1] = by_rank[r] end
-      on = mesh_mod.proc_mesh(sub, shape_mod.new({ "procs" }, { #sub }), {}, m._libs)
+      on = mesh_mod.flat(sub, m._libs)
     end
     for _, p in ipairs(on:proc_list()) do p.tensors[t.id] = { dtype = t.dtype, shape = t.shape } end
     local h = adopt(on, t)

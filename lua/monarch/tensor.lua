@@ -11,7 +11,6 @@ local errors = require "monarch.errors"
 local future = require "monarch.future"
 local mesh_mod = require "monarch.mesh"
 local runtime = require "monarch.runtime"
-local shape_mod = require "monarch.shape"
 local value_mesh = require "monarch.value_mesh"
 
 local M = {}
@@ -477,7 +476,7 @@ function Tensor:copy_from_peer(m, opts)
   end
   local members = { src }
   for _, p in ipairs(new) do members[#members + 1] = p end
-  local group = mesh_mod.proc_mesh(members, shape_mod.new({ "procs" }, { #members }), {})
+  local group = mesh_mod.flat(members)
   return group:broadcast_tensor(self, 0, opts.timeout and { timeout = opts.timeout } or nil)
 end
 

@@ -23,6 +23,7 @@ local plot = require "monarch.plot"
 local checkpoint = require "monarch.checkpoint"
 local topts = require "monarch.train_opts"
 local progress = require "monarch.train_progress"
+local mesh_mod = require "monarch.mesh"
 local state_mod = require "monarch.train_state"
 local ckpt = require "monarch.train_ckpt"
 local recover = require "monarch.train_recover"
@@ -52,7 +53,7 @@ function Job:say(fmt, ...) self.out:say(fmt, ...) end
 function Job:note(fmt, ...) self.out:note(fmt, ...) end
 
 --- A mesh of the first proc alone (for calls one proc answers: an evaluation, sizes).
-function Job:first() return state_mod.sub({ self.procs:proc_list()[1] }, self.procs._libs) end
+function Job:first() return mesh_mod.flat({ self.procs:proc_list()[1] }, self.procs._libs) end
 
 --- Procs and hosts, as the script sees them now.
 function Job:world() return self.procs:size() end
@@ -82,11 +83,9 @@ local function new_job(spec)
   return job
 end
 
--- Whether the job's host agents outlive this controller (--hosts, MONARCH_HOSTS, a launcher), so that the job can.
-local function long_lived()
-  local env = os.getenv("MONARCH_HOSTS")
-  return monarch.config.hosts ~= nil or (env ~= nil and env ~= "") or monarch.config.launcher ~= nil
-end
+-- Whether the job's host agents outlive this controller, so that the job can: not the local agent monarch-run
+-- starts for itself, nor Ray's, which go with the controller (monarch.hosts_from; monarch.hosts() was called).
+local function long_lived() return monarch.hosts_from ~= "local" and monarch.hosts_from ~= "ray" end
 
 function Job:mesh_name() return "train/" .. self.name end
 

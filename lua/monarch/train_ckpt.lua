@@ -11,7 +11,7 @@
 -- torn, and resume skips it, saying why.
 local ffi = require "ffi"
 local checkpoint = require "monarch.checkpoint"
-local state_mod = require "monarch.train_state"
+local mesh_mod = require "monarch.mesh"
 local errors = require "monarch.errors"
 
 local M = {}
@@ -49,7 +49,7 @@ end
 local function write_shard(st, g, k, path, step, meta)
   meta.shard = k
   local head = checkpoint.head(step, meta, sections(st))
-  local sub = state_mod.sub({ g[1] }, st.mesh._libs)
+  local sub = mesh_mod.flat({ g[1] }, st.mesh._libs)
   local args = {}
   for i, n in ipairs(st.names) do args[i] = st.live[n]:on(sub) end
   local tmp = string.format("%s.tmp.%d", path, ffi.C.getpid())
@@ -61,12 +61,10 @@ local function prune(dir, keep)
   local all = checkpoint.list(dir)
   local kept = {}
   for i = math.max(1, #all - keep + 1), #all do kept[all[i].step] = true end
-  local f = io.popen("ls -1 '" .. dir:gsub("'", "'\\''") .. "' 2>/dev/null")
-  for name in f:lines() do
-    local step = name:match("^ckpt%-(%d+)%.bin") or name:match("^ckpt%-(%d+)%.bin%.shard%-%d+$")
+  for _, name in ipairs(checkpoint.entries(dir)) do
+    local step = name:match("^ckpt%-(%d+)%.bin") -- the main file and its shards
     if step and not kept[tonumber(step)] and not name:find("%.tmp%.") then os.remove(dir .. "/" .. name) end
   end
-  f:close()
 end
 
 --- Writes the live state at `step` into dir; meta = {k = v} (the job's identity). Returns the main file's path.
@@ -126,7 +124,7 @@ function M.read(st, path, job)
     local sh, swhy = h, nil
     if k > 1 then sh, swhy = checkpoint.read_head(file) end
     if not sh then return nil, swhy .. " (the checkpoint is torn)" end
-    local sub = state_mod.sub(g, st.mesh._libs)
+    local sub = mesh_mod.flat(g, st.mesh._libs)
     local args = {}
     for i, n in ipairs(st.names) do args[i] = st.live[n]:on(sub) end
     futs[#futs + 1] = sub:call("shard_read", file, sh.head_len, unpack(args))

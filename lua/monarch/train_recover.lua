@@ -9,7 +9,6 @@ local persist = require "monarch.persist"
 local mesh_mod = require "monarch.mesh"
 local ckpt = require "monarch.train_ckpt"
 local runtime = require "monarch.runtime"
-local state_mod = require "monarch.train_state"
 
 local errors = monarch.errors
 local M = {}
@@ -24,7 +23,7 @@ pcall(ffi.cdef, "int getpid(void);")
 -- On GPUs the snapshot is bytes on the controller, fetched with the script's bytes kernel from the first proc.
 local function host_snapshot(job, s)
   local k = job.spec.bytes_kernel or job:die("state on GPUs needs the script's bytes_kernel (a tensor's bytes)")
-  local first = state_mod.sub({ job.procs:proc_list()[1] }, job.procs._libs)
+  local first = job:first()
   local snap = { step = s, bytes = {} }
   for _, n in ipairs(job.st.names) do snap.bytes[n] = first:call_one(k, job.st.live[n]:on(first)):get() end
   job.host_snap = snap
@@ -145,7 +144,7 @@ function M.inject(job, s)
     if not job.procs.ready then job:die("--kill-at needs restart support (ProcMesh:ready)") end
     job.procs:load "faulty"
     local list = job.procs:proc_list()
-    state_mod.sub({ list[#list] }, job.procs._libs):call_one("exit", 9) -- its future fails with the proc
+    mesh_mod.flat({ list[#list] }, job.procs._libs):call_one("exit", 9) -- its future fails with the proc
     inj.killed_at, inj.killed = monarch.now(), "proc was killed"
   end
   if o["kill-host-at"] == s and not inj.kill_host then

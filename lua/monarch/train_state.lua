@@ -10,7 +10,6 @@
 -- controller sends only after every proc finished step c - 1, so its live
 -- state is step c already. See docs/training.md, "What each failure does".
 local mesh_mod = require "monarch.mesh"
-local shape_mod = require "monarch.shape"
 local errors = require "monarch.errors"
 
 local M = {}
@@ -23,11 +22,6 @@ local function sorted_keys(t)
   for k in pairs(t or {}) do ks[#ks + 1] = k end
   table.sort(ks)
   return ks
-end
-
---- A one-proc (or few-proc) mesh of procs, for calls to them alone.
-function M.sub(procs, libs)
-  return mesh_mod.proc_mesh(procs, shape_mod.new({ "procs" }, { #procs }), {}, libs)
 end
 
 --- The state of mesh m: tensors = {state = {name = t}, data = {...}, work = {...}} as the script's setup returned
@@ -105,7 +99,7 @@ end
 --- The snapshot step of each proc of `procs` (a list; default every proc): {[p] = step}; -1 for none.
 function S:tags(procs)
   procs = procs or self.mesh:proc_list()
-  local sub = M.sub(procs, self.mesh._libs)
+  local sub = mesh_mod.flat(procs, self.mesh._libs)
   local v = self.tag:on(sub):fetch():get()
   local out = {}
   for i, p in ipairs(procs) do out[p] = tonumber(v[i]:totable()[1]) end
@@ -123,7 +117,7 @@ function S:restore(procs)
   for _, p in ipairs(procs) do
     if tags[p] == c then back[#back + 1] = p end
   end
-  local sub = M.sub(back, self.mesh._libs)
+  local sub = mesh_mod.flat(back, self.mesh._libs)
   local live, snap = {}, {}
   for _, n in ipairs(self.names) do
     live[n], snap[n] = self.live[n]:on(sub), self.snap[n]:on(sub)
@@ -170,7 +164,7 @@ function S:refill(fresh)
       if not src then
         error(errors.new { kind = "proc_failed", message = "every proc holding one replica of the state was lost" }, 0)
       end
-      local grp = M.sub({ src, unpack(dst) }, self.mesh._libs)
+      local grp = mesh_mod.flat({ src, unpack(dst) }, self.mesh._libs)
       local futs = {}
       for _, n in ipairs(self.names) do futs[#futs + 1] = grp:broadcast_tensor(self.live[n]:on(grp), 0) end
       for _, f in ipairs(futs) do f:get() end
