@@ -57,7 +57,8 @@ end
 
 --- The hosts of this job as a HostMesh: from monarch-run --hosts (or the
 -- MONARCH_HOSTS variable, "h1:port,h2:port"), else this machine, with a host
--- agent started as a child process.
+-- agent started as a child process. Once called, monarch.hosts_from says
+-- which: "hosts", a launcher's name ("slurm", "ray"), or "local".
 function M.hosts()
   if host_mesh then return host_mesh end
   -- monarch-run's --quiet and --log-level arrive in M.config after this module loads.
@@ -73,6 +74,7 @@ function M.hosts()
   if launcher and launcher ~= "" then -- agents started by a cluster manager (monarch.launch)
     if addrs then error("a launcher (" .. launcher .. ") and --hosts/MONARCH_HOSTS cannot be used together", 2) end
     runtime.init(token_from_env() or core.generate_token())
+    M.hosts_from = launcher
     if launcher == "ray" then -- the agents join the mesh it returns (join.attach is done)
       launched = require "monarch.launch_ray"
       host_mesh = launched.start { token = runtime.token, worker = worker_path(), config = M.config }
@@ -86,7 +88,9 @@ function M.hosts()
       error("connecting to --hosts needs the cluster token: set MONARCH_TOKEN or MONARCH_TOKEN_FILE", 2)
     end
     runtime.init(tok)
+    M.hosts_from = "hosts"
   else
+    M.hosts_from = "local"
     runtime.init(token_from_env() or core.generate_token())
     local port, err = core.start_agent(worker_path(), runtime.token)
     if not port then error("cannot start the local host agent: " .. tostring(err), 2) end
