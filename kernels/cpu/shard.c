@@ -198,7 +198,7 @@ static int k_shard_crc(mk_ctx_t *ctx, int argc, const mk_arg_t *argv) {
 /* shard_snap(tag, step, a1, b1, a2, b2, ...): b_i = a_i for every pair, then tag[0] = step. The tag says which step
  * the copies hold: it is -1 while they are being made, so a proc that is stopped half way is never trusted. */
 static int k_shard_snap(mk_ctx_t *ctx, int argc, const mk_arg_t *argv) {
-  if (tensor_args(ctx, argc, argv, 2) || argv[0].type != MK_ARG_TENSOR || tensor_args(ctx, 1, argv, 0))
+  if (tensor_args(ctx, 1, argv, 0) || tensor_args(ctx, argc, argv, 2))
     return -1;
   mk_tensor_t *tag = argv[0].v.tensor;
   if (tag->dtype != MK_I64 || tag->numel < 1)

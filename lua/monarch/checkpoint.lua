@@ -277,19 +277,27 @@ local function sync_dir(dir)
   end
 end
 
---- Lists the checkpoint files in dir as {step, path}, oldest first; {} if dir does not exist.
-function M.list(dir)
+--- The names in directory dir (unsorted; "." and ".." included); {} if it does not exist.
+function M.entries(dir)
   local d = C.opendir(dir)
   local out = {}
   if d == nil then return out end
   while true do
     local e = C.readdir(d)
     if e == nil then break end
-    local name = ffi.string(e.d_name)
+    out[#out + 1] = ffi.string(e.d_name)
+  end
+  C.closedir(d)
+  return out
+end
+
+--- Lists the checkpoint files in dir as {step, path}, oldest first; {} if dir does not exist.
+function M.list(dir)
+  local out = {}
+  for _, name in ipairs(M.entries(dir)) do
     local step = name:match(NAME_PATTERN)
     if step then out[#out + 1] = { step = tonumber(step), path = dir .. "/" .. name } end
   end
-  C.closedir(d)
   table.sort(out, function(a, b) return a.step < b.step end)
   return out
 end
