@@ -234,6 +234,11 @@ end
 
 -- ---- attach ----------------------------------------------------------------------
 
+-- Whether an agent's ATTACH reply refuses because another connected controller holds the mesh there.
+local function held_reply(r)
+  return not r.ok and tostring(r.value):find("held by another controller", 1, true) ~= nil
+end
+
 -- A handle for tensor t.id, which already lives on m's procs: no
 -- __tensor_new, and nothing freed when the handle is collected (the tensor
 -- belongs to the persistent mesh). Later tensors of this controller must
@@ -278,19 +283,21 @@ function M.attach(name)
   if have then return have end
   local agents = mesh_mod.job_hosts().agents
   local replies = ask(agents, function(req) return { MSG.ATTACH, req, name } end, "attaching '" .. name .. "'")
-  local found, why = {}, {}
+  local found, why, held, unknown = {}, {}, false, true
   for _, r in ipairs(replies) do
     if r.ok and type(r.value) == "table" and type(r.value.description) == "table" then
       found[#found + 1] = r
     else
       why[#why + 1] = agent_name(r.agent) .. ": " .. tostring(r.value)
+      held = held or held_reply(r)
     end
+    unknown = unknown and not r.ok and tostring(r.value):find("no persistent mesh named", 1, true) ~= nil
   end
-  for _, w in ipairs(why) do -- held on one host is held: taking the rest would split the mesh
-    if w:find("held by another controller", 1, true) then found = {} end
-  end
+  if held then found = {} end -- held on one host is held: taking the rest would split the mesh
   if #found == 0 then
-    error(errors.new { kind = "attach", message = "cannot attach '" .. name .. "':\n  " .. table.concat(why, "\n  ") }, 2)
+    -- held: another connected controller holds it; unknown: no host keeps a mesh of that name.
+    error(errors.new { kind = "attach", held = held, unknown = unknown and #replies > 0,
+      message = "cannot attach '" .. name .. "':\n  " .. table.concat(why, "\n  ") }, 2)
   end
   local desc = found[1].value.description
   if desc.format ~= M.FORMAT or type(desc.procs) ~= "table" then
@@ -378,7 +385,7 @@ function M.held_elsewhere(name)
   local ok, replies = pcall(ask, agents, function(req) return { MSG.ATTACH, req, name } end, "asking for '" .. name .. "'")
   if not ok then return false end
   for _, r in ipairs(replies) do
-    if not r.ok and tostring(r.value):find("held by another controller", 1, true) then return true end
+    if held_reply(r) then return true end
   end
   return false
 end

@@ -172,7 +172,7 @@ function Job:find()
     local ok, m = pcall(persist.attach, name)
     if ok then return m end
     local msg = errors.is(m) and m.message or tostring(m)
-    local held = msg:find("held by another controller", 1, true) ~= nil
+    local held = errors.is(m) and m.held == true
     if held and not self.opts.standby then
       self:die(string.format("job '%s' is driven by another controller, which is still connected to its hosts; "
         .. "--standby waits to take it over when that one dies, --job NAME runs another job", self.name))
@@ -182,7 +182,7 @@ function Job:find()
       waiting = true
       self:note("standby: waiting to take over job '%s' when its controller dies", self.name)
     end
-    local gone = msg:find("no persistent mesh named", 1, true) ~= nil and not held
+    local gone = errors.is(m) and m.unknown == true
     if held then self.seen_held = true elseif gone and self.seen_held then
       self:note("standby: job '%s' ended under its controller; nothing to take over", self.name)
       pcall(monarch.shutdown)
