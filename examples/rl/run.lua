@@ -65,9 +65,11 @@ monarch.on_host_loss(function(ev)
 end)
 -- Hosts that join: env procs on them, handed to the trainer at its next update.
 local hosts, new_envs, joins = monarch.hosts(), {}, 0
-local victim_host = hosts.agents[#hosts.agents] -- --kill-host-at's: the last host the run started with
+-- --kill-host-at's: the last host the run started with (a host can join while the mesh is spawned: not that one).
+local first_procs = procs:proc_list()
+local victim_host = first_procs[#first_procs].agent
 if hosts.on_join then
-  hosts:on_join(function(a)
+  local function take(a)
     local ok, grown, added = pcall(procs.grow, procs, { a })
     if not ok then -- the host went again before its procs were up: rollouts go on without it
       print(string.format("env host %s:%d joined but its env procs did not start: %s", a.addr, a.port, tostring(grown)))
@@ -77,7 +79,15 @@ if hosts.on_join then
     new_envs[#new_envs + 1] = added
     print(string.format("env host %s:%d joined: %d env procs added (ranks %s)", a.addr, a.port, added:size(),
       table.concat(added:rank(), ",")))
-  end)
+  end
+  hosts:on_join(take)
+  -- A host that joined while the first mesh was spawned has none of its procs, and came before the handler.
+  local has = {}
+  for _, p in ipairs(procs:proc_list()) do has[p.agent] = true end
+  for _, a in ipairs(hosts.agents) do
+    if not has[a] and a.state == "ready" then take(a) end
+  end
+  new_envs = {} -- the trainer starts with all of procs, these included
 end
 print(string.format("CartPole-v0: %d env procs x %d envs, REINFORCE (linear softmax policy)", procs:size(), opts.envs))
 
