@@ -194,7 +194,7 @@ static blob_t *list_blobs(const char *dir, size_t *n, uint64_t *total) {
       if (w == NULL) break;
       v = w;
     }
-    snprintf(v[*n].name, sizeof(v[*n].name), "%s", e->d_name);
+    memcpy(v[*n].name, e->d_name, MN_SHIP_HEX_LEN + 1); /* length checked above */
     v[*n].at = st.st_mtim;
     v[(*n)++].size = (uint64_t)st.st_size;
   }
