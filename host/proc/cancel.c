@@ -49,6 +49,8 @@ int mn_cancel_request(mn_cancel_t *c, uint64_t session, uint64_t seq) {
 
 int mn_cancel_begin(mn_cancel_t *c, uint64_t session, uint64_t seq) {
   atomic_store(&c->running, seq);
+  /* After publishing `running`: mn_cancel_retire publishes `retired` before it reads `running`. */
+  if (session != 0 && atomic_load(&c->retired) == session) return 1;
   if (atomic_load(&c->npending) == 0) return 0; /* the common case: nothing was asked */
   int found = 0;
   pthread_mutex_lock(&c->lock);
@@ -64,6 +66,14 @@ int mn_cancel_begin(mn_cancel_t *c, uint64_t session, uint64_t seq) {
   atomic_store(&c->npending, c->n);
   pthread_mutex_unlock(&c->lock);
   return found;
+}
+
+/* A request for the running call, as CANCEL makes one: its ordering with mn_cancel_end is request's own. */
+void mn_cancel_retire(mn_cancel_t *c, uint64_t session) {
+  if (session == 0) return;
+  atomic_store(&c->retired, session);
+  uint64_t seq = atomic_load(&c->running);
+  if (seq != 0) (void)mn_cancel_request(c, session, seq);
 }
 
 int mn_cancel_end(mn_cancel_t *c) {

@@ -27,6 +27,7 @@ typedef struct {
   atomic_int hit;           /* the running call was asked to stop */
   atomic_int npending;      /* n, for the executor's look without the lock */
   atomic_int *flag;         /* the executor's cancel flag, which kernels poll */
+  _Atomic uint64_t retired; /* a session another one took over: none of its calls runs any more */
 } mn_cancel_t;
 
 /* flag: the cancel flag the executor's kernels see. Returns 0 or -errno. */
@@ -45,9 +46,18 @@ int mn_cancel_request(mn_cancel_t *c, uint64_t session, uint64_t seq);
  * Executor, before running call `seq` of `session`: marks it running and
  * returns 1 if it was cancelled before it started (then the caller answers
  * "cancelled" without running it and calls mn_cancel_end), else 0.
- * Requests for older calls of the session are forgotten: they have run.
+ * Requests for older calls of the session are forgotten: they have run. A call of a retired session is
+ * cancelled.
  */
 int mn_cancel_begin(mn_cancel_t *c, uint64_t session, uint64_t seq);
+
+/*
+ * The connection's holder, when another controller's session takes the proc over from `session`: the
+ * call running now is stopped (a collective of the old controller would wait for peers that refuse it
+ * now, and hold up the new one's calls behind it), and any of session's calls that would start later
+ * is answered "cancelled" without running.
+ */
+void mn_cancel_retire(mn_cancel_t *c, uint64_t session);
 
 /* Executor, after the call: returns 1 if a request arrived while it ran (and clears the flag it set), else 0. */
 int mn_cancel_end(mn_cancel_t *c);

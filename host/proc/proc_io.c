@@ -171,7 +171,10 @@ static int open_session(proc_t *p, conn_t *c, const mn_msg_session_t *s) {
   }
   if (s->session != p->session) {
     /* A new controller session: forget the old one's results, and never serve the old one again. */
-    if (p->session != 0) p->retired[p->nretired++ % MN_PROC_RETIRED] = p->session;
+    if (p->session != 0) {
+      p->retired[p->nretired++ % MN_PROC_RETIRED] = p->session;
+      mn_cancel_retire(&p->cancels, p->session);
+    }
     mn_replay_clear(&p->replay);
     p->session = s->session;
   }

@@ -59,7 +59,7 @@ end
 local function fail_event(p, kernel)
   return errors.new {
     kind = p.unresponsive and "unresponsive" or "proc_failed", rank = p.rank, host = p.host, pid = p.pid,
-    cause = p.cause, kernel = kernel,
+    cause = p.cause, kernel = kernel, taken_over = p.taken_over,
     message = "proc " .. p.cause .. (kernel and (" while running '" .. kernel .. "'") or ""),
   }
 end
@@ -72,7 +72,8 @@ function M.finalize_death(p)
   dying[p] = nil
   p.cause = p.stopping and "stopped by the script" or describe_exit(p)
   p.death_heard = nil
-  local will_restart = p.restart and not p.stopping and not M.shutting_down and p.agent.state == "ready"
+  local will_restart = p.restart and not p.stopping and not p.taken_over and not M.shutting_down and
+    p.agent.state == "ready"
   set(p, "state", p.stopping and "stopped" or (will_restart and "restarting" or "dead"))
   local pending = core.take_pending(p.conn)
   core.disconnect(p.conn, "proc died")
@@ -91,7 +92,7 @@ function M.finalize_death(p)
       or string.format("proc %s before running this call (queued behind '%s')", p.cause, tostring(first_kernel))
     runtime.fail_slot(id, slot, errors.new {
       kind = kind, message = msg, kernel = kernel, rank = p.rank, host = p.host, pid = p.pid, cause = p.cause,
-      stopped = p.stopping or nil,
+      stopped = p.stopping or nil, taken_over = p.taken_over,
     })
   end
   if p.stopping then return end
@@ -181,7 +182,13 @@ end)
 runtime.on_message(MSG.ERROR, function(m, conn)
   local p = current_proc(conn)
   if p then
-    p.refused = "proc refused the connection: " .. tostring(m[3])
+    p.refused = "refused the connection: " .. tostring(m[3])
+    -- Refused for good: another controller took the proc over (this one froze past its agents' patience).
+    -- Its calls fail now, rather than wait on a link that is redialled and refused again; never restarted.
+    if tostring(m[3]):find("^taken over by another controller") then
+      p.taken_over = true
+      core.disconnect(conn, p.refused)
+    end
   elseif agent_at[conn] then
     agent_at[conn].reason = tostring(m[3])
   end

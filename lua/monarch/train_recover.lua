@@ -269,15 +269,33 @@ local function rewind(job, s)
   return c
 end
 
---- After step s failed with err: recovers and returns the step to go on from, or raises err again.
-function M.failed(job, err, s)
-  local failed_at = monarch.now()
-  job.pending_snap = nil
-  if job.persistent and persist.held_elsewhere(job:mesh_name()) then
+-- Stops a controller whose job another one took over while it was unreachable: a proc refused its session
+-- (procs.lua marks it taken_over), or the agents say another connected controller holds the mesh.
+local function stop_if_taken_over(job, err)
+  local by_proc = errors.is(err) and err.taken_over
+  for _, p in ipairs(job.procs:proc_list()) do by_proc = by_proc or p.taken_over end
+  if by_proc or (job.persistent and persist.held_elsewhere(job:mesh_name())) then
     job.owned = false -- its procs are the other controller's now: leave them be
     job:die(string.format("job '%s' was taken over by another controller while this one was unreachable (its host "
       .. "agents drop a controller silent for MONARCH_AGENT_SILENCE, 10 s by default); stopping here", job.name))
   end
+end
+
+-- Waits for restarted procs; a proc refused meanwhile (taken over) stops the run with its line.
+local function wait_whole(job)
+  job:note("recovery: waiting up to %d s for the mesh to be whole", M.READY_TIMEOUT)
+  local ok, err = pcall(job.procs.ready, job.procs, M.READY_TIMEOUT)
+  if not ok then
+    stop_if_taken_over(job, err)
+    error(err, 0)
+  end
+end
+
+--- After step s failed with err: recovers and returns the step to go on from, or raises err again.
+function M.failed(job, err, s)
+  local failed_at = monarch.now()
+  job.pending_snap = nil
+  stop_if_taken_over(job, err)
   local lost = M.proc_was_lost(job, err)
   if lost and not job.st.on_gpu then
     local at = M.shrink(job, s)
@@ -294,10 +312,7 @@ function M.failed(job, err, s)
   end
   if simulated then job.injected.recovered_fail = true end
   job:note("step %d failed: %s", s + 1, tostring(err))
-  if job.procs.ready and not simulated then
-    job:note("recovery: waiting up to %d s for the mesh to be whole", M.READY_TIMEOUT)
-    job.procs:ready(M.READY_TIMEOUT)
-  end
+  if job.procs.ready and not simulated then wait_whole(job) end
   local c = rewind(job, s)
   job:note("recovery: restored the weights of step %d; replaying %d step(s)", c, s - c)
   job.resume_clock = { what = "recovery", at = job.injected.killed_at or failed_at }

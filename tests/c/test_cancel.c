@@ -49,6 +49,26 @@ static void another_session_forgets_requests(void **state) {
   mn_cancel_close(&c);
 }
 
+/* A session another controller took over: its running call gets the flag, and none of its calls starts again. */
+static void retired_session_is_stopped(void **state) {
+  atomic_int flag = 0;
+  mn_cancel_t c;
+  assert_int_equal(mn_cancel_init(&c, &flag), 0);
+  assert_int_equal(mn_cancel_begin(&c, 1, 5), 0);
+  mn_cancel_retire(&c, 1);
+  assert_int_equal(flag, 1);
+  assert_int_equal(mn_cancel_end(&c), 1);
+  assert_int_equal(flag, 0);
+  assert_int_equal(mn_cancel_begin(&c, 1, 6), 1); /* queued behind it: answered without running */
+  assert_int_equal(mn_cancel_end(&c), 0);
+  assert_int_equal(mn_cancel_begin(&c, 2, 1), 0); /* the new session's calls run */
+  assert_int_equal(flag, 0);
+  assert_int_equal(mn_cancel_end(&c), 0);
+  mn_cancel_retire(&c, 3); /* nothing running: nothing flagged */
+  assert_int_equal(flag, 0);
+  mn_cancel_close(&c);
+}
+
 static void table_full_is_refused(void **state) {
   atomic_int flag = 0;
   mn_cancel_t c;
@@ -66,6 +86,7 @@ int main(void) {
       cmocka_unit_test(queued_call_is_cancelled_before_it_runs),
       cmocka_unit_test(running_call_gets_its_flag_and_only_it),
       cmocka_unit_test(another_session_forgets_requests),
+      cmocka_unit_test(retired_session_is_stopped),
       cmocka_unit_test(table_full_is_refused),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

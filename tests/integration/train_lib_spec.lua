@@ -143,6 +143,41 @@ describe("monarch.train on long-lived host agents", function()
     end
   end)
 
+  it("stops a frozen controller that wakes after a --standby took over; the standby ends bit for bit", function()
+    -- Agents that drop a controller silent for 2 s (MONARCH_AGENT_SILENCE), so the standby takes over while the first
+    -- one is stopped (SIGSTOP) with calls in flight; woken, it must not drive a proc again.
+    for _, d in ipairs(daemons) do d:stop(9) end
+    local a = {}
+    for i = 1, 3 do
+      daemons[i] = agent.start{ token = TOKEN, env = "MONARCH_AGENT_SILENCE=2" }
+      a[i] = daemons[i].addr
+    end
+    addrs = table.concat(a, ",")
+    local dir = scratch()
+    local args = "--steps 1500 --every 0 --quiet --checkpoint-dir " .. dir
+    local whole = train(args .. " --job whole")
+    local so, mo, pidfile = dir .. "/standby", dir .. "/main", dir .. "/main.pid"
+    shell.background(("OPENBLAS_NUM_THREADS=1 MONARCH_TOKEN=%s timeout 120 %s/bin/monarch-run --hosts %s "
+      .. "examples/train.lua --device cpu --procs 2 %s --standby"):format(TOKEN, B, addrs, args), so)
+    assert.is_string(shell.wait_output(so, "(standby: waiting)", 30))
+    shell.background(("sh -c 'echo $$ > %s; exec env OPENBLAS_NUM_THREADS=1 MONARCH_TOKEN=%s %s/bin/monarch-run "
+      .. "--hosts %s examples/train.lua --device cpu --procs 2 %s'"):format(pidfile, TOKEN, B, addrs,
+      args:gsub("%-%-quiet ", "")), mo) -- not quiet: the line below says it trains (quiet is not the job's identity)
+    assert.is_string(shell.wait_output(mo, "(training on %d+ procs)", 30), read(mo))
+    local pid = tonumber(read(pidfile):match("%d+"))
+    math.randomseed(os.time())
+    os.execute(("sleep %.2f; kill -STOP %d"):format(0.2 + math.random() * 0.8, pid))
+    local took = shell.wait_output(so, "(controller: took over job 'train')", 30)
+    os.execute("kill -CONT " .. pid)
+    assert.is_string(took, "the standby never took over:\n" .. read(so))
+    local out, rc = shell.finished(mo, 60)
+    assert.are_not.equal(0, rc, out)
+    assert.matches("job 'train' was taken over by another controller while this one was unreachable", out)
+    out, rc = shell.finished(so, 90)
+    assert.are.equal(0, rc, out)
+    assert.are.equal(crc_of(whole), crc_of(out))
+  end)
+
   it("lets a --standby controller take over, and refuses a second active one", function()
     local dir = scratch()
     local args = "--steps 300 --every 0 --quiet --checkpoint-dir " .. dir
