@@ -11,10 +11,11 @@ pkgs=(build-essential pkg-config libluajit-5.1-dev luajit libuv1-dev libmsgpack-
 # Optional, for tests only: plot_spec renders SVG plots in headless Chromium
 # and decodes the PNG with Pillow; jupyter_spec drives the Jupyter kernel with
 # jupyter_client, runs the example notebook with nbclient and, in a browser,
-# with the classic notebook server, selenium and chromedriver. Without them
+# with the classic notebook server, selenium and chromedriver; tests/limits.sh
+# measures C functions with Universal Ctags. Without them
 # those checks are pending.
 optional=(chromium python3-pil python3-jupyter-client python3-nbclient python3-nbformat jupyter-notebook
-          python3-selenium chromium-driver)
+          python3-selenium chromium-driver universal-ctags)
 check=0 tests=0
 for a in "$@"; do
   case $a in

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The size rules of the house (STYLE.md, issue 27): no source file over 800
 # lines, no C function over 80. A function is a definition that starts at
-# column 0 and ends at the first "}" at column 0 (clang-format's layout).
+# column 0 and ends at the first "}" at column 0 (clang-format's layout), or
+# where Universal Ctags says it ends when it is installed.
 # Prints one line; exit 1 naming each file or function over its limit.
 set -u
 cd "$(dirname "$0")/.."
@@ -21,13 +22,23 @@ for f in $files; do
     bad=1
   fi
 done
-long=$(for f in $files; do case $f in *.c | *.cu | *.h) [ -f "$f" ] && echo "$f" ;; esac; done | xargs awk -v max="$FUNC_MAX" '
+cfiles=$(for f in $files; do case $f in *.c | *.cu | *.h) [ -f "$f" ] && echo "$f" ;; esac; done)
+# Universal Ctags parses C and knows where each function ends (its "end:" field), whatever the layout; without
+# it, the column-0 rule below (which a "}" at column 0 inside a function would cut short).
+if ctags --version 2>/dev/null | grep -q "Universal Ctags"; then
+  long=$(echo "$cfiles" | xargs ctags --langmap=C:+.cu --languages=C --kinds-C=f --fields=+ne -o - 2>/dev/null | awk -F'\t' -v max="$FUNC_MAX" '
+    { s = 0; e = 0
+      for (i = 4; i <= NF; i++) { if ($i ~ /^line:/) s = substr($i, 6) + 0; if ($i ~ /^end:/) e = substr($i, 5) + 0 }
+      if (s > 0 && e - s + 1 > max) printf "limits: %s:%d: %s is %d lines (at most %d)\n", $2, s, $1, e - s + 1, max }')
+else
+long=$(echo "$cfiles" | xargs awk -v max="$FUNC_MAX" '
   FNR == 1 { start = 0 }
   start == 0 && /^[A-Za-z_].*\)[ \t]*\{[ \t]*$/ && !/^(struct|typedef|enum|union)/ { start = FNR; name = $0; next }
   start > 0 && /^\}/ {
     if (FNR - start + 1 > max) { sub(/\(.*/, "", name); printf "limits: %s:%d: %s is %d lines (at most %d)\n", FILENAME, start, name, FNR - start + 1, max }
     start = 0
   }')
+fi
 if [ -n "$long" ]; then
   echo "$long"
   bad=1
