@@ -7,10 +7,13 @@
 #     command run again at once, and a --standby controller started beforehand; seconds from the kill (the
 #     killed controller's exit) to the new controller's "stepping again" line, medians of ROUNDS, beside the
 #     heartbeat timeout (3 s, the standby target's baseline).
-#   bench/train.sh [ROUNDS]        (default 7; BASE=e8118b5, the last commit before the library)
+#   bench/train.sh [ROUNDS] [cost|loss]   (default 7 rounds, both parts; BASE=e8118b5, the last commit before the
+#                                         library)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-7}
+PART=${2:-all}
+case $PART in all | cost | loss) ;; *) echo "bench/train.sh: the part is cost, loss or nothing (both), not '$PART'" >&2; exit 2 ;; esac
 BASE=${BASE:-e8118b5}
 B=${MONARCH_BUILD:-build}
 export OPENBLAS_NUM_THREADS=1 MONARCH_TOKEN=${MONARCH_TOKEN:-bench-train-$$}
@@ -24,6 +27,7 @@ median() { sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2
 now() { date +%s.%N; }
 
 # ---- 1. the library's cost -----------------------------------------------------------------
+if [ "$PART" != loss ]; then
 git show "$BASE:examples/train.lua" > "$tmp/train_by_hand.lua"
 run_rate() { # script -> steps per second of its loop
   "$B/bin/monarch-run" "$1" --device cpu --procs 4 --epochs 40 --every 0 --quiet --data "$data" |
@@ -60,6 +64,9 @@ if command -v valgrind > /dev/null; then
   awk -v o="$io" -v n="$in" 'BEGIN { printf "  controller instructions per step: by hand %d, monarch.train %d (%+.1f%%, %+d)\n", o, n,
     (n / o - 1) * 100, n - o }'
 fi
+
+fi
+[ "$PART" = cost ] && exit 0
 
 # ---- 2. controller loss --------------------------------------------------------------------
 for i in 1 2 3; do
