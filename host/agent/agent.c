@@ -336,7 +336,7 @@ static void handle(aconn_t *c, const msgpack_object *m) {
       c->a->served++; /* a count: agent_join.c tells from it whether the controller it joined came */
       uv_timer_stop(&c->hs_timer);
       mn_hs_welcome_agent(&out, &c->a->auth, c->ns, nc, c->a->elf.elf_class, c->a->elf.machine,
-                          mn__agent_ship_enabled(c->a));
+                          mn__agent_ship_enabled(c->a), mn__agent_ship_id(c->a));
       mn__agent_send_buf(c, &out);
     }
     mn_buf_free(&out);

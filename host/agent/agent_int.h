@@ -200,6 +200,8 @@ int mn__agent_ship_init(agent_t *a);
 void mn__agent_ship_close(agent_t *a);
 /* Whether this agent takes shipped files (not --no-ship). */
 int mn__agent_ship_enabled(const agent_t *a);
+/* Its ship cache's id, told in WELCOME ("" if it has none): agents of one id share one cache. */
+const char *mn__agent_ship_id(const agent_t *a);
 /* The cache's blob directory and session s's workspace, for its procs' environment. */
 void mn__agent_ship_paths(const agent_t *a, const asession_t *s, char *blobs, size_t bn, char *work, size_t wn);
 void mn__agent_handle_ship_ask(aconn_t *c, const msgpack_object *m);
