@@ -94,7 +94,7 @@ fi
 
 if [ "$sim_hosts" -gt 0 ]; then
   lib "$dir/sim.so" 7
-  GROUP=64 start_agents "$sim_hosts" --simulate
+  GROUP=${SIM_GROUP:-64} start_agents "$sim_hosts" --simulate
   out=$(run "the simulated run" $B/bin/monarch-run --hostfile "$dir/hosts" bench/ship.lua sim "$dir/sim.so")
   stop_agents
   echo

@@ -599,7 +599,7 @@ void mn__agent_handle_ship_data(aconn_t *c, asession_t *s, const msgpack_object 
   }
   if (s == NULL || s->ended) return;
   /* Handed on first, as SPAWN's subs are: the children write while this agent hashes. */
-  if (d.subs->via.array.size > 0) mn__agent_tree_forward_ship(s, &d);
+  if (d.subs->via.array.size > 0) mn__agent_tree_forward_ship(s, c, &d);
   if (!d.self) return;
   if (!mn__agent_ship_enabled(c->a)) answer(s, d.hash, "refused", "this host agent was started with --no-ship");
   else take_chunk(c->a, s, &d);
