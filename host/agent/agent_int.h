@@ -283,7 +283,7 @@ int64_t mn__agent_tree_forward(asession_t *s, const msgpack_object *subs, const 
 void mn__agent_tree_forward_spawn(asession_t *s, const msgpack_object *subs);
 /* Hands ACKS's subs on to the children's links. */
 void mn__agent_tree_forward_acks(asession_t *s, const msgpack_object *subs);
-#define MN_SHIP_RELAY_HIGH (4u << 20) /* bytes queued on a child's link past which a relay stops reading its parent */
+#define MN_SHIP_RELAY_HIGH (2u << 20) /* bytes queued on a child's link past which a relay stops reading its parent */
 #define MN_SHIP_RELAY_LOW (1u << 20)  /* and below which (on every link) it reads again */
 
 /* SHIP_DATA's subs: each (index, self, subs) triple's chunk to that child's link (ship.h). A link queued past
