@@ -283,7 +283,8 @@ static blob_t *list_blobs(const char *dir, size_t *n, uint64_t *total) {
     if (st.st_nlink > 1) continue;
     struct stat rec;
     char rname[MN_SHIP_HEX_LEN + 4];
-    snprintf(rname, sizeof(rname), "%s.ok", e->d_name);
+    memcpy(rname, e->d_name, MN_SHIP_HEX_LEN); /* length checked above */
+    memcpy(rname + MN_SHIP_HEX_LEN, ".ok", 4);
     if (fstatat(dirfd(d), rname, &rec, AT_SYMLINK_NOFOLLOW) == 0) st.st_mtim = rec.st_mtim; /* its last use */
     if (*n == cap) {
       blob_t *w = realloc(v, (cap = cap ? cap * 2 : 64) * sizeof(*v));
