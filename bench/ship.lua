@@ -1,6 +1,6 @@
 -- bench/ship.lua: shipping kernel libraries and files to the hosts (issue 30). Run by bench/ship.sh:
---   monarch-run --hostfile F bench/ship.lua real DIR REPS   libraries DIR/ship_I.so (hosts cannot see them)
---                                                          next to DIR_BASE/base_I.so (they can), on the hosts
+--   monarch-run --hostfile F bench/ship.lua real DIR BASE REPS [NAME]   libraries DIR/NAME_I.so (NAME: ship;
+--                                                hosts cannot see them) next to BASE/base_I.so (they can)
 --   monarch-run --hostfile F bench/ship.lua sim LIB         one first load on (simulated) hosts
 --   monarch-run --hostfile F bench/ship.lua sync DIR        a folder synced, one file changed, synced again
 -- Prints "name value" lines.
@@ -27,20 +27,27 @@ local function size_of(path)
 end
 
 if mode == "real" then
-  local dir, base, reps = arg[2], arg[3], tonumber(arg[4] or "5")
+  local dir, base, reps, name = arg[2], arg[3], tonumber(arg[4] or "5"), arg[5] or "ship"
   local hosts = monarch.hosts()
   local a, b = hosts:spawn_procs{ procs = 1 }, hosts:spawn_procs{ procs = 1 }
-  local loc, first, second, loc2, bytes = {}, {}, {}, {}, {}
+  local loc, first, second, loc2, bytes, hash = {}, {}, {}, {}, {}, {}
+  local core = require "monarch.core"
   for i = 1, reps do
+    local lib = dir .. "/" .. name .. "_" .. i .. ".so"
     loc[i] = timed(function() local_load(a, base .. "/base_" .. i .. ".so") end)
     local before = monarch.ship.stats().bytes
-    first[i] = timed(function() a:load(dir .. "/ship_" .. i .. ".so") end)
+    first[i] = timed(function() a:load(lib) end)
     bytes[i] = monarch.ship.stats().bytes - before
-    second[i] = timed(function() b:load(dir .. "/ship_" .. i .. ".so") end) -- from the hosts' caches
+    second[i] = timed(function() b:load(lib) end) -- from the hosts' caches
     loc2[i] = timed(function() local_load(b, base .. "/base_" .. i .. ".so") end)
+    local f = assert(io.open(lib, "rb"))
+    local bytes_of = f:read("*a")
+    f:close()
+    hash[i] = timed(function() core.ship_hash(bytes_of) end)
   end
   print("hosts", #hosts.agents)
-  print("lib_bytes", size_of(dir .. "/ship_1.so"))
+  print("lib_bytes", size_of(dir .. "/" .. name .. "_1.so"))
+  print("hash_ms", median(hash))
   print("local_ms", median(loc))
   print("first_ms", median(first))
   print("ctl_copies", median(bytes) / size_of(dir .. "/ship_1.so"))

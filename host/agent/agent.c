@@ -125,6 +125,7 @@ static void session_end(asession_t *s) {
   if (s->conn) s->conn->session = NULL;
   for (aconn_t *c = a->conns; c; c = c->next)
     if (c->relay_of == s) c->relay_of = NULL;
+  mn__agent_tree_release(s);
   mn__agent_tree_close(s);
   mn__agent_ship_session_end(s);
   mn_buf_free(&s->backlog);
@@ -172,7 +173,7 @@ static void on_tick(uv_timer_t *t) {
   for (aconn_t *c = a->conns; c; c = c->next) {
     /* A --once agent dies with its controller (PDEATHSIG): a quiet controller is only busy. */
     /* A controller that reaches us through a parent agent (the cast tree) writes nothing here directly. */
-    if (!a->o->once && c->ready && !c->closing && now - c->last_rx > a->silence_ms &&
+    if (!a->o->once && c->ready && !c->closing && !c->held && now - c->last_rx > a->silence_ms &&
         !(c->session != NULL && mn__agent_tree_heard(a, c->session, a->silence_ms)))
       conn_close(c);
   }
@@ -181,6 +182,8 @@ static void on_tick(uv_timer_t *t) {
 static void conn_close(aconn_t *c) {
   if (c->closing) return;
   c->closing = 1;
+  for (asession_t *s = c->a->sessions; c->held && s; s = s->next)
+    if (s->held == c) s->held = NULL;
   if (c->relay_of != NULL && c->relay_of->up == c) c->relay_of->up = NULL;
   if (c->session != NULL && c->session->up == c) c->session->up = NULL;
   c->relay_of = NULL;
@@ -336,7 +339,7 @@ static void handle(aconn_t *c, const msgpack_object *m) {
       c->a->served++; /* a count: agent_join.c tells from it whether the controller it joined came */
       uv_timer_stop(&c->hs_timer);
       mn_hs_welcome_agent(&out, &c->a->auth, c->ns, nc, c->a->elf.elf_class, c->a->elf.machine,
-                          mn__agent_ship_enabled(c->a));
+                          mn__agent_ship_enabled(c->a), mn__agent_ship_id(c->a));
       mn__agent_send_buf(c, &out);
     }
     mn_buf_free(&out);
@@ -472,6 +475,17 @@ static void on_connection(uv_stream_t *server, int status) {
   mn_buf_free(&b);
   uv_timer_start(&c->hs_timer, on_hs_timeout, MN_HANDSHAKE_TIMEOUT_MS, 0);
   uv_read_start((uv_stream_t *)&c->tcp, conn_alloc, conn_read);
+}
+
+void mn__agent_conn_hold(aconn_t *c, int hold) {
+  if (c == NULL || c->closing || c->held == hold) return;
+  c->held = hold;
+  if (hold) {
+    uv_read_stop((uv_stream_t *)&c->tcp);
+    return;
+  }
+  c->last_rx = uv_now(c->a->loop); /* what waited in the socket waited for us, not for a cut */
+  if (uv_read_start((uv_stream_t *)&c->tcp, conn_alloc, conn_read) != 0) conn_close(c);
 }
 
 void mn__agent_stop(agent_t *a) {

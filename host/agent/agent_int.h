@@ -117,6 +117,7 @@ struct asession_s {
   uint32_t nlinks;
   uint64_t tree_epoch; /* the TREE they came from, named in LINKED */
   uint64_t link_silence_ms; /* a link silent this long is lost (TREE says; the controller's heartbeat timeout / 2) */
+  aconn_t *held;      /* the connection shipped chunks came on, not read while a child's link is full (agent_tree.c) */
   uint64_t spawns_seen[MN_SPAWNS_SEEN]; /* its latest SPAWN reqs (a ring): one sent again after a relay's loss is dropped */
   uint32_t spawns_next;
   asession_t *next;
@@ -131,6 +132,7 @@ struct aconn_s {
   uint64_t last_rx;
   int ready;
   int closing;
+  int held;             /* not read for now (mn__agent_conn_hold): a child's link must drain first */
   uint8_t ns[MN_NONCE_LEN];
   mn_buf_t in;
   msgpack_zone zone;
@@ -200,6 +202,8 @@ int mn__agent_ship_init(agent_t *a);
 void mn__agent_ship_close(agent_t *a);
 /* Whether this agent takes shipped files (not --no-ship). */
 int mn__agent_ship_enabled(const agent_t *a);
+/* Its ship cache's id, told in WELCOME ("" if it has none): agents of one id share one cache. */
+const char *mn__agent_ship_id(const agent_t *a);
 /* The cache's blob directory and session s's workspace, for its procs' environment. */
 void mn__agent_ship_paths(const agent_t *a, const asession_t *s, char *blobs, size_t bn, char *work, size_t wn);
 void mn__agent_handle_ship_ask(aconn_t *c, const msgpack_object *m);
@@ -279,8 +283,17 @@ int64_t mn__agent_tree_forward(asession_t *s, const msgpack_object *subs, const 
 void mn__agent_tree_forward_spawn(asession_t *s, const msgpack_object *subs);
 /* Hands ACKS's subs on to the children's links. */
 void mn__agent_tree_forward_acks(asession_t *s, const msgpack_object *subs);
-/* SHIP_DATA's subs: each (index, self, subs) triple's chunk to that child's link (ship.h). */
-void mn__agent_tree_forward_ship(asession_t *s, const mn_msg_ship_data_t *d);
+#define MN_SHIP_RELAY_HIGH (2u << 20) /* bytes queued on a child's link past which a relay stops reading its parent */
+#define MN_SHIP_RELAY_LOW (1u << 20)  /* and below which (on every link) it reads again */
+
+/* SHIP_DATA's subs: each (index, self, subs) triple's chunk to that child's link (ship.h). A link queued past
+ * MN_SHIP_RELAY_HIGH holds `from` (the connection the chunk came on) until every link is below
+ * MN_SHIP_RELAY_LOW: the backpressure goes up the tree to the controller, which waits on its own sockets. */
+void mn__agent_tree_forward_ship(asession_t *s, aconn_t *from, const mn_msg_ship_data_t *d);
+/* Stops (hold) or resumes reading c. */
+void mn__agent_conn_hold(aconn_t *c, int hold);
+/* Resumes s's held connection, if any (its links drained, or it is ending). */
+void mn__agent_tree_release(asession_t *s);
 /* Whether a parent's relay link for s was heard within ms: the controller reaches s through it. */
 int mn__agent_tree_heard(agent_t *a, const asession_t *s, uint64_t ms);
 /* At exit: stops the links' timer. */

@@ -12,17 +12,27 @@
  * connection to the controller, as SPAWN's do.
  *
  * The cache is <dir>/blobs/<hex> (mode 0500 files in 0700 directories owned
- * by the agent's user: anything else is refused), capped at ship_max bytes by
- * least-recently-used eviction (a hit touches the file's mtime; a file linked
- * into a workspace is kept). Workspaces are <dir>/work/<session>/, hard links
- * into the cache, removed when the session ends. Several agents (jobs) may
- * share one cache: files appear by rename only, under unique temporary names.
- * A simulated agent (--simulate) verifies the bytes and stores nothing.
+ * by the agent's user: anything else is refused), each with its verification
+ * record <hex>.ok (ship.h: a blob whose stat no longer matches it is hashed
+ * again before use, and removed if it does not hash right), capped at ship_max
+ * bytes by least-recently-used eviction (a hit touches the record's mtime; a
+ * file linked into a workspace is kept). Workspaces are <dir>/work/<session>/,
+ * hard links into the cache, removed when the session ends.
+ *
+ * Several agents (jobs, or one agent per GPU on a machine) may share one
+ * cache: files appear by rename only, under unique temporary names. The cache
+ * has an id, <dir>/id (random, made once by whichever agent comes first, by
+ * link so that no agent reads half of it), told in WELCOME: the controller
+ * ships a file once to agents of one id, and the others find it in the cache.
+ * A simulated agent (--simulate) verifies the bytes and stores nothing; the
+ * simulated hosts of one process share one pretend cache (its id, the hashes
+ * verified), as the agents of one machine share its disk.
  */
 #include "agent_int.h"
 
 #include "ship.h"
 
+#include <ctype.h>
 #include <dirent.h>
 #include <stdarg.h>
 #include <fcntl.h>
@@ -49,10 +59,18 @@ struct aship_s {
   shipx_t *xfers;
   int nxfers;
   uint64_t counter;       /* for unique temporary names */
-  uint8_t (*seen)[MN_SHIP_HASH_LEN]; /* a simulated agent's "cache": the hashes it verified */
-  size_t nseen, capseen;
+  char id[MN_SHIP_ID_LEN + 1]; /* the cache's id ("": none could be read or made: shared with nobody) */
+  int sim;                /* a simulated agent's: it uses sim_cache (agent_sim.c drops a->sim before us) */
   int flip;               /* MONARCH_TEST_SHIP_FLIP: flip a byte of the next file received (a test hook) */
 };
+
+/* The simulated hosts' pretend cache, one per process: the hashes they verified, and its id. */
+static struct {
+  uint8_t (*seen)[MN_SHIP_HASH_LEN];
+  size_t nseen, capseen;
+  char id[MN_SHIP_ID_LEN + 1];
+  int users; /* simulated agents alive: the last one frees it */
+} sim_cache;
 
 /* snprintf for paths: 0, or MN_EINVAL (after an empty out) when the path would not fit. */
 __attribute__((format(printf, 3, 4))) static int pathf(char *out, size_t n, const char *fmt, ...) {
@@ -64,6 +82,21 @@ __attribute__((format(printf, 3, 4))) static int pathf(char *out, size_t n, cons
   out[0] = '\0';
   return MN_EINVAL;
 }
+
+static int write_all(int fd, const char *p, size_t n) {
+  while (n > 0) {
+    ssize_t w = write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) return -errno;
+    p += w;
+    n -= (size_t)w;
+  }
+  return 0;
+}
+
+static int cache_dirs(const aship_t *sh, char *err, size_t errlen);
+static void random_id(char out[MN_SHIP_ID_LEN + 1]);
+static void cache_id(aship_t *sh);
 
 int mn__agent_ship_init(agent_t *a) {
   aship_t *sh = calloc(1, sizeof(*sh));
@@ -78,8 +111,18 @@ int mn__agent_ship_init(agent_t *a) {
   const char *flip = getenv("MONARCH_TEST_SHIP_FLIP");
   sh->flip = flip != NULL && flip[0] == '1';
   a->ship = sh;
+  if (a->sim != NULL) {
+    if (sim_cache.id[0] == '\0') random_id(sim_cache.id);
+    sim_cache.users++;
+    sh->sim = 1;
+    memcpy(sh->id, sim_cache.id, sizeof(sh->id));
+  } else if (sh->enabled) {
+    cache_id(sh);
+  }
   return 0;
 }
+
+const char *mn__agent_ship_id(const agent_t *a) { return a->ship != NULL ? a->ship->id : ""; }
 
 static void xfer_drop(shipx_t *x) {
   if (x->fd >= 0) {
@@ -96,7 +139,10 @@ void mn__agent_ship_close(agent_t *a) {
     a->ship->xfers = x->next;
     xfer_drop(x);
   }
-  free(a->ship->seen);
+  if (a->ship->sim && --sim_cache.users == 0) {
+    free(sim_cache.seen);
+    memset(&sim_cache, 0, sizeof(sim_cache)); /* the next simulated process's cache is a new one */
+  }
   free(a->ship);
   a->ship = NULL;
 }
@@ -161,6 +207,52 @@ static int cache_dirs(const aship_t *sh, char *err, size_t errlen) {
   return rc;
 }
 
+/* ---- the cache's id -------------------------------------------------------------------------- */
+
+static void random_id(char out[MN_SHIP_ID_LEN + 1]) {
+  uint8_t r[MN_SHIP_ID_LEN / 2];
+  static const char digits[] = "0123456789abcdef";
+  randombytes_buf(r, sizeof(r));
+  for (size_t i = 0; i < sizeof(r); i++) {
+    out[2 * i] = digits[r[i] >> 4];
+    out[2 * i + 1] = digits[r[i] & 15];
+  }
+  out[MN_SHIP_ID_LEN] = '\0';
+}
+
+static int read_id(const char *path, char out[MN_SHIP_ID_LEN + 1]) {
+  char buf[MN_SHIP_ID_LEN + 2];
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) return -errno;
+  ssize_t r = read(fd, buf, sizeof(buf));
+  close(fd);
+  if (r < MN_SHIP_ID_LEN || (r > MN_SHIP_ID_LEN && buf[MN_SHIP_ID_LEN] != '\n')) return MN_EINVAL;
+  for (int i = 0; i < MN_SHIP_ID_LEN; i++)
+    if (!isxdigit((unsigned char)buf[i])) return MN_EINVAL;
+  memcpy(out, buf, MN_SHIP_ID_LEN);
+  out[MN_SHIP_ID_LEN] = '\0';
+  return 0;
+}
+
+/* sh->id <- <dir>/id, made now if the cache has none. The first agent writes a temporary file whole and links
+ * it in (link fails if another agent's came first): every agent of the cache reads one complete id. */
+static void cache_id(aship_t *sh) {
+  char err[512], path[PATH_MAX], tmp[PATH_MAX], id[MN_SHIP_ID_LEN + 2];
+  sh->id[0] = '\0';
+  if (cache_dirs(sh, err, sizeof(err)) != 0) return; /* no cache (yet): the first use says why */
+  (void)pathf(path, sizeof(path), "%s/id", sh->dir);
+  if (read_id(path, sh->id) == 0) return;
+  (void)pathf(tmp, sizeof(tmp), "%s/.id.%d", sh->dir, (int)getpid());
+  random_id(id);
+  id[MN_SHIP_ID_LEN] = '\n';
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd >= 0 && write_all(fd, id, MN_SHIP_ID_LEN + 1) == 0 && link(tmp, path) != 0 && errno != EEXIST)
+    fprintf(stderr, "monarch-worker: cannot make the ship cache's id %s: %s\n", path, strerror(errno));
+  if (fd >= 0) close(fd);
+  unlink(tmp);
+  if (read_id(path, sh->id) != 0) sh->id[0] = '\0';
+}
+
 /* ---- eviction --------------------------------------------------------------------------------- */
 
 typedef struct {
@@ -189,6 +281,11 @@ static blob_t *list_blobs(const char *dir, size_t *n, uint64_t *total) {
       continue;
     *total += (uint64_t)st.st_size;
     if (st.st_nlink > 1) continue;
+    struct stat rec;
+    char rname[MN_SHIP_HEX_LEN + 4];
+    memcpy(rname, e->d_name, MN_SHIP_HEX_LEN); /* length checked above */
+    memcpy(rname + MN_SHIP_HEX_LEN, ".ok", 4);
+    if (fstatat(dirfd(d), rname, &rec, AT_SYMLINK_NOFOLLOW) == 0) st.st_mtim = rec.st_mtim; /* its last use */
     if (*n == cap) {
       blob_t *w = realloc(v, (cap = cap ? cap * 2 : 64) * sizeof(*v));
       if (w == NULL) break;
@@ -212,7 +309,9 @@ static void evict(aship_t *sh, const char *keep) {
   blob_t *v = list_blobs(dir, &n, &total);
   for (size_t i = 0; i < n && total > sh->max; i++) {
     if (strcmp(v[i].name, keep) == 0) continue;
-    if (pathf(p, sizeof(p), "%s/%s", dir, v[i].name) == 0 && unlink(p) == 0) total -= v[i].size;
+    if (pathf(p, sizeof(p), "%s/%s", dir, v[i].name) != 0 || unlink(p) != 0) continue;
+    total -= v[i].size;
+    if (pathf(p, sizeof(p), "%s/%s.ok", dir, v[i].name) == 0) unlink(p);
   }
   free(v);
 }
@@ -282,10 +381,33 @@ static void answer(asession_t *s, const uint8_t *hash, const char *state, const 
   mn_buf_free(&b);
 }
 
-static int seen(const aship_t *sh, const uint8_t *hash) {
-  for (size_t i = 0; i < sh->nseen; i++)
-    if (memcmp(sh->seen[i], hash, MN_SHIP_HASH_LEN) == 0) return 1;
+static int seen(const uint8_t *hash) {
+  for (size_t i = 0; i < sim_cache.nseen; i++)
+    if (memcmp(sim_cache.seen[i], hash, MN_SHIP_HASH_LEN) == 0) return 1;
   return 0;
+}
+
+/*
+ * Whether the cache's blob holds q's bytes: its record matches (nothing wrote to it since an agent hashed it),
+ * or it hashes right now (its record is written again). A blob that does not is removed, and travels again.
+ */
+static int blob_ready(const char *blob, const uint8_t *hash, uint64_t size) {
+  struct stat st;
+  char rec[PATH_MAX + 4];
+  if (stat(blob, &st) != 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size != size) return 0;
+  (void)pathf(rec, sizeof(rec), "%s.ok", blob);
+  if (mn_ship_record_ok(blob)) {
+    (void)utimensat(AT_FDCWD, rec, NULL, 0); /* used now: the last to be evicted */
+    return 1;
+  }
+  uint8_t h[MN_SHIP_HASH_LEN];
+  uint64_t n = 0;
+  int fd = open(blob, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  int ok = fd >= 0 && mn_ship_hash_fd(fd, h, &n) == 0 && n == size && memcmp(h, hash, MN_SHIP_HASH_LEN) == 0;
+  if (ok) (void)mn_ship_record_write(blob, fd); /* if it cannot be written, the next use hashes it again */
+  if (fd >= 0) close(fd);
+  if (!ok && unlink(blob) == 0) unlink(rec); /* changed since it was stored: it is fetched again */
+  return ok;
 }
 
 /* Whether the controller's own path holds the same bytes here (a shared file system): used as is. */
@@ -303,15 +425,13 @@ static int same_local(const mn_msg_ship_ask_t *q) {
 /* What a real agent has of q's file: answers "cached", "placed", "local", "need" or "error". */
 static void ask_cache(agent_t *a, asession_t *s, const mn_msg_ship_ask_t *q) {
   char err[512], hex[MN_SHIP_HEX_LEN + 1], blob[PATH_MAX], out[PATH_MAX + 8];
-  struct stat st;
   mn_ship_hex(q->hash, hex);
   if (cache_dirs(a->ship, err, sizeof(err)) != 0) {
     answer(s, q->hash, "error", err);
     return;
   }
   (void)pathf(blob, sizeof(blob), "%s/blobs/%s", a->ship->dir, hex);
-  if (stat(blob, &st) == 0 && S_ISREG(st.st_mode) && (uint64_t)st.st_size == q->size) {
-    (void)utimensat(AT_FDCWD, blob, NULL, 0); /* used now: the last to be evicted */
+  if (blob_ready(blob, q->hash, q->size)) {
     if (q->place_len == 0) answer(s, q->hash, "cached", blob);
     else if (place(a, s, blob, q->place, q->place_len, out, sizeof(out), err, sizeof(err)) == 0) answer(s, q->hash, "placed", out);
     else answer(s, q->hash, "error", err);
@@ -336,7 +456,7 @@ void mn__agent_handle_ship_ask(aconn_t *c, const msgpack_object *m) {
   /* --no-ship: the controller's path holding the same bytes here is still used as is; nothing else is. */
   if (!mn__agent_ship_enabled(a) && a->sim == NULL && q.place_len == 0 && same_local(&q)) answer(c->session, q.hash, "local", "");
   else if (!mn__agent_ship_enabled(a)) answer(c->session, q.hash, "refused", "this host agent was started with --no-ship");
-  else if (a->sim != NULL) answer(c->session, q.hash, seen(a->ship, q.hash) ? (q.place_len ? "placed" : "cached") : "need", "(simulated)");
+  else if (a->sim != NULL) answer(c->session, q.hash, seen(q.hash) ? (q.place_len ? "placed" : "cached") : "need", "(simulated)");
   else ask_cache(a, c->session, &q);
 }
 
@@ -390,17 +510,6 @@ static shipx_t *xfer_start(agent_t *a, const mn_msg_ship_data_t *d, char *err, s
   return x;
 }
 
-static int write_all(int fd, const char *p, size_t n) {
-  while (n > 0) {
-    ssize_t w = write(fd, p, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w < 0) return -errno;
-    p += w;
-    n -= (size_t)w;
-  }
-  return 0;
-}
-
 /* The last chunk is in: the hash decides. The file goes into the cache under its hash, or away. */
 static void xfer_finish(agent_t *a, asession_t *s, shipx_t **at) {
   shipx_t *x = *at;
@@ -416,15 +525,14 @@ static void xfer_finish(agent_t *a, asession_t *s, shipx_t **at) {
     return;
   }
   if (a->sim != NULL) {
-    aship_t *sh = a->ship;
-    if (sh->nseen == sh->capseen) {
-      void *w = realloc(sh->seen, (sh->capseen = sh->capseen ? sh->capseen * 2 : 8) * MN_SHIP_HASH_LEN);
-      if (w != NULL) sh->seen = w;
-      else sh->capseen = sh->nseen;
+    if (!seen(x->hash) && sim_cache.nseen == sim_cache.capseen) {
+      size_t cap = sim_cache.capseen ? sim_cache.capseen * 2 : 8;
+      void *w = realloc(sim_cache.seen, cap * MN_SHIP_HASH_LEN);
+      if (w != NULL) sim_cache.seen = w, sim_cache.capseen = cap;
     }
-    if (sh->nseen < sh->capseen) memcpy(sh->seen[sh->nseen++], x->hash, MN_SHIP_HASH_LEN);
+    if (!seen(x->hash) && sim_cache.nseen < sim_cache.capseen) memcpy(sim_cache.seen[sim_cache.nseen++], x->hash, MN_SHIP_HASH_LEN);
     answer(s, x->hash, "cached", "(simulated)");
-    xfer_unlink(sh, at);
+    xfer_unlink(a->ship, at);
     return;
   }
   (void)pathf(blob, sizeof(blob), "%s/blobs/%s", a->ship->dir, hex);
@@ -434,6 +542,7 @@ static void xfer_finish(agent_t *a, asession_t *s, shipx_t **at) {
     answer(s, x->hash, "error", msg);
   } else {
     x->tmp[0] = '\0'; /* renamed: nothing to remove */
+    (void)mn_ship_record_write(blob, x->fd); /* without one, the next use hashes it again */
     evict(a->ship, hex);
     answer(s, x->hash, "cached", blob);
   }
@@ -491,7 +600,7 @@ void mn__agent_handle_ship_data(aconn_t *c, asession_t *s, const msgpack_object 
   }
   if (s == NULL || s->ended) return;
   /* Handed on first, as SPAWN's subs are: the children write while this agent hashes. */
-  if (d.subs->via.array.size > 0) mn__agent_tree_forward_ship(s, &d);
+  if (d.subs->via.array.size > 0) mn__agent_tree_forward_ship(s, c, &d);
   if (!d.self) return;
   if (!mn__agent_ship_enabled(c->a)) answer(s, d.hash, "refused", "this host agent was started with --no-ship");
   else take_chunk(c->a, s, &d);

@@ -57,6 +57,21 @@ static void link_freed(uv_handle_t *h) {
   free(l);
 }
 
+/* Whether every link of s has at most MN_SHIP_RELAY_LOW bytes queued: a held parent is read again. */
+static int links_drained(const asession_t *s) {
+  for (uint32_t i = 0; i < s->nlinks; i++) {
+    const alink_t *l = s->links[i];
+    if (l != NULL && uv_stream_get_write_queue_size((const uv_stream_t *)&l->tcp) > MN_SHIP_RELAY_LOW) return 0;
+  }
+  return 1;
+}
+
+void mn__agent_tree_release(asession_t *s) {
+  aconn_t *c = s->held;
+  s->held = NULL;
+  if (c != NULL) mn__agent_conn_hold(c, 0);
+}
+
 /* Closes l; its unanswered triples are no longer waited for (the controller resends them directly). */
 static void link_close(alink_t *l) {
   if (l->state == L_CLOSED) return;
@@ -69,8 +84,15 @@ static void link_close(alink_t *l) {
     s->relayed -= l->outstanding < s->relayed ? l->outstanding : s->relayed;
     if (was_up) tell_controller(s, l->index, 0);
     if (s->relayed == 0) mn__agent_relay_flush(s);
+    if (s->held != NULL && links_drained(s)) mn__agent_tree_release(s); /* a stuck child does not hold us */
   }
   uv_close((uv_handle_t *)&l->tcp, link_freed);
+}
+
+static void link_wrote(uv_write_t *w, int status) {
+  alink_t *l = w->handle->data;
+  mn__agent_on_write(w, status);
+  if (l->state != L_CLOSED && l->s != NULL && l->s->held != NULL && links_drained(l->s)) mn__agent_tree_release(l->s);
 }
 
 static void link_send(alink_t *l, mn_buf_t *b) {
@@ -82,7 +104,7 @@ static void link_send(alink_t *l, mn_buf_t *b) {
   w->data = b->data;
   uv_buf_t ub = uv_buf_init(b->data, (unsigned)b->len);
   mn_buf_init(b); /* the write owns the bytes now */
-  if (uv_write(w, (uv_stream_t *)&l->tcp, &ub, 1, mn__agent_on_write) != 0) {
+  if (uv_write(w, (uv_stream_t *)&l->tcp, &ub, 1, link_wrote) != 0) {
     mn__agent_on_write(w, -1);
     link_close(l);
   }
@@ -345,7 +367,8 @@ void mn__agent_tree_forward_acks(asession_t *s, const msgpack_object *subs) {
   }
 }
 
-void mn__agent_tree_forward_ship(asession_t *s, const mn_msg_ship_data_t *d) {
+void mn__agent_tree_forward_ship(asession_t *s, aconn_t *from, const mn_msg_ship_data_t *d) {
+  int full = 0;
   for (uint32_t i = 0; i + 2 < d->subs->via.array.size; i += 3) {
     const msgpack_object *q = &d->subs->via.array.ptr[i];
     alink_t *l = q[0].via.u64 < s->nlinks ? s->links[q[0].via.u64] : NULL;
@@ -363,6 +386,12 @@ void mn__agent_tree_forward_ship(asession_t *s, const mn_msg_ship_data_t *d) {
     } else {
       mn_buf_free(&b);
     }
+    l = s->links[q[0].via.u64]; /* NULL if the write failed and closed it */
+    full |= l != NULL && uv_stream_get_write_queue_size((uv_stream_t *)&l->tcp) > MN_SHIP_RELAY_HIGH;
+  }
+  if (full && s->held == NULL && from != NULL && !from->closing) {
+    s->held = from;
+    mn__agent_conn_hold(from, 1);
   }
 }
 

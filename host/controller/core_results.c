@@ -289,6 +289,10 @@ static int push_event_value(lua_State *L, lctl_t *c, const mn_event_t *e, int ev
       lua_setfield(L, -2, "elf_class");
       lua_pushinteger(L, i.elf_machine);
       lua_setfield(L, -2, "elf_machine");
+      if (i.cache_id[0] != '\0') {
+        lua_pushstring(L, i.cache_id);
+        lua_setfield(L, -2, "cache");
+      }
     }
   } else if (e->kind == MN_EV_CLOSED || e->kind == MN_EV_RECONNECTING) {
     mn_ctl_info(&c->ctl, e->conn, &i);

@@ -110,14 +110,15 @@ int mn__core_ship_stats(lua_State *L) {
   return 1;
 }
 
-/* core.stat(path) -> size, mtime (ns), inode | nil: what tells the controller a file it hashed is unchanged */
+/* core.stat(path) -> size, mtime (ns), inode, device | nil: what tells the controller a file it hashed is unchanged */
 int mn__core_stat(lua_State *L) {
   struct stat st;
   if (stat(luaL_checkstring(L, 1), &st) != 0) return 0;
   lua_pushnumber(L, (lua_Number)st.st_size);
   lua_pushnumber(L, (lua_Number)st.st_mtim.tv_sec * 1e9 + (lua_Number)st.st_mtim.tv_nsec);
   lua_pushnumber(L, (lua_Number)st.st_ino);
-  return 3;
+  lua_pushnumber(L, (lua_Number)st.st_dev);
+  return 4;
 }
 
 /* core.listdir(path) -> {{name, "f" | "d" | "l" | "o"}, ...} | nil, err: a directory's entries (hosts:sync) */

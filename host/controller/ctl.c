@@ -404,7 +404,7 @@ int mn_ctl_info(mn_ctl_t *c, int id, mn_conn_info_t *out) {
   const char *host = named->info_host ? named->info_host : "";
   *out = (mn_conn_info_t){k->kind, k->state, state_names[k->state], host, k->info_pid, mn__ctl_reason(k), k->rcount,
                           k->lazy ? k->direct : -1, k->ag ? k->ag->elf_class : 0, k->ag ? k->ag->elf_machine : 0,
-                          k->ag ? k->ag->ship : -1};
+                          k->ag ? k->ag->ship : -1, k->ag ? k->ag->cache_id : ""};
   return 0;
 }
 

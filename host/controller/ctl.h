@@ -76,6 +76,7 @@ typedef struct {
   size_t inflight;        /* calls sent and not answered */
   int direct;             /* a pooled proc (ctl_pool.c): 1 while its link is up, else 0; -1: not pooled */
   int elf_class, elf_machine, ship; /* an agent's WELCOME (mn_msg_welcome_t); 0, 0, -1 for others */
+  const char *cache_id;   /* an agent's ship cache id, "" if none: agents telling one id share one cache */
 } mn_conn_info_t;
 
 struct mn_ctl_s {

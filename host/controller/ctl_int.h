@@ -49,6 +49,7 @@ typedef struct {
    * whether it takes shipped files (1), refuses them (0, --no-ship), or predates shipping (-1). */
   int16_t elf_class, elf_machine;
   int8_t ship;
+  char cache_id[33];     /* its ship cache's id (MN_SHIP_ID_LEN hex digits), "" if it told none */
   uint8_t ship_mark;     /* ctl_ship.c, while one chunk is packed: wants it, or hands it on */
 } mn_agent_part_t;
 

@@ -285,6 +285,7 @@ static int welcomed(mn_ctl_t *c, mn_conn_t *k, const mn_msg_welcome_t *w, char *
     k->ag->elf_class = (int16_t)w->elf_class;
     k->ag->elf_machine = (int16_t)w->elf_machine;
     k->ag->ship = (int8_t)w->ship;
+    snprintf(k->ag->cache_id, sizeof(k->ag->cache_id), "%.*s", (int)w->cache_len, w->cache != NULL ? w->cache : "");
   }
   /* A pooled proc's reopened link: no event, the proc never left. */
   if (k->lazy && k->state == MN_CS_READY) return mn__ctl_conn_changed(c, k, MN_CHANGE_LINK_UP);

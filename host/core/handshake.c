@@ -58,13 +58,14 @@ int mn_hs_welcome(mn_buf_t *out, const mn_auth_t *a, const uint8_t nonce_s[MN_NO
 }
 
 int mn_hs_welcome_agent(mn_buf_t *out, const mn_auth_t *a, const uint8_t nonce_s[MN_NONCE_LEN],
-                        const uint8_t nonce_c[MN_NONCE_LEN], int elf_class, int elf_machine, int ship) {
+                        const uint8_t nonce_c[MN_NONCE_LEN], int elf_class, int elf_machine, int ship,
+                        const char *cache_id) {
   uint8_t mac[MN_MAC_LEN];
   char host[256];
   mn_auth_mac(a, 's', nonce_c, nonce_s, mac);
   if (gethostname(host, sizeof(host)) != 0) snprintf(host, sizeof(host), "unknown");
   host[sizeof(host) - 1] = '\0';
-  return mn_msg_pack_welcome_agent(out, mac, host, (int64_t)getpid(), elf_class, elf_machine, ship);
+  return mn_msg_pack_welcome_agent(out, mac, host, (int64_t)getpid(), elf_class, elf_machine, ship, cache_id);
 }
 
 int mn_hs_answer(mn_buf_t *out, const mn_auth_t *a, const msgpack_object *hello,

@@ -24,9 +24,11 @@ int mn_hs_check_auth(const mn_auth_t *a, const msgpack_object *msg,
 /* Server: packs WELCOME; info is a map of strings (hostname, pid...). */
 int mn_hs_welcome(mn_buf_t *out, const mn_auth_t *a, const uint8_t nonce_s[MN_NONCE_LEN],
                   const uint8_t nonce_c[MN_NONCE_LEN], const char *role);
-/* The same for a host agent: info adds its ELF class and machine and whether it takes shipped files (ship.h). */
+/* The same for a host agent: info adds its ELF class and machine, whether it takes shipped files and its ship
+ * cache's id (ship.h). */
 int mn_hs_welcome_agent(mn_buf_t *out, const mn_auth_t *a, const uint8_t nonce_s[MN_NONCE_LEN],
-                        const uint8_t nonce_c[MN_NONCE_LEN], int elf_class, int elf_machine, int ship);
+                        const uint8_t nonce_c[MN_NONCE_LEN], int elf_class, int elf_machine, int ship,
+                        const char *cache_id);
 /* Client: answers HELLO with AUTH; remembers both nonces. */
 int mn_hs_answer(mn_buf_t *out, const mn_auth_t *a, const msgpack_object *hello,
                  uint8_t nonce_s[MN_NONCE_LEN], uint8_t nonce_c[MN_NONCE_LEN], char *err,

@@ -5,6 +5,7 @@
  */
 #include "msg.h"
 
+#include <ctype.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -212,6 +213,11 @@ int mn_msg_parse_welcome(const msgpack_object *m, mn_msg_welcome_t *out, char *e
   out->elf_class = ec && ec->type == MSGPACK_OBJECT_POSITIVE_INTEGER && ec->via.u64 < 256 ? (int)ec->via.u64 : 0;
   out->elf_machine = em && em->type == MSGPACK_OBJECT_POSITIVE_INTEGER && em->via.u64 < 65536 ? (int)em->via.u64 : 0;
   out->ship = sh && sh->type == MSGPACK_OBJECT_BOOLEAN ? sh->via.boolean : -1;
+  const msgpack_object *ca = mn_map_get(at(m, 2), "cache");
+  int id_ok = ca && ca->type == MSGPACK_OBJECT_STR && ca->via.str.size == 32; /* MN_SHIP_ID_LEN (ship.h) */
+  for (uint32_t i = 0; id_ok && i < ca->via.str.size; i++) id_ok = isxdigit((unsigned char)ca->via.str.ptr[i]) != 0;
+  out->cache = id_ok ? ca->via.str.ptr : NULL;
+  out->cache_len = id_ok ? ca->via.str.size : 0;
   return 0;
 }
 

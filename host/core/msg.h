@@ -88,9 +88,10 @@ int mn_msg_pack_hello(mn_buf_t *b, const uint8_t nonce_s[32], const char *role);
 int mn_msg_pack_auth(mn_buf_t *b, const uint8_t nonce_c[32], const uint8_t mac[32]);
 /* info is {hostname, pid, role}. */
 int mn_msg_pack_welcome(mn_buf_t *b, const uint8_t mac[32], const char *hostname, int64_t pid, const char *role);
-/* An agent's WELCOME: info also says what it runs (ELF class and machine) and whether it takes shipped files. */
+/* An agent's WELCOME: info also says what it runs (ELF class and machine), whether it takes shipped files,
+ * and its ship cache's id (cache_id: "" or NULL when it has none; agents that tell one id share one cache). */
 int mn_msg_pack_welcome_agent(mn_buf_t *b, const uint8_t mac[32], const char *hostname, int64_t pid, int elf_class,
-                              int elf_machine, int ship);
+                              int elf_machine, int ship, const char *cache_id);
 int mn_msg_pack_ping(mn_buf_t *b, uint64_t id);
 /* The agent's answer: id re-encoded as it came. */
 int mn_msg_pack_pong(mn_buf_t *b, const msgpack_object *id);
@@ -241,6 +242,8 @@ typedef struct {
   int elf_class;        /* info.elf_class (1: 32-bit, 2: 64-bit), 0 if absent (an agent before shipping) */
   int elf_machine;      /* info.elf_machine (e_machine of the agent's own binary), 0 if absent */
   int ship;             /* info.ship: 1 it takes shipped files, 0 --no-ship, -1 absent (an older agent) */
+  const char *cache;    /* info.cache: its ship cache's id (MN_SHIP_ID_LEN hex digits), NULL if absent or not one */
+  size_t cache_len;
 } mn_msg_welcome_t;
 
 typedef struct {

@@ -71,17 +71,18 @@ int mn_msg_pack_welcome(mn_buf_t *b, const uint8_t mac[32], const char *hostname
 }
 
 int mn_msg_pack_welcome_agent(mn_buf_t *b, const uint8_t mac[32], const char *hostname, int64_t pid, int elf_class,
-                              int elf_machine, int ship) {
+                              int elf_machine, int ship, const char *cache_id) {
   msgpack_packer pk;
   size_t s;
   int f = head(b, &pk, &s, 3, MN_MSG_WELCOME);
-  f |= pack_bin(&pk, mac, 32) | msgpack_pack_map(&pk, 6);
+  f |= pack_bin(&pk, mac, 32) | msgpack_pack_map(&pk, 7);
   f |= pack_cstr(&pk, "hostname") | pack_cstr(&pk, hostname);
   f |= pack_cstr(&pk, "pid") | msgpack_pack_int64(&pk, pid);
   f |= pack_cstr(&pk, "role") | pack_cstr(&pk, "agent");
   f |= pack_cstr(&pk, "elf_class") | msgpack_pack_int(&pk, elf_class);
   f |= pack_cstr(&pk, "elf_machine") | msgpack_pack_int(&pk, elf_machine);
   f |= pack_cstr(&pk, "ship") | (ship ? msgpack_pack_true(&pk) : msgpack_pack_false(&pk));
+  f |= pack_cstr(&pk, "cache") | pack_cstr(&pk, cache_id != NULL ? cache_id : "");
   return finish(b, s, f);
 }
 

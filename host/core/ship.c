@@ -7,9 +7,11 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <sodium.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* ---- hashes --------------------------------------------------------------------------------- */
@@ -43,29 +45,72 @@ void mn_ship_hash(const void *p, size_t n, uint8_t hash[MN_SHIP_HASH_LEN]) {
   crypto_generichash(hash, MN_SHIP_HASH_LEN, p, n, NULL, 0);
 }
 
-int mn_ship_hash_file(const char *path, uint8_t hash[MN_SHIP_HASH_LEN], uint64_t *size) {
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return -errno;
+int mn_ship_hash_fd(int fd, uint8_t hash[MN_SHIP_HASH_LEN], uint64_t *size) {
   crypto_generichash_state st;
   crypto_generichash_init(&st, NULL, 0, MN_SHIP_HASH_LEN);
   static __thread char buf[1 << 16];
   uint64_t total = 0;
   for (;;) {
-    ssize_t r = read(fd, buf, sizeof(buf));
+    ssize_t r = pread(fd, buf, sizeof(buf), (off_t)total);
     if (r < 0 && errno == EINTR) continue;
-    if (r < 0) {
-      int e = -errno;
-      close(fd);
-      return e;
-    }
+    if (r < 0) return -errno;
     if (r == 0) break;
     crypto_generichash_update(&st, (const unsigned char *)buf, (size_t)r);
     total += (uint64_t)r;
   }
-  close(fd);
   crypto_generichash_final(&st, hash, MN_SHIP_HASH_LEN);
   *size = total;
   return 0;
+}
+
+int mn_ship_hash_file(const char *path, uint8_t hash[MN_SHIP_HASH_LEN], uint64_t *size) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -errno;
+  int rc = mn_ship_hash_fd(fd, hash, size);
+  close(fd);
+  return rc;
+}
+
+/* ---- verification records ------------------------------------------------------------------- */
+
+static void record_text(const struct stat *st, char *out, size_t n) {
+  snprintf(out, n, "v1 %llu %llu %llu %lld.%09ld\n", (unsigned long long)st->st_dev, (unsigned long long)st->st_ino,
+           (unsigned long long)st->st_size, (long long)st->st_mtim.tv_sec, (long)st->st_mtim.tv_nsec);
+}
+
+int mn_ship_record_write(const char *blob, int fd) {
+  static unsigned long long counter; /* unique temporary names within this process */
+  char text[MN_SHIP_RECORD_MAX], tmp[PATH_MAX], rec[PATH_MAX];
+  struct stat st;
+  if (fstat(fd, &st) != 0) return -errno;
+  record_text(&st, text, sizeof(text));
+  if (snprintf(rec, sizeof(rec), "%s.ok", blob) >= (int)sizeof(rec) ||
+      snprintf(tmp, sizeof(tmp), "%s.ok.%d.%llu", blob, (int)getpid(), ++counter) >= (int)sizeof(tmp))
+    return MN_EINVAL;
+  int w = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (w < 0) return -errno;
+  size_t n = strlen(text);
+  ssize_t wr = write(w, text, n);
+  int rc = wr == (ssize_t)n ? 0 : wr < 0 ? -errno : MN_EINVAL; /* a short write of a few bytes: a full disk */
+  close(w);
+  /* By rename: a reader sees the old record or the new one, never half of one. */
+  if (rc == 0 && rename(tmp, rec) != 0) rc = -errno;
+  if (rc != 0) unlink(tmp);
+  return rc;
+}
+
+int mn_ship_record_ok(const char *blob) {
+  char want[MN_SHIP_RECORD_MAX], have[MN_SHIP_RECORD_MAX], rec[PATH_MAX];
+  struct stat st;
+  if (stat(blob, &st) != 0 || snprintf(rec, sizeof(rec), "%s.ok", blob) >= (int)sizeof(rec)) return 0;
+  int fd = open(rec, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  ssize_t r = read(fd, have, sizeof(have) - 1);
+  close(fd);
+  if (r <= 0) return 0;
+  have[r] = '\0';
+  record_text(&st, want, sizeof(want));
+  return strcmp(want, have) == 0;
 }
 
 /* ---- ELF identity --------------------------------------------------------------------------- */

@@ -18,6 +18,8 @@
 #define MN_SHIP_CHUNK (1u << 20)       /* bytes per SHIP_DATA: big files never travel as one frame */
 #define MN_SHIP_MAX_SIZE (1ull << 36)  /* largest file shipped (64 GiB) */
 #define MN_SHIP_MAX_PATH 4096          /* longest path in SHIP_ASK */
+#define MN_SHIP_ID_LEN 32              /* a cache directory's id: hex of 16 random bytes, told in WELCOME */
+#define MN_SHIP_RECORD_MAX 128         /* a verification record's text */
 
 /* The hex spelling of a hash, NUL-terminated. */
 void mn_ship_hex(const uint8_t hash[MN_SHIP_HASH_LEN], char out[MN_SHIP_HEX_LEN + 1]);
@@ -27,6 +29,20 @@ int mn_ship_unhex(const char *hex, size_t n, uint8_t hash[MN_SHIP_HASH_LEN]);
 void mn_ship_hash(const void *p, size_t n, uint8_t hash[MN_SHIP_HASH_LEN]);
 /* The hash of a file (streamed); 0 and *size, or -errno. */
 int mn_ship_hash_file(const char *path, uint8_t hash[MN_SHIP_HASH_LEN], uint64_t *size);
+/* The same of an open file, read from its start (the caller keeps fd). */
+int mn_ship_hash_fd(int fd, uint8_t hash[MN_SHIP_HASH_LEN], uint64_t *size);
+
+/*
+ * Verification records. A cached file <blob> that an agent hashed has a record <blob>.ok: the device, inode,
+ * size and mtime (ns) its stat gave right after. While a stat of the blob still says the same, nothing wrote
+ * to it since (any write moves the mtime), so an agent or proc sharing the cache uses it without hashing it
+ * again; one that differs is hashed again before use. The record guards against accidents (a disk, an edit,
+ * a half-copied cache), not against the cache's owner, who can run anything as the agent anyway.
+ */
+/* Writes blob's record from fd (open on blob, whose bytes were just hashed); 0 or -errno. */
+int mn_ship_record_write(const char *blob, int fd);
+/* 1 if blob's record matches what stat says of blob now; 0 if not, or there is no record. */
+int mn_ship_record_ok(const char *blob);
 
 /* An ELF file's identity, from its first bytes. */
 typedef struct {

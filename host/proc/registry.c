@@ -1,6 +1,8 @@
 /* registry.c - kernel libraries and tensors of one proc; see registry.h. */
 #include "registry.h"
 
+#include "ship.h"
+
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -105,11 +107,13 @@ const mk_kernel_t *mn_registry_find(const mn_registry_t *r, const char *name, si
  * two spellings of one file load it once) or NULL. */
 static char *locate(const mn_registry_t *r, const char *name) {
   char path[4096];
-  /* ship:<hash>: a library the controller shipped, in the agent's cache (host/agent/agent_ship.c). */
+  /* ship:<hash>: a library the controller shipped, in the agent's cache (host/agent/agent_ship.c). One whose
+   * verification record no longer matches (written to since it was hashed) is not found: the controller then
+   * asks the agent again, which hashes it and fetches it anew if it changed (ProcMesh:load). */
   const char *cache = getenv("MONARCH_SHIP_CACHE");
   if (strncmp(name, "ship:", 5) == 0 && strlen(name) == 5 + 64 && strchr(name + 5, '/') == NULL && cache != NULL) {
     snprintf(path, sizeof(path), "%s/%s", cache, name + 5);
-    return access(path, R_OK) == 0 ? realpath(path, NULL) : NULL;
+    return access(path, R_OK) == 0 && mn_ship_record_ok(path) ? realpath(path, NULL) : NULL;
   }
   if (strchr(name, '/') != NULL) return access(name, R_OK) == 0 ? realpath(name, NULL) : NULL;
   const char *env = getenv("MONARCH_KERNEL_PATH");

@@ -380,8 +380,9 @@ local function agent_handler(a)
       a.state = "ready"
       a.hostname = info.host ~= "" and info.host or a.addr
       a.pid = info.pid
-      -- What it runs and whether it takes shipped files (monarch.ship); nil from an agent before shipping.
-      a.ship, a.elf_class, a.elf_machine = info.ship, info.elf_class, info.elf_machine
+      -- What it runs, whether it takes shipped files and which ship cache it uses (monarch.ship: agents of
+      -- one cache id get the bytes once); nil from an agent before shipping.
+      a.ship, a.elf_class, a.elf_machine, a.cache_id = info.ship, info.elf_class, info.elf_machine, info.cache
     end,
     on_closed = function(reason)
       a.state = "dead"

@@ -69,13 +69,16 @@ end
 -- ---- files ------------------------------------------------------------------------------------
 
 local files = {}   -- hex -> { bytes, size, path }: what was shipped, kept for restarts and joins
-local by_path = {} -- path -> { rec, size, mtime, ino }: a file not changed since is not read or hashed again
+-- path -> { rec, size, mtime, ino, dev }: a file whose stat still says the same is not read or hashed again
+-- (in this controller process; it trusts that a change to the bytes moves the size or mtime, as any write does).
+local by_path = {}
 
 --- Reads and hashes the file at path; returns its record (kept by hash).
 local function file(path, what)
-  local size, mtime, ino = core.stat(path)
+  local size, mtime, ino, dev = core.stat(path)
   local seen = by_path[path]
-  if seen and size and seen.size == size and seen.mtime == mtime and seen.ino == ino and files[seen.rec.hex] then
+  if seen and size and seen.size == size and seen.mtime == mtime and seen.ino == ino and seen.dev == dev and
+      files[seen.rec.hex] then
     return seen.rec
   end
   local f, err = io.open(path, "rb")
@@ -85,7 +88,7 @@ local function file(path, what)
   local hex = core.ship_hash(bytes)
   local rec = files[hex] or { bytes = bytes, size = #bytes, path = path, hex = hex }
   files[hex] = rec
-  if size then by_path[path] = { rec = rec, size = size, mtime = mtime, ino = ino } end
+  if size then by_path[path] = { rec = rec, size = size, mtime = mtime, ino = ino, dev = dev } end
   return rec
 end
 
@@ -162,8 +165,8 @@ end
 local DONE = { cached = true, ["local"] = true, placed = true }
 local FINAL = { cached = true, corrupt = true, refused = true, error = true } -- what ends a transfer
 
--- Ships rec to those of `agents` that lack it; each then holds it (or the call raises).
-local function deliver(rec, agents, what)
+-- Those of `agents` whose answer was "need" (raises for an answer that is neither that nor one of DONE).
+local function needing(rec, agents, what)
   local need = {}
   for _, a in ipairs(agents) do
     local s = state_of(a, rec.hex)
@@ -173,8 +176,26 @@ local function deliver(rec, agents, what)
       " and refuses shipped files (monarch-worker --no-ship): " .. tostring(s.detail), a)
     elseif not DONE[s.state] then fail(what, "host " .. name_of(a) .. ": " .. tostring(s.detail), a) end
   end
-  if #need == 0 then return need end
-  local shipped_to = need
+  return need
+end
+
+-- Agents that share a cache (one id in WELCOME: several agents of one user on a machine) need its bytes
+-- once: the first of each id gets them, the rest are asked again and find them in the cache.
+local function by_cache(need)
+  local first, leads, rest = {}, {}, {}
+  for _, a in ipairs(need) do
+    local id = a.cache_id
+    if id and first[id] then rest[#rest + 1] = a
+    else
+      if id then first[id] = a end
+      leads[#leads + 1] = a
+    end
+  end
+  return leads, rest
+end
+
+-- Sends rec's bytes to each of `need` and waits until each holds it (or raises).
+local function send_to(rec, need, what)
   local timeout = M.ASK_TIMEOUT + M.TIMEOUT_PER_MIB * rec.size / 1048576
   for attempt = 1, 2 do -- the second, directly, for those a lost relay left without the file
     local marks = {}
@@ -204,10 +225,25 @@ local function deliver(rec, agents, what)
       end
     end
     need = again
-    if #need == 0 then return shipped_to end
+    if #need == 0 then return end
   end
   fail(what, "host " .. name_of(need[1]) .. " did not receive " .. rec.path .. " (" ..
     tostring(state_of(need[1], rec.hex).detail) .. ")", need[1])
+end
+
+-- Ships rec to those of `agents` that lack it (their answers to ask are in); each then holds it (or the call
+-- raises). Returns the agents that lacked it.
+local function deliver(rec, agents, what, place)
+  local need = needing(rec, agents, what)
+  if #need == 0 then return need end
+  local leads, rest = by_cache(need)
+  send_to(rec, leads, what)
+  if #rest > 0 then
+    ask(rec, rest, place or "", what)
+    local still = needing(rec, rest, what) -- a cache that lost it again, or an id copied with a cache
+    if #still > 0 then send_to(rec, still, what) end
+  end
+  return need
 end
 
 -- ---- libraries --------------------------------------------------------------------------------
@@ -304,11 +340,7 @@ function mesh.HostMesh:sync(spec)
   for _, e in ipairs(list) do
     local rec = file(e[1], what)
     ask(rec, agents, e[2], what)
-    local need = {}
-    for _, a in ipairs(agents) do
-      if state_of(a, rec.hex).state == "need" then need[#need + 1] = a end
-    end
-    deliver(rec, agents, what)
+    local need = deliver(rec, agents, what, e[2])
     if #need > 0 then
       shipped = shipped + 1
       ask(rec, need, e[2], what) -- now in their caches: linked into the workspace

@@ -8,6 +8,8 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -156,7 +158,7 @@ static void test_state_and_welcome(void **state) {
   assert_string_equal(mn_msg_name(MN_MSG_SHIP_STATE), "SHIP_STATE");
   b.len = 0;
   /* An agent's WELCOME tells its machine and whether it ships; a proc's says neither (ship -1). */
-  assert_int_equal(mn_msg_pack_welcome_agent(&b, mac, "h", 7, 2, 62, 0), 0);
+  assert_int_equal(mn_msg_pack_welcome_agent(&b, mac, "h", 7, 2, 62, 0, "0123456789abcdef0123456789abcdef"), 0);
   assert_int_equal(decode(&b, &z, &m), 0);
   mn_msg_welcome_t w;
   char err[256];
@@ -165,14 +167,51 @@ static void test_state_and_welcome(void **state) {
   assert_int_equal(w.elf_machine, 62);
   assert_int_equal(w.ship, 0);
   assert_int_equal(w.pid, 7);
+  assert_int_equal(w.cache_len, MN_SHIP_ID_LEN);
+  assert_memory_equal(w.cache, "0123456789abcdef0123456789abcdef", MN_SHIP_ID_LEN);
+  b.len = 0;
+  /* An id that is not 32 hex digits is no id: that agent shares its cache with nobody. */
+  assert_int_equal(mn_msg_pack_welcome_agent(&b, mac, "h", 7, 2, 62, 1, "not-an-id"), 0);
+  assert_int_equal(decode(&b, &z, &m), 0);
+  assert_int_equal(mn_msg_parse_welcome(&m, &w, err, sizeof(err)), 0);
+  assert_null(w.cache);
   b.len = 0;
   assert_int_equal(mn_msg_pack_welcome(&b, mac, "h", 7, "proc"), 0);
   assert_int_equal(decode(&b, &z, &m), 0);
   assert_int_equal(mn_msg_parse_welcome(&m, &w, err, sizeof(err)), 0);
   assert_int_equal(w.ship, -1);
   assert_int_equal(w.elf_machine, 0);
+  assert_null(w.cache);
   msgpack_zone_destroy(&z);
   mn_buf_free(&b);
+}
+
+/* A blob's record holds while nothing writes to it; a write (the mtime moves) or a missing record fails it. */
+static void test_record(void **state) {
+  (void)state;
+  char dir[] = "/tmp/test_ship_rec.XXXXXX", blob[128], rec[160];
+  assert_non_null(mkdtemp(dir));
+  snprintf(blob, sizeof(blob), "%s/blob", dir);
+  snprintf(rec, sizeof(rec), "%s.ok", blob);
+  int fd = open(blob, O_RDWR | O_CREAT | O_EXCL, 0600);
+  assert_true(fd >= 0);
+  assert_int_equal(write(fd, "hello", 5), 5);
+  assert_int_equal(mn_ship_record_ok(blob), 0); /* no record yet */
+  assert_int_equal(mn_ship_record_write(blob, fd), 0);
+  assert_int_equal(mn_ship_record_ok(blob), 1);
+  struct timespec later[2] = {{0, UTIME_OMIT}, {12345, 0}};
+  assert_int_equal(futimens(fd, later), 0); /* as a write would move it */
+  assert_int_equal(mn_ship_record_ok(blob), 0);
+  uint8_t h[MN_SHIP_HASH_LEN], want[MN_SHIP_HASH_LEN];
+  uint64_t n = 0;
+  assert_int_equal(mn_ship_hash_fd(fd, h, &n), 0);
+  mn_ship_hash("hello", 5, want);
+  assert_int_equal(n, 5);
+  assert_memory_equal(h, want, MN_SHIP_HASH_LEN);
+  close(fd);
+  unlink(rec);
+  unlink(blob);
+  rmdir(dir);
 }
 
 int main(void) {
@@ -180,6 +219,7 @@ int main(void) {
       cmocka_unit_test(test_hex_roundtrip),  cmocka_unit_test(test_hash_file),
       cmocka_unit_test(test_elf_identify),   cmocka_unit_test(test_ask_roundtrip),
       cmocka_unit_test(test_data_roundtrip), cmocka_unit_test(test_state_and_welcome),
+      cmocka_unit_test(test_record),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

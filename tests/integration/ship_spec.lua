@@ -39,14 +39,19 @@ local function private_agent(args, env)
     env = env }
 end
 
--- The cache's files as the agent sees them (its /tmp is its own).
-local function blobs(d)
+-- The cached files (by hash; not their verification records) in a blobs folder.
+local function blobs_in(path)
   local names = {}
-  local f = io.popen("ls /proc/" .. d.pid .. "/root/tmp/cache/blobs 2>/dev/null")
-  for l in f:lines() do names[#names + 1] = l end
+  local f = io.popen("ls " .. path .. " 2>/dev/null")
+  for l in f:lines() do
+    if #l == 64 then names[#names + 1] = l end
+  end
   f:close()
   return names
 end
+
+-- The cache's files as the agent sees them (its /tmp is its own).
+local function blobs(d) return blobs_in("/proc/" .. d.pid .. "/root/tmp/cache/blobs") end
 
 local function answers(m) return m:call("answer"):get(10):values() end
 
@@ -256,10 +261,57 @@ MK_EXPORT const mk_library_t *monarch_kernels(void) {
     local m = spawn(mesh_mod.host_mesh(mesh_mod.connect_agents{ a1.addr, a2.addr }), 1)
     m:load(lib)
     assert.are.same({ 8, 8 }, answers(m))
-    local n = 0
-    for _ in io.popen("ls " .. cache .. "/blobs"):lines() do n = n + 1 end
+    local n = #blobs_in(cache .. "/blobs")
     sh("rm -rf " .. cache)
     assert.are.equal(1, n)
+  end)
+
+  -- Agents of one user on one machine (one per GPU) share its cache: the bytes travel to it once.
+  local function shared_pair(tag)
+    local cache = (os.getenv("PWD") or ".") .. "/" .. (os.getenv("MONARCH_BUILD") or "build") .. "/ship-" .. tag ..
+      "-" .. require("support.netns").ID
+    sh("rm -rf " .. cache)
+    finally(function() sh("rm -rf " .. cache) end)
+    local a1 = agent.start{ token = runtime.token, wrap = PRIVATE, args = "--ship-cache " .. cache }
+    local a2 = agent.start{ token = runtime.token, wrap = PRIVATE, args = "--ship-cache " .. cache }
+    local a3 = private_agent() -- a cache of its own: it gets its own copy
+    daemons[#daemons + 1], daemons[#daemons + 2], daemons[#daemons + 3] = a1, a2, a3
+    -- Every copy from the controller itself (the agents the spec started before may make a cast tree): counted.
+    finally(function() monarch.configure{ fanout = 16 } end)
+    monarch.configure{ fanout = 0 }
+    return cache, mesh_mod.host_mesh(mesh_mod.connect_agents{ a1.addr, a2.addr, a3.addr })
+  end
+
+  it("sends a file once to agents that share a cache", function()
+    local lib = build_lib("libdedupe.so", 31)
+    local cache, hosts = shared_pair("dedupe")
+    local m = spawn(hosts, 1)
+    local size = #slurp(lib)
+    assert.are.equal(2 * size, shipped(function() m:load(lib) end)) -- one copy for the pair, one for the third
+    assert.are.same({ 31, 31, 31 }, answers(m))
+    assert.are.equal(1, #blobs_in(cache .. "/blobs"))
+    local id = slurp(cache .. "/id")
+    assert.are.equal(33, #id)
+    assert.are.equal(id:sub(1, 32), hosts.agents[1].cache_id)
+    assert.are.equal(hosts.agents[1].cache_id, hosts.agents[2].cache_id)
+    assert.are_not.equal(hosts.agents[1].cache_id, hosts.agents[3].cache_id)
+  end)
+
+  it("checks a shared cache's file again after it changed, and fetches it anew", function()
+    local lib = build_lib("libtamper.so", 32)
+    local cache, hosts = shared_pair("tamper")
+    local m = spawn(hosts, 1)
+    m:load(lib)
+    local hex = require("monarch.core").ship_hash(slurp(lib))
+    local blob = cache .. "/blobs/" .. hex
+    -- A byte in the middle changed on disk (the mtime moves, as with any write): its record no longer holds.
+    assert(sh(("chmod u+w %s && printf 'X' | dd of=%s bs=1 seek=30000 conv=notrunc status=none && chmod 500 %s")
+      :format(blob, blob, blob)))
+    local m2 = spawn(hosts, 1)
+    local size = #slurp(lib)
+    assert.are.equal(size, shipped(function() m2:load(lib) end)) -- refused by the pair's procs, fetched once
+    assert.are.same({ 32, 32, 32 }, answers(m2))
+    assert.are.equal(slurp(lib), slurp(blob))
   end)
 
   it("syncs files and folders into the job workspace, sending only what changed", function()
@@ -296,12 +348,16 @@ MK_EXPORT const mk_library_t *monarch_kernels(void) {
   it("sends through the cast tree: the controller writes one copy per top agent", function()
     local lib = build_lib("libtree.so", 4, "-DPAD=100000")
     local core = require "monarch.core"
-    local group = agent.start{ token = runtime.token, args = "--simulate --hosts 8 --ship-cache /nonexistent",
-      hosts = 8 }
-    daemons[#daemons + 1] = group
+    -- Eight simulated hosts, a process (and so a pretend cache) each: each needs its own copy.
+    local addrs = {}
+    for i = 1, 8 do
+      local d = agent.start{ token = runtime.token, args = "--simulate --ship-cache /nonexistent" }
+      daemons[#daemons + 1] = d
+      addrs[i] = d.addr
+    end
     finally(function() monarch.configure{ cast_min = 16, fanout = 16 } end)
     monarch.configure{ cast_min = 2, fanout = 2 }
-    local m = spawn(mesh_mod.host_mesh(mesh_mod.connect_agents(group.addrs)), 1)
+    local m = spawn(mesh_mod.host_mesh(mesh_mod.connect_agents(addrs)), 1)
     wait_for(function()
       m:call("noop"):get(10)
       return core.cast_stats().routed >= 6
@@ -310,6 +366,19 @@ MK_EXPORT const mk_library_t *monarch_kernels(void) {
     local sent = shipped(function() m:load(lib) end)
     assert.is_true(sent >= size and sent <= 2 * size, "the controller wrote " .. sent / size .. " copies")
     assert.are.equal(0, shipped(function() m:load(lib) end)) -- every simulated host verified and kept its hash
+  end)
+
+  it("sends one copy to the simulated hosts of one process (they share its pretend cache)", function()
+    local lib = build_lib("libsimgroup.so", 33)
+    local group = agent.start{ token = runtime.token, args = "--simulate --hosts 8", hosts = 8 }
+    daemons[#daemons + 1] = group
+    finally(function() monarch.configure{ fanout = 16 } end)
+    monarch.configure{ fanout = 0 } -- every copy from the controller itself: counted
+    local hosts = mesh_mod.host_mesh(mesh_mod.connect_agents(group.addrs))
+    local m = spawn(hosts, 1)
+    assert.are.equal(#slurp(lib), shipped(function() m:load(lib) end))
+    assert.is_truthy(hosts.agents[1].cache_id)
+    for _, a in ipairs(hosts.agents) do assert.are.equal(hosts.agents[1].cache_id, a.cache_id) end
   end)
 
   it("ships a CUDA library built with nvcc, loaded against the fake CUDA runtime", function()
