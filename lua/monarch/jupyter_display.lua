@@ -17,8 +17,11 @@ M.MAX_DOC_LINES = 40     -- comment lines shown by an inspection
 local fmt = string.format
 
 --- Escapes text for HTML.
+local ENTITIES = { ["&"] = "&amp;", ["<"] = "&lt;", [">"] = "&gt;", ['"'] = "&quot;" }
 function M.escape(s)
-  return (tostring(s):gsub("[&<>\"]", { ["&"] = "&amp;", ["<"] = "&lt;", [">"] = "&gt;", ['"'] = "&quot;" }))
+  s = tostring(s)
+  if not s:find('[&<>"]') then return s end -- most cells of a table: gsub with a table is slow in LuaJIT
+  return (s:gsub('[&<>"]', ENTITIES))
 end
 local esc = M.escape
 
@@ -41,21 +44,33 @@ local function table_html(heads, rows, more)
   return table.concat(out)
 end
 
--- A ValueMesh as a table: one column per dimension, then the value.
+-- A ValueMesh as a table: one column per dimension, then the value. The rows
+-- go in flat order, so the coordinates count up like an odometer (last
+-- dimension fastest), without a Shape:coords table per row: a cell's result
+-- is rendered on every call a notebook makes.
 local function value_mesh_html(vm)
-  local names = vm.shape.names
-  local heads = {}
-  for i, n in ipairs(names) do heads[i] = n end
-  heads[#heads + 1] = "value"
-  local rows = {}
-  for i = 1, math.min(vm:size(), M.MAX_ROWS) do
-    local c, r = vm.shape:coords(i), {}
-    for d, n in ipairs(names) do r[d] = c[n] end
-    r[#r + 1] = repl.show(vm[i], 1, true)
-    rows[#rows + 1] = r
+  local names, sizes = vm.shape.names, vm.shape.sizes
+  local size = vm:size()
+  local out = { "<p><code>ValueMesh", esc(tostring(vm.shape)), "</code></p><table><thead><tr>" }
+  for _, n in ipairs(names) do out[#out + 1] = "<th>" .. esc(n) .. "</th>" end
+  out[#out + 1] = "<th>value</th></tr></thead><tbody>"
+  local c = {}
+  for d = 1, #names do c[d] = 0 end
+  local rows = math.min(size, M.MAX_ROWS)
+  for i = 1, rows do
+    local coords = #names > 0 and "<td>" .. table.concat(c, "</td><td>") .. "</td>" or ""
+    out[#out + 1] = "<tr>" .. coords .. "<td>" .. esc(repl.show(vm[i], 1, true)) .. "</td></tr>"
+    local d = #names
+    while d >= 1 do
+      c[d] = c[d] + 1
+      if c[d] < sizes[d] then break end
+      c[d] = 0
+      d = d - 1
+    end
   end
-  return fmt("<p><code>ValueMesh%s</code></p>", esc(tostring(vm.shape))) ..
-    table_html(heads, rows, vm:size() - #rows)
+  out[#out + 1] = "</tbody></table>"
+  if size > rows then out[#out + 1] = fmt("<p>... %d more</p>", size - rows) end
+  return table.concat(out)
 end
 
 -- A ProcMesh (anything with proc_list) as a table of its procs.
