@@ -383,6 +383,7 @@ end
 local function set_globals(monarch)
   rawset(_G, "display", M.display)
   rawset(_G, "top", function(opts) return show.top(monarch, M.display, opts) end)
+  rawset(_G, "train_live", function(spec, args, every) return show.train_live(M.display, spec, args, every) end)
   rawset(_G, "exit", function() error("exit: use the notebook's Kernel menu (shut down or restart)", 2) end)
   if rawget(_G, "hosts") == nil then
     local ok, h = xpcall(monarch.hosts, handler)
