@@ -8,7 +8,8 @@
 #     the call back to back in monarch-run is the target's baseline; paced as cells come
 #     (the loop idle for an empty cell's round trip before each call) shows how much of
 #     the difference is the cadence; the call timed inside the cell by the kernel shows
-#     what the kernel adds around it;
+#     what the kernel adds around it; a cell that spins in Lua as long as the call takes shows
+#     what any cell of that length costs beyond the empty one, apart from how the kernel waits;
 #   - a cell printing 10,000 lines (target: under 1 s, every line received, in order).
 # Needs python3-jupyter-client.
 #   bench/jupyter.sh [rounds [blocks]]     (default 200 cells per figure, in 4 blocks)
@@ -41,6 +42,9 @@ printf "%-46s %8.3fms %10.3fms %7.2fx\n" "  the same, the call paced as cells co
 printf "%-46s %8.3fms %10.3fms %7.2fx  (kernel's clock vs paced)\n" "  the call inside a cell vs paced in monarch-run" \
   "$inside" "$paced" "$(ratio "$inside" "$paced")"
 printf "%-46s %8.3fms\n" "  the call back to back in monarch-run" "$tight"
+spin=$(get spin_ms)
+printf "%-46s %8.3fms %10.3fms %7.2fx  (control: no cluster, no wait)\n" "  a cell spinning ${spin} ms in Lua vs it + empty" \
+  "$(get spin_cell_ms)" "$(echo "$spin + $empty" | bc -l)" "$(ratio "$(get spin_cell_ms)" "$spin + $empty")"
 printf "%-46s %9.3fs %11.3fs %7.2fx  (target < 1)\n" "$lines printed lines, to the cell's idle" "$(get lines_s)" 1 \
   "$(get lines_s)"
 echo "  lines received: $(get lines_received) of $lines, in order: $(get lines_in_order), in $(get lines_messages) stream messages"

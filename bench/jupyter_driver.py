@@ -7,7 +7,10 @@ interleaved blocks and each is the median of all its samples:
   empty cells; the baseline (bench/jupyter_baseline.lua in monarch-run: the
   noop call back to back, and paced by the empty cell's round trip); noop
   cells (procs:call("noop"):get() on 8 procs, sent to execute_reply
-  received); the same call timed inside the cell by the kernel's clock.
+  received); the same call timed inside the cell by the kernel's clock;
+  and a control: cells that spin in Lua as long as the call takes back to
+  back (no cluster, no wait in the loop), so what a cell of that length
+  costs beyond the empty one shows apart from how the kernel waits.
 
 Then a cell printing LINES lines (time to the reply and to the last line, and
 whether every line came, in order). Prints "name value" lines.
@@ -67,14 +70,17 @@ round_trip('procs = hosts:spawn_procs{procs = 8}; procs:load "basic"; bench_t = 
 for code in ("", NOOP, TIMED):  # warm: the JIT, the procs' connections
     cells(code, max(5, rounds // 10))
 round_trip("bench_t = {}")
-s = {"empty": [], "noop": [], "tight": [], "paced": []}
+s = {"empty": [], "noop": [], "tight": [], "paced": [], "spin": []}
+spin_ms = None
 for _ in range(blocks):
     s["empty"] += cells("", per_block)
     tight, paced = baseline(statistics.median(s["empty"]))
     s["tight"] += tight
     s["paced"] += paced
+    spin_ms = spin_ms or statistics.median(tight)
     s["noop"] += cells(NOOP, per_block)
     cells(TIMED, per_block)
+    s["spin"] += cells("local t = monarch.now() + %.6f while monarch.now() < t do end" % (spin_ms / 1e3), per_block)
 out = []
 kc.execute_interactive('print(table.concat(bench_t, " "))', timeout=60,
                        output_hook=lambda m: out.append(m["content"]["text"]) if m["msg_type"] == "stream" else None)
@@ -84,6 +90,8 @@ print("noop_cell_ms %.3f" % statistics.median(s["noop"]))
 print("base_tight_ms %.3f" % statistics.median(s["tight"]))
 print("base_paced_ms %.3f" % statistics.median(s["paced"]))
 print("call_in_cell_ms %.3f" % statistics.median(inside))
+print("spin_cell_ms %.3f" % statistics.median(s["spin"]))
+print("spin_ms %.3f" % spin_ms)
 print("samples %d" % len(s["noop"]))
 
 # 10,000 lines: drain iopub first, then time the cell and collect its stream text.
