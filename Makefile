@@ -5,7 +5,7 @@ BUILD  ?= build
 CC     ?= gcc
 VERSION := $(shell sed -n 's/^\#define MN_VERSION "\(.*\)"/\1/p' host/core/version.h 2>/dev/null)
 PKGS   := luajit libuv msgpack libsodium
-DEPS_OK := $(shell pkg-config --exists $(PKGS) openblas ncursesw libzmq 2>/dev/null && echo yes)
+DEPS_OK := $(shell pkg-config --exists $(PKGS) openblas ncursesw libzmq libcrypto 2>/dev/null && echo yes)
 # Compiling targets need the -dev packages; `make deps` installs (as root) or names them.
 ifneq ($(DEPS_OK),yes)
 ifeq ($(filter deps clean,$(MAKECMDGOALS)),)
@@ -26,7 +26,7 @@ PKG_LIBS   := $(shell pkg-config --libs $(PKGS))
 LDLIBS := $(PKG_LIBS) -lpthread -ldl -lm
 EDIT_LIBS := $(shell pkg-config --libs libedit 2>/dev/null)
 CURSES_LIBS := $(shell pkg-config --libs ncursesw) # the screen of monarch-run --top (host/cli/term_lua.c)
-ZMQ_LIBS := $(shell pkg-config --libs libzmq) # the Jupyter kernel's sockets (host/cli/jupyter_lua.c)
+ZMQ_LIBS := $(shell pkg-config --libs libzmq libcrypto) # the Jupyter kernel's sockets and signatures (host/cli/jupyter_lua.c)
 
 # Layers (docs/architecture.md): cli -> controller | agent | proc -> coll -> core.
 # Each layer's objects see only its own headers and those below it, so an

@@ -6,7 +6,7 @@
 #   scripts/deps.sh --check  only report
 set -u
 pkgs=(build-essential pkg-config libluajit-5.1-dev luajit libuv1-dev libmsgpack-dev libsodium-dev
-      libopenblas-dev zlib1g-dev libcmocka-dev lua-busted lua-cjson libedit-dev libncurses-dev libzmq3-dev bc procps tmux
+      libopenblas-dev zlib1g-dev libcmocka-dev lua-busted lua-cjson libedit-dev libncurses-dev libzmq3-dev libssl-dev bc procps tmux
       fortunes) # fortunes: the English text examples/gpt.lua trains on (/usr/share/games/fortunes)
 # Optional, for tests only: plot_spec renders SVG plots in headless Chromium
 # and decodes the PNG with Pillow; jupyter_spec drives the Jupyter kernel with

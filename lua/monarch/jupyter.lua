@@ -73,10 +73,14 @@ local function encode(t)
   return s
 end
 
+-- A header as JSON, formatted rather than encoded (a cell sends five: cjson's table walk was most
+-- of a status message's cost). Every field is plain ASCII: the session is alphanumeric
+-- (core.generate_token), msg_type one of ours.
+local HEADER = '{"msg_id":"%s-%d","session":"%s","username":"monarch","date":"%s","msg_type":"%s","version":"'
+  .. M.PROTOCOL .. '"}'
 local function header(msg_type)
   counter = counter + 1
-  return cjson.encode { msg_id = session .. "-" .. counter, session = session, username = "monarch",
-    date = os.date("!%Y-%m-%dT%H:%M:%S.000000Z"), msg_type = msg_type, version = M.PROTOCOL }
+  return string.format(HEADER, session, counter, session, os.date("!%Y-%m-%dT%H:%M:%S.000000Z"), msg_type)
 end
 
 --- Sends one message: on iopub (idents nil) or as a reply to the
@@ -379,6 +383,7 @@ end
 local function set_globals(monarch)
   rawset(_G, "display", M.display)
   rawset(_G, "top", function(opts) return show.top(monarch, M.display, opts) end)
+  rawset(_G, "train_live", function(spec, args, every) return show.train_live(M.display, spec, args, every) end)
   rawset(_G, "exit", function() error("exit: use the notebook's Kernel menu (shut down or restart)", 2) end)
   if rawget(_G, "hosts") == nil then
     local ok, h = xpcall(monarch.hosts, handler)

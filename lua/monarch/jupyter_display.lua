@@ -13,12 +13,16 @@ M.MAX_ROWS = 64          -- rows of a ValueMesh or ProcMesh table; the rest are 
 M.TOP_ROWS, M.TOP_COLS = 500, 200 -- the "terminal" a notebook's top() lays its lines out for
 M.TOP_POLL = 0.1         -- seconds between looks at top's answers
 M.MAX_DOC_LINES = 40     -- comment lines shown by an inspection
+M.TRAIN_EVERY = 5        -- steps between redraws of train_live's curve
 
 local fmt = string.format
 
 --- Escapes text for HTML.
+local ENTITIES = { ["&"] = "&amp;", ["<"] = "&lt;", [">"] = "&gt;", ['"'] = "&quot;" }
 function M.escape(s)
-  return (tostring(s):gsub("[&<>\"]", { ["&"] = "&amp;", ["<"] = "&lt;", [">"] = "&gt;", ['"'] = "&quot;" }))
+  s = tostring(s)
+  if not s:find('[&<>"]') then return s end -- most cells of a table: gsub with a table is slow in LuaJIT
+  return (s:gsub('[&<>"]', ENTITIES))
 end
 local esc = M.escape
 
@@ -41,21 +45,33 @@ local function table_html(heads, rows, more)
   return table.concat(out)
 end
 
--- A ValueMesh as a table: one column per dimension, then the value.
+-- A ValueMesh as a table: one column per dimension, then the value. The rows
+-- go in flat order, so the coordinates count up like an odometer (last
+-- dimension fastest), without a Shape:coords table per row: a cell's result
+-- is rendered on every call a notebook makes.
 local function value_mesh_html(vm)
-  local names = vm.shape.names
-  local heads = {}
-  for i, n in ipairs(names) do heads[i] = n end
-  heads[#heads + 1] = "value"
-  local rows = {}
-  for i = 1, math.min(vm:size(), M.MAX_ROWS) do
-    local c, r = vm.shape:coords(i), {}
-    for d, n in ipairs(names) do r[d] = c[n] end
-    r[#r + 1] = repl.show(vm[i], 1, true)
-    rows[#rows + 1] = r
+  local names, sizes = vm.shape.names, vm.shape.sizes
+  local size = vm:size()
+  local out = { "<p><code>ValueMesh", esc(tostring(vm.shape)), "</code></p><table><thead><tr>" }
+  for _, n in ipairs(names) do out[#out + 1] = "<th>" .. esc(n) .. "</th>" end
+  out[#out + 1] = "<th>value</th></tr></thead><tbody>"
+  local c = {}
+  for d = 1, #names do c[d] = 0 end
+  local rows = math.min(size, M.MAX_ROWS)
+  for i = 1, rows do
+    local coords = #names > 0 and "<td>" .. table.concat(c, "</td><td>") .. "</td>" or ""
+    out[#out + 1] = "<tr>" .. coords .. "<td>" .. esc(repl.show(vm[i], 1, true)) .. "</td></tr>"
+    local d = #names
+    while d >= 1 do
+      c[d] = c[d] + 1
+      if c[d] < sizes[d] then break end
+      c[d] = 0
+      d = d - 1
+    end
   end
-  return fmt("<p><code>ValueMesh%s</code></p>", esc(tostring(vm.shape))) ..
-    table_html(heads, rows, vm:size() - #rows)
+  out[#out + 1] = "</tbody></table>"
+  if size > rows then out[#out + 1] = fmt("<p>... %d more</p>", size - rows) end
+  return table.concat(out)
 end
 
 -- A ProcMesh (anything with proc_list) as a table of its procs.
@@ -154,6 +170,69 @@ function M.inspect(name, env)
   local def, doc = doc_above(file, info.linedefined)
   if not def then return fmt("%s: function at %s:%d", name, file, info.linedefined) end
   return fmt("%s\n%s\n\n%s:%d", def:gsub("^%s+", ""), doc, file, info.linedefined)
+end
+
+-- ---- a training run's curve ---------------------------------------------------
+
+-- The picture of a run's figures so far (job:curves(), drawn as train's --plot draws them at the end);
+-- nil before two steps are done, or when a figure is not a number yet (a NaN loss: the last picture stays).
+local function curve_svg(job, title)
+  local c = job:curves()
+  if #c.step < 2 then return nil end
+  local spec = { title = title, x = { label = "step", values = c.step }, series = {} }
+  for _, f in ipairs(job.spec.figures or {}) do
+    local name, vals, axis = f.curve or f[1], {}, f.axis or "y"
+    for i, v in ipairs(c[name]) do vals[i] = v * (f.scale or 1) end
+    spec[axis] = spec[axis] or { label = f.label or f[1], min = f.min, max = f.max }
+    spec.series[#spec.series + 1] = { name = name, values = vals, axis = f.axis }
+  end
+  if #spec.series == 0 then return nil end
+  local ok, svg = pcall(require("monarch.plot").svg, spec)
+  return ok and svg or nil
+end
+
+--- The notebook's train_live(spec [, args [, every]]): runs a training
+-- script's spec with monarch.train.run, as `monarch-run script.lua args...`
+-- would (args: a list of its options, e.g. {"--steps", "60"}), and shows
+-- its curve (the spec's figures per step) in the cell, redrawn in place
+-- every `every` steps (TRAIN_EVERY) and at the end. Returns the job. A bad
+-- option is one error line before anything runs.
+function M.train_live(display, spec, args, every)
+  if type(spec) ~= "table" then error("train_live: wants a training spec (a table for monarch.train.run)", 3) end
+  if args ~= nil and type(args) ~= "table" then error("train_live: args wants a list of strings", 3) end
+  if every ~= nil and (type(every) ~= "number" or every < 1) then
+    error("train_live: every wants a number of steps, at least 1, got " .. tostring(every), 3)
+  end
+  local train, topts = require "monarch.train", require "monarch.train_opts"
+  args, every = args or {}, every or M.TRAIN_EVERY
+  -- The library ends the process on a bad option (a script's way): here it is the cell's error instead.
+  topts.parse(args, topts.merge(spec.options), function(msg) error("train_live: " .. msg, 0) end)
+  local title = spec.name or "training"
+  local handle = display("training " .. title .. " ...")
+  local function redraw(job)
+    local svg = curve_svg(job, title)
+    if svg then handle:update(svg) end
+  end
+  local live, last = {}, nil
+  for k, v in pairs(spec) do live[k] = v end
+  live.step = function(job, s, n)
+    last = last or job.start_step
+    if s - last >= every then
+      last = s
+      redraw(job)
+    end
+    return spec.step(job, s, n)
+  end
+  live.finish = function(job, ...)
+    redraw(job)
+    if spec.finish then return spec.finish(job, ...) end
+  end
+  local saved = rawget(_G, "arg")
+  rawset(_G, "arg", { [0] = title, unpack(args) }) -- where train.run reads a script's command line
+  local ok, job = pcall(train.run, live)
+  rawset(_G, "arg", saved)
+  if not ok then error(job, 0) end
+  return job
 end
 
 -- ---- top() in a notebook -------------------------------------------------------

@@ -8,6 +8,7 @@ reads the lines. Every wait is bounded.
   jupyter_check.py SCRATCH_DIR MONARCH_RUN [-- options for the kernel, e.g. --hosts H:P]
 """
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -167,6 +168,35 @@ def _():
     interrupted_sleep(lambda: os.kill(km.provisioner.process.pid, signal.SIGINT))
 
 
+@check("second_interrupt")
+def _():
+    # The cell catches the first interrupt (its call is cancelled) and waits again; the second stops that wait.
+    msg_id = kc.execute('local f = procs:slice{procs = 0}:call_one("sleep", 30)\n'
+                        'local ok, e = pcall(f.get, f)\n'
+                        'print("first: " .. tostring(e.kind))\n'
+                        'procs:slice{procs = 1}:call_one("sleep", 30):get()')
+    time.sleep(1)  # the call is sent and the proc sleeps
+    km.interrupt_kernel()
+    said, deadline = "", time.time() + 15
+    while "first: interrupted" not in said and time.time() < deadline:
+        m = kc.get_iopub_msg(timeout=15)
+        if m["parent_header"].get("msg_id") == msg_id and m["msg_type"] == "stream":
+            said += m["content"]["text"]
+    expect("first: interrupted" in said, "the first interrupt did not reach the cell: %r" % said)
+    time.sleep(0.5)  # the cell waits again, on proc 1
+    t0 = time.time()
+    km.interrupt_kernel()
+    reply = kc.get_shell_msg(timeout=15)
+    expect(reply["parent_header"]["msg_id"] == msg_id, reply)
+    c = reply["content"]
+    expect(c["status"] == "error" and "interrupted" in c["evalue"], c)
+    expect(time.time() - t0 < 10, "the second interrupt took %.1f s" % (time.time() - t0))
+    # Both sleeps were cancelled on their procs: each answers the next cell.
+    r, out = execute(kc, 'procs:slice{procs = 0}:call_one("rank"):get() procs:slice{procs = 1}:call_one("rank"):get() '
+                     'return "both"', timeout=10)
+    expect(r["status"] == "ok" and of_type(out, "execute_result")[0]["data"]["text/plain"] == "both", (r, out))
+
+
 @check("top_in_place")
 def _():
     msg_id = kc.execute("top()")
@@ -181,6 +211,47 @@ def _():
     km.interrupt_kernel()
     reply = kc.get_shell_msg(timeout=15)
     expect(reply["content"]["status"] == "ok", reply["content"])
+
+
+# examples/linreg.lua's model, smaller: the training library's smallest whole example.
+LINREG = r"""
+linreg = { name = "linreg", options = { { "lr", 0.1, "number", "learning rate" } }, figures = { { "loss", "%.2e" } },
+  plan = function() return { steps_per_epoch = 50 } end,
+  setup = function(job) local p = job.procs
+    return { state = { w = p:tensor("f32", { 2, 1 }) },
+      data = { X = p:tensor("f32", { 32, 2 }), y = p:tensor("f32", { 32, 1 }) },
+      work = { r = p:tensor("f32", { 32, 1 }), g = p:tensor("f32", { 2, 1 }) } } end,
+  load = function(job) local xs, ys = {}, {}
+    for r = 1, job:world() do local x, y = {}, {}
+      for i = 1, 32 do y[i] = 0 for j = 1, 2 do local v = math.sin(r * 32 + i * (j + 0.5)) x[(i - 1) * 2 + j] = v y[i] = y[i] + j * v end end
+      xs[r], ys[r] = x, y end
+    job.data.X:scatter(xs):get() job.data.y:scatter(ys):get() end,
+  step = function(job) local p, w, x, k = job.procs, job.state.w, job.data, job.work
+    p:call("sgemm", x.X, w, k.r) p:call("axpy", -1, x.y, k.r) p:call("sgemm", x.X, k.r, k.g, 1 / 32, 0, true)
+    p:all_reduce(k.g, "avg") p:call("axpy", -job.opts.lr, k.g, w)
+    local loss = 0 for _, v in ipairs(p:call("dot", k.r, k.r):get():values()) do loss = loss + v / 32 / job:world() end
+    return { loss = loss, samples = 32 * job:world() } end }
+"""
+
+
+@check("train_curve_in_place")
+def _():
+    r, out = execute(kc, LINREG + 'job = train_live(linreg, {"--steps", "12", "--procs", "2", "--every", "0", "--quiet"}, 3)')
+    expect(r["status"] == "ok", (r, [o for o in out if o[0] in ("error", "stream")]))
+    d, u = of_type(out, "display_data"), of_type(out, "update_display_data")
+    expect(len(d) == 1 and len(u) >= 3, "one display and at least 3 updates, got %d and %d" % (len(d), len(u)))
+    ids = {x["transient"]["display_id"] for x in u}
+    expect(ids == {d[0]["transient"]["display_id"]}, (d, ids))
+    svgs = [x["data"].get("image/svg+xml", "") for x in u]
+    expect(all(x.lstrip().startswith("<") and "loss" in x for x in svgs), svgs[0][:200])
+    points = [len(re.search(r'data-name="loss"[^>]*points="([^"]*)"', x).group(1).split()) for x in svgs]
+    expect(points == sorted(points) and points[0] < points[-1] == 12, "steps drawn: %r" % points)  # growing, all 12
+    text = "".join(s["text"] for s in of_type(out, "stream"))
+    expect("done: 12 steps" in text, text)
+    r, out = execute(kc, 'train_live(linreg, {"--bogus"})')
+    expect(r["status"] == "error" and "train_live: unknown argument '--bogus'" in r["evalue"], r)
+    r, out = execute(kc, "job.total")
+    expect(of_type(out, "execute_result")[0]["data"]["text/plain"] == "12", out)  # the kernel lives on
 
 
 @check("complete")
