@@ -60,6 +60,7 @@ M.KINDS = {
   { "script", "an `on_failure` handler raised" },
   { "persist", "`persist` or `detach` failed, or a host agent refused it" },
   { "attach", "`monarch.attach` found no such mesh, or could not reach its procs" },
+  { "train", "`monarch.train.run(spec, args)` (from a REPL or a notebook) stopped with what would end a script in one line: a bad option, a job another controller holds, too many failed steps" },
   { "memory", "the controller ran out of memory queueing a call: the slots it could not queue fail with this kind and were not sent (the others run)" },
   { "interrupted", "Ctrl-C in the REPL stopped a wait (the call a `get` waited for is cancelled; other calls go on)" },
   { "error", "inside an actor only: a mesh call it made raised a plain (non-Monarch) error on the controller" },

@@ -177,16 +177,9 @@ end
 -- The picture of a run's figures so far (job:curves(), drawn as train's --plot draws them at the end);
 -- nil before two steps are done, or when a figure is not a number yet (a NaN loss: the last picture stays).
 local function curve_svg(job, title)
-  local c = job:curves()
-  if #c.step < 2 then return nil end
-  local spec = { title = title, x = { label = "step", values = c.step }, series = {} }
-  for _, f in ipairs(job.spec.figures or {}) do
-    local name, vals, axis = f.curve or f[1], {}, f.axis or "y"
-    for i, v in ipairs(c[name]) do vals[i] = v * (f.scale or 1) end
-    spec[axis] = spec[axis] or { label = f.label or f[1], min = f.min, max = f.max }
-    spec.series[#spec.series + 1] = { name = name, values = vals, axis = f.axis }
-  end
-  if #spec.series == 0 then return nil end
+  local spec = job:plot_spec()
+  if #spec.x.values < 2 or #spec.series == 0 then return nil end
+  spec.title = title
   local ok, svg = pcall(require("monarch.plot").svg, spec)
   return ok and svg or nil
 end
@@ -196,17 +189,15 @@ end
 -- would (args: a list of its options, e.g. {"--steps", "60"}), and shows
 -- its curve (the spec's figures per step) in the cell, redrawn in place
 -- every `every` steps (TRAIN_EVERY) and at the end. Returns the job. A bad
--- option is one error line before anything runs.
+-- option, or what would end a script, is one error line (the kernel goes on).
 function M.train_live(display, spec, args, every)
   if type(spec) ~= "table" then error("train_live: wants a training spec (a table for monarch.train.run)", 3) end
   if args ~= nil and type(args) ~= "table" then error("train_live: args wants a list of strings", 3) end
   if every ~= nil and (type(every) ~= "number" or every < 1) then
     error("train_live: every wants a number of steps, at least 1, got " .. tostring(every), 3)
   end
-  local train, topts = require "monarch.train", require "monarch.train_opts"
-  args, every = args or {}, every or M.TRAIN_EVERY
-  -- The library ends the process on a bad option (a script's way): here it is the cell's error instead.
-  topts.parse(args, topts.merge(spec.options), function(msg) error("train_live: " .. msg, 0) end)
+  local train = require "monarch.train"
+  every = every or M.TRAIN_EVERY
   local title = spec.name or "training"
   local handle = display("training " .. title .. " ...")
   local function redraw(job)
@@ -215,23 +206,26 @@ function M.train_live(display, spec, args, every)
   end
   local live, last = {}, nil
   for k, v in pairs(spec) do live[k] = v end
-  live.step = function(job, s, n)
+  live.on_progress = function(job, s)
     last = last or job.start_step
     if s - last >= every then
       last = s
       redraw(job)
     end
-    return spec.step(job, s, n)
+    if spec.on_progress then spec.on_progress(job, s) end
   end
   live.finish = function(job, ...)
     redraw(job)
     if spec.finish then return spec.finish(job, ...) end
   end
-  local saved = rawget(_G, "arg")
-  rawset(_G, "arg", { [0] = title, unpack(args) }) -- where train.run reads a script's command line
-  local ok, job = pcall(train.run, live)
-  rawset(_G, "arg", saved)
-  if not ok then error(job, 0) end
+  local argv = { [0] = "train_live" }
+  for i, a in ipairs(args or {}) do argv[i] = a end
+  local ok, job = pcall(train.run, live, argv)
+  if not ok then
+    local errors = require "monarch.errors"
+    if errors.is(job) and job.kind == "train" then error(job.message, 0) end -- "train_live: ..."
+    error(job, 0)
+  end
   return job
 end
 

@@ -40,11 +40,14 @@ Job.__index = Job
 
 -- ---- the job ---------------------------------------------------------------------------
 
---- A mistake in how the script was run, or a failure it cannot go on from: one line, exit status 1.
+--- A mistake in how the script was run, or a failure it cannot go on from: one line, exit status 1. Run from
+-- code (train.run with args: a REPL, a notebook) it raises that line as a MonarchError of kind train instead,
+-- the job's own procs stopped, and the session goes on.
 function Job:die(msg)
   self.out:clear()
-  io.stderr:write(self.script_name, ": ", msg, "\n")
   if self.owned and self.procs then pcall(self.procs.stop, self.procs) end
+  if self.raise then error(errors.new { kind = "train", message = self.script_name .. ": " .. msg }, 0) end
+  io.stderr:write(self.script_name, ": ", msg, "\n")
   pcall(monarch.shutdown)
   os.exit(1)
 end
@@ -59,13 +62,14 @@ function Job:first() return mesh_mod.flat({ self.procs:proc_list()[1] }, self.pr
 function Job:world() return self.procs:size() end
 function Job:nhosts() return self.procs:size("hosts") or 1 end
 
-local function new_job(spec)
-  local script = arg and arg[0] or spec.name or "train"
+local function new_job(spec, args)
+  local argv = args or arg or {}
+  local script = argv[0] or spec.name or "train"
   local job = setmetatable({ spec = spec, script = script, script_name = script:match("[^/]*$"),
-    metrics = {}, recoveries = 0, generation = 0, injected = {} }, Job)
+    metrics = {}, recoveries = 0, generation = 0, injected = {}, raise = args ~= nil }, Job)
   job.list = topts.merge(spec.options)
   job.out = progress.new { now = monarch.now }
-  job.opts = topts.parse(arg or {}, job.list, function(msg) job:die(msg) end)
+  job.opts = topts.parse(argv, job.list, function(msg) job:die(msg) end)
   if job.opts.help then
     print(topts.usage(script, spec.about, job.list))
     return nil
@@ -330,6 +334,7 @@ function Job:after(s, n)
   if o.every > 0 and (s % o.every == 0 or s == self.total) then self.last_ckpt = recover.checkpoint(self, s) end
   -- A snapshot once --snapshot-every steps have passed (at a call's end: a fused call may run several).
   if s - self.snap_step >= o["snapshot-every"] and s < self.total then recover.snapshot(self, s) end
+  if self.spec.on_progress then self.spec.on_progress(self, s) end
 end
 
 -- Runs the steps from s; returns the step after them. Raises if a proc fails.
@@ -389,6 +394,20 @@ function Job:curves()
   return c
 end
 
+--- The curves of the steps trained so far as a monarch.plot spec (c: Job:curves(), made when not given).
+function Job:plot_spec(c)
+  c = c or self:curves()
+  local spec = { title = self.spec.title and self.spec.title(self) or (self.script_name .. ": " .. self.name),
+    x = { label = "step", values = c.step }, series = {} }
+  for _, f in ipairs(self.spec.figures or {}) do
+    local vals, axis = {}, f.axis or "y"
+    for i, v in ipairs(c[f.curve or f[1]]) do vals[i] = v * (f.scale or 1) end
+    spec[axis] = spec[axis] or { label = f.label or f[1], min = f.min, max = f.max }
+    spec.series[#spec.series + 1] = { name = f.curve or f[1], values = vals, axis = f.axis }
+  end
+  return spec
+end
+
 function Job:write_curves()
   local c, figs = self:curves(), self.spec.figures or {}
   if #c.step == 0 then return self:note("curves: no steps were trained in this run; nothing written") end
@@ -402,15 +421,7 @@ function Job:write_curves()
     self:note("csv: %s (%d steps)", self.opts.csv, #c.step)
   end
   if self.opts.plot then
-    local spec = { title = self.spec.title and self.spec.title(self) or (self.script_name .. ": " .. self.name),
-      x = { label = "step", values = c.step }, series = {} }
-    for _, f in ipairs(figs) do
-      local vals, axis = {}, f.axis or "y"
-      for i, v in ipairs(c[f.curve or f[1]]) do vals[i] = v * (f.scale or 1) end
-      spec[axis] = spec[axis] or { label = f.label or f[1], min = f.min, max = f.max }
-      spec.series[#spec.series + 1] = { name = f.curve or f[1], values = vals, axis = f.axis }
-    end
-    local drawn, svg = pcall(plot.svg, spec)
+    local drawn, svg = pcall(plot.svg, self:plot_spec(c))
     if not drawn then self:die(tostring(svg)) end -- a NaN loss, say; the CSV (written first) has it
     local ok, err = plot.write(self.opts.plot, svg)
     if not ok then self:die(err) end
@@ -437,17 +448,33 @@ function Job:finish()
   end
 end
 
---- Runs a training script's job (see the top of this file and docs/training.md). Returns the job.
-function M.run(spec)
+local function run_job(job)
+  job:start()
+  if job.spec.started then job.spec.started(job) end
+  job:loop()
+  job:finish()
+end
+
+--- Runs a training script's job (see the top of this file and docs/training.md). Returns the job. args: the
+-- options as a list of strings (args[0]: the name shown), for a run from code (a REPL, a notebook); without it,
+-- the script's command line (arg), and what stops the run ends the process with one line.
+function M.run(spec, args)
   if type(spec) ~= "table" or type(spec.step) ~= "function" or type(spec.setup) ~= "function" then
     error("train.run wants a table with at least setup and step functions", 2)
   end
-  local job = new_job(spec)
+  if args ~= nil and type(args) ~= "table" then error("train.run: args wants a list of strings", 2) end
+  local job = new_job(spec, args)
   if not job then return nil end
-  job:start()
-  if spec.started then spec.started(job) end
-  job:loop()
-  job:finish()
+  if not args then -- a script's: the process ends with it (and a raise keeps its traceback)
+    run_job(job)
+    recover.unwatch(job)
+    return job
+  end
+  local ok, err = xpcall(run_job, function(e) -- a plain error keeps where it came from
+    return errors.is(e) and e or debug.traceback(tostring(e), 2)
+  end, job)
+  recover.unwatch(job)
+  if not ok then error(err, 0) end
   return job
 end
 

@@ -322,21 +322,37 @@ end
 
 -- ---- hosts that join ---------------------------------------------------------------------------
 
+-- The job whose run is under way. HostMesh:on_join has no way to remove a handler, so the library adds its own
+-- once per HostMesh and it tells whichever job runs now: a REPL or a notebook that runs train.run again does not
+-- pile up handlers of jobs that ended (the host-loss handler is removed at the end of each run).
+local current, joining = nil, setmetatable({}, { __mode = "k" })
+
+--- The end of a job's run: its handlers stop listening.
+function M.unwatch(job)
+  if current == job then current = nil end
+  if job.unhook_loss then job.unhook_loss() end
+  job.unhook_loss = nil
+end
+
 --- Watches for lost hosts and hosts that join (once per job, before its mesh exists: a host that joins
 -- before the spawn gets procs from it, and before_step leaves it be).
 function M.watch(job)
   job.lost_hosts, job.joined, job.joins = {}, {}, 0
-  monarch.on_host_loss(function(ev)
+  current = job
+  job.unhook_loss = monarch.on_host_loss(function(ev)
     ev.at = monarch.now()
     job.lost_hosts[#job.lost_hosts + 1] = ev
   end)
   local hosts = monarch.hosts()
   job.initial_hosts = { unpack(hosts.agents) }
-  if hosts.on_join then
+  if hosts.on_join and not joining[hosts] then
+    joining[hosts] = true
     hosts:on_join(function(a)
-      job.joined[#job.joined + 1] = a
-      job.joined.at = job.joined.at or monarch.now()
-      job.joins = job.joins + 1
+      local j = current
+      if not j then return end
+      j.joined[#j.joined + 1] = a
+      j.joined.at = j.joined.at or monarch.now()
+      j.joins = j.joins + 1
     end)
   end
 end

@@ -69,6 +69,50 @@ describe("monarch.train with a toy step", function()
   end)
 end)
 
+describe("monarch.train.run from code (a REPL, a notebook)", function()
+  it("takes its options as a list, raises what would end a script, and can run again in the same session", function()
+    local dir = scratch()
+    local script = dir .. "/api.lua"
+    local f = assert(io.open(script, "w"))
+    f:write([[
+local train, errors = require "monarch.train", require "monarch.errors"
+local progress = 0
+local spec = {
+  name = "api", figures = { { "loss", "%.4f" } },
+  plan = function() return { steps_per_epoch = 5 } end,
+  setup = function(job) return { state = { w = job.procs:tensor("f64", { 4 }) } } end,
+  init = function(job) job.procs:call("fill", job.state.w, 0):get() end,
+  step = function(job, s)
+    job.procs:call("fill", job.state.w, s + 1):get()
+    return { loss = 1 / (s + 1), samples = 1 }
+  end,
+  on_progress = function(job, s) progress = progress + 1 end,
+}
+local ok, err = pcall(train.run, spec, { [0] = "cell", "--bogus" })
+print("bad option:", ok, errors.is(err) and err.kind, err.message or err)
+local ok2, err2 = pcall(train.run, spec, "--steps 3")
+print("bad args:", ok2, tostring(err2))
+local dir = ...
+for round = 1, 2 do
+  local job = train.run(spec, { "--procs", "2", "--steps", "10", "--every", "5", "--quiet", "--checkpoint-dir", dir })
+  print(("round %d: %d steps, %d progress calls, curve of %d steps"):format(round, job.total, progress,
+    #job:plot_spec().x.values))
+  progress = 0
+end
+print("after two runs: session goes on", require("monarch").hosts() ~= nil)
+]])
+    f:close()
+    local out, rc = sh(("OPENBLAS_NUM_THREADS=1 timeout 90 %s/bin/monarch-run %s %s"):format(B, script, dir))
+    assert.are.equal(0, rc, out)
+    assert.matches("bad option:%s+false%s+train%s+cell: unknown argument '%-%-bogus'", out)
+    assert.matches("bad args:%s+false%s+[^\n]*args wants a list of strings", out)
+    assert.matches("round 1: 10 steps, 10 progress calls, curve of 10 steps", out)
+    -- Again in the same session (a fresh start: no --resume): its own progress, its own curve.
+    assert.matches("round 2: 10 steps, 10 progress calls, curve of 10 steps", out)
+    assert.matches("after two runs: session goes on%s+true", out)
+  end)
+end)
+
 describe("monarch.train on long-lived host agents", function()
   local daemons, addrs = {}, nil
   before_each(function()
