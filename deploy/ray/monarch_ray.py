@@ -134,13 +134,15 @@ class Launcher:
             raise Failure("no node of the Ray cluster has %s (%s)" % (self.bundle_text(), self.describe_cluster()))
         name = "monarch:" + self.args.name
         self.pg = placement_group([dict(self.bundle) for _ in range(n)], strategy="STRICT_SPREAD", name=name)
+        # The actors are asked for before the group is placed: Ray starts each one as soon as its bundle
+        # is, with no round trip of ours in between (teardown kills them if the group never is).
+        for i in range(n):
+            self.spawn(i, PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=i))
         if not self.pg.wait(timeout_seconds=self.args.timeout):
             raise Failure("Ray could not place %d host bundle(s) of %s, one per node (STRICT_SPREAD), within %gs: "
                           "the cluster has %s (--ray-hosts, --ray-cpus, --ray-gpus, --ray-timeout)"
                           % (n, self.bundle_text(), self.args.timeout, self.describe_cluster()))
         self.st.say("reserved", n, name)
-        for i in range(n):
-            self.spawn(i, PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=i))
         bundle_nodes = placement_group_table(self.pg).get("bundles_to_node_id", {})
         for i in range(n):
             self.hosts[i]["node"] = bundle_nodes.get(i)
@@ -297,20 +299,22 @@ def main(argv):
         st.say("error", "cannot import ray (%s) in %s: pip install ray there, or set MONARCH_RAY_PYTHON "
                "to a Python that has it" % (e, sys.executable))
         return 2
+    rc = 0
     try:
         run(ray, args, token, st)
     except Failure as e:
         st.say("error", str(e))
-        return 1
+        rc = 1
     except Exception as e:  # Ray's own errors (no cluster at the address, say): one line
         st.say("error", "%s: %s" % (type(e).__name__, one_line(e)))
-        return 1
-    finally:
-        try:
-            ray.shutdown()
-        except Exception:
-            pass
-    return 0
+        rc = 1
+    # No ray.shutdown() and no interpreter teardown: together they take a few tenths of a second that
+    # the controller would wait for at every job's end. run() has killed the actors and removed the
+    # group; whatever of this driver's Ray still holds goes when its connection closes, as on a kill -9.
+    st.f.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ M.START_TIMEOUT = 60 -- seconds to place the group and have every agent join (--
 M.STOP_GRACE = 15    -- seconds the launcher gets to tear down after "stop" before it is killed
 local POLL = 0.05    -- seconds between looks at the status file while starting
 local NOTE_EVERY = 0.25 -- seconds between looks at it while the job runs
+local STOP_POLL = 0.01  -- seconds between looks for the launcher's exit after "stop" (it exits at once)
 
 -- --ray-NAME options: how each is read. monarch-run passes them as strings (config.ray).
 local OPTIONS = {
@@ -278,7 +279,7 @@ function M.stop(grace)
   if not c.pid then -- it has not said who it is yet
     for _, ev in ipairs(read_events(c)) do note(c, ev) end
   end
-  while c.pid and not exited(c.pid) and core.now() < deadline do core.sleep(POLL) end
+  while c.pid and not exited(c.pid) and core.now() < deadline do core.sleep(STOP_POLL) end
   if c.pid and not exited(c.pid) then
     if grace > 0 then io.stderr:write("monarch: the Ray launcher did not end after stop; killing it\n") end
     capture("kill -9 " .. c.pid)
