@@ -266,9 +266,9 @@ static int set_config(lua_State *L, const opts_t *o) {
     }
     lua_setfield(L, -2, "ray");
   }
-  if (o->status) {
+  if (o->status || o->top) { /* under --ray, monarch.hosts() then finds the running job's agents */
     lua_pushboolean(L, 1);
-    lua_setfield(L, -2, "status");
+    lua_setfield(L, -2, o->status ? "status" : "top");
   }
   if (o->quiet) {
     lua_pushboolean(L, 1);
