@@ -31,6 +31,12 @@ Status lines (fd 3), one per event, words separated by blanks:
   note TEXT...                   something to tell the user
   error TEXT...                  a failure: the launcher exits after it
   stopped                        teardown done
+
+With --find it starts nothing: it asks the host actors of a running job
+(monarch:NAME:hostI in namespace monarch; --name picks one of several) where
+their agents listen, for `monarch-run --ray --status` and `--top`:
+  agent I HOST:PORT              host I's agent
+  found N NAME                   the job, N agents
 """
 import argparse
 import os
@@ -41,6 +47,7 @@ import sys
 import time
 
 POLL = 0.2          # seconds between looks at stdin and the actors
+WATCH_EVERY = 1.0   # seconds between asking each actor whether its agent still runs
 NODES_EVERY = 0.5   # seconds between looks at the cluster's nodes
 KILL_WAIT = 5.0     # seconds an agent gets after SIGTERM before SIGKILL, when its actor is stopped
 
@@ -54,10 +61,15 @@ def parse_args(argv):
     p.add_argument("--elastic", action="store_true", help="offer nodes added later as joins")
     p.add_argument("--max-hosts", type=int, default=0, help="with --elastic, the most hosts (0: no limit)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds to place the group and start agents")
-    p.add_argument("--join", required=True, help="the controller's join port, HOST:PORT")
-    p.add_argument("--worker", required=True, help="path of monarch-worker on every node")
-    p.add_argument("--name", required=True, help="the job's name (placement group, actors)")
-    return p.parse_args(argv)
+    p.add_argument("--join", help="the controller's join port, HOST:PORT")
+    p.add_argument("--worker", help="path of monarch-worker on every node")
+    p.add_argument("--name", help="the job's name (placement group, actors); with --find, the job to find")
+    p.add_argument("--find", action="store_true",
+                   help="start nothing: say where the agents of a running job listen (for --status and --top)")
+    args = p.parse_args(argv)
+    if not args.find and not (args.join and args.worker and args.name):
+        p.error("--join, --worker and --name are needed to start a job's hosts")
+    return args
 
 
 class Status:
@@ -83,13 +95,26 @@ def host_actor_class(ray):
             env["MONARCH_TOKEN"] = token
             env.pop("MONARCH_TOKEN_FILE", None)
             # Popen forks from this (the actor's main) thread, so --parent's death signal follows the actor.
-            argv = [worker, "--listen", "0.0.0.0:0", "--once", "--parent", str(os.getpid()), "--join", join]
-            self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL)
+            r, w = os.pipe()
+            argv = [worker, "--listen", "0.0.0.0:0", "--once", "--parent", str(os.getpid()), "--join", join,
+                    "--port-fd", str(w)]
+            self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, pass_fds=(w,))
+            os.close(w)
+            with os.fdopen(r) as f:  # the agent's port once it listens; "" if it exited first
+                port = f.readline().strip()
+            ip = ray.util.get_node_ip_address()
+            self.addr = ("[%s]" % ip if ":" in ip else ip) + ":" + port if port else None
             return {"node": ray.get_runtime_context().get_node_id(), "host": socket.gethostname(),
                     "pid": self.proc.pid}
 
-        def wait(self):
-            return self.proc.wait()
+        def address(self):
+            """Where the agent listens (HOST:PORT), for --status and --top under --ray; None if it never did."""
+            return self.addr
+
+        def poll(self):
+            """The agent's exit status, or None while it runs. It answers at once: an actor runs one call
+            at a time, and a call that waited for the agent's exit would hold back address()."""
+            return self.proc.poll()
 
     return MonarchHost
 
@@ -101,7 +126,7 @@ class Launcher:
         if args.gpus > 0:
             self.bundle["GPU"] = args.gpus
         self.pg = None
-        self.hosts = {}     # index -> {"actor", "node", "wait": ObjectRef or None}
+        self.hosts = {}     # index -> {"actor", "node", "poll": ObjectRef or None, "next": when to ask again}
         self.starting = {}  # start ObjectRef -> index
         self.known_nodes = set()
         self.dead_nodes = set()
@@ -121,7 +146,7 @@ class Launcher:
     def spawn(self, index, strategy):
         a = self.cls.options(name="monarch:%s:host%d" % (self.args.name, index), num_cpus=self.args.cpus,
                              num_gpus=self.args.gpus, scheduling_strategy=strategy, max_restarts=0).remote()
-        self.hosts[index] = {"actor": a, "node": None, "wait": None}
+        self.hosts[index] = {"actor": a, "node": None, "poll": None, "next": None}
         self.starting[a.start.remote(self.token, self.args.worker, self.args.join)] = index
 
     def reserve(self):
@@ -134,23 +159,28 @@ class Launcher:
             raise Failure("no node of the Ray cluster has %s (%s)" % (self.bundle_text(), self.describe_cluster()))
         name = "monarch:" + self.args.name
         self.pg = placement_group([dict(self.bundle) for _ in range(n)], strategy="STRICT_SPREAD", name=name)
+        # The actors are asked for before the group is placed: Ray starts each one as soon as its bundle
+        # is, with no round trip of ours in between (teardown kills them if the group never is).
+        for i in range(n):
+            self.spawn(i, PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=i))
         if not self.pg.wait(timeout_seconds=self.args.timeout):
             raise Failure("Ray could not place %d host bundle(s) of %s, one per node (STRICT_SPREAD), within %gs: "
                           "the cluster has %s (--ray-hosts, --ray-cpus, --ray-gpus, --ray-timeout)"
                           % (n, self.bundle_text(), self.args.timeout, self.describe_cluster()))
         self.st.say("reserved", n, name)
-        for i in range(n):
-            self.spawn(i, PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=i))
         bundle_nodes = placement_group_table(self.pg).get("bundles_to_node_id", {})
         for i in range(n):
             self.hosts[i]["node"] = bundle_nodes.get(i)
         return n
 
-    def started(self, deadline):
-        """Collects the agents' start reports; the first ones must all arrive before deadline."""
+    def started(self, deadline, wait):
+        """Collects the agents' start reports, waiting up to `wait` seconds for the first; the first
+        hosts' must all arrive before deadline."""
         if not self.starting:
             return
-        ready, _ = self.ray.wait(list(self.starting), num_returns=len(self.starting), timeout=0)
+        ready, _ = self.ray.wait(list(self.starting), num_returns=1, timeout=wait)
+        if ready:
+            ready, _ = self.ray.wait(list(self.starting), num_returns=len(self.starting), timeout=0)
         for ref in ready:
             i = self.starting.pop(ref)
             h = self.hosts[i]
@@ -161,26 +191,35 @@ class Launcher:
                 h["actor"] = None
                 continue
             h["node"] = info["node"]
-            h["wait"] = h["actor"].wait.remote()
+            h["poll"] = h["actor"].poll.remote()
             self.st.say("joined" if h.get("late") else "host", i, info["node"], info["host"], info["pid"])
         if deadline and self.starting and time.monotonic() > deadline:
             raise Failure("%d of %d host agents did not start within %gs (see the actors' logs in Ray's dashboard)"
                           % (len(self.starting), len(self.hosts), self.args.timeout))
 
     def watch(self):
-        """Reports hosts whose agent or actor ended."""
-        refs = {h["wait"]: i for i, h in self.hosts.items() if h["wait"] is not None}
+        """Reports hosts whose agent or actor ended; asks the others again every WATCH_EVERY seconds."""
+        now = time.monotonic()
+        for h in self.hosts.values():
+            if h["poll"] is None and h["next"] is not None and now >= h["next"]:
+                h["poll"], h["next"] = h["actor"].poll.remote(), None
+        refs = {h["poll"]: i for i, h in self.hosts.items() if h["poll"] is not None}
         if not refs:
             return
         ready, _ = self.ray.wait(list(refs), num_returns=len(refs), timeout=0)
         for ref in ready:
             i = refs[ref]
+            h = self.hosts[i]
+            h["poll"] = None
             try:
-                why = "agent exited with status %s" % self.ray.get(ref)
+                code = self.ray.get(ref)
             except Exception as e:
-                why = "actor died: " + one_line(e)
-            self.hosts[i]["wait"] = None
-            self.st.say("ended", i, why)
+                self.st.say("ended", i, "actor died: " + one_line(e))
+                continue
+            if code is None:
+                h["next"] = now + WATCH_EVERY
+            else:
+                self.st.say("ended", i, "agent exited with status %s" % code)
 
     def nodes(self):
         """Notes dead nodes of this job, and with --elastic offers new nodes."""
@@ -232,9 +271,9 @@ def one_line(e):
     return (s[-1] if s else type(e).__name__)[:300]
 
 
-def stdin_says():
-    """'stop' when the controller asks or is gone (EOF), None if it said nothing."""
-    r, _, _ = select.select([sys.stdin], [], [], POLL)
+def stdin_says(timeout):
+    """'stop' when the controller asks or is gone (EOF), None if it said nothing within timeout seconds."""
+    r, _, _ = select.select([sys.stdin], [], [], timeout)
     if not r:
         return None
     line = sys.stdin.readline()
@@ -270,8 +309,10 @@ def run(ray, args, token, st):
         la.reserve()
         deadline = time.monotonic() + args.timeout
         last_nodes = 0.0
-        while stdin_says() != "stop":
-            la.started(deadline)
+        # While agents start, the wait is on their reports (so "host" lines, which order the hosts,
+        # follow their joins at once); after, on stdin.
+        while stdin_says(0 if la.starting else POLL) != "stop":
+            la.started(deadline, POLL)
             if not la.starting:
                 deadline = None  # the first hosts are up; later ones start when they can
             la.watch()
@@ -283,12 +324,46 @@ def run(ray, args, token, st):
     st.say("stopped")
 
 
+def job_actors(ray):
+    """The running jobs of this cluster: {job name: [its host actors' names, in host order]}."""
+    jobs = {}
+    for a in ray.util.list_named_actors(all_namespaces=True):
+        parts = a.get("name", "").split(":")
+        if a.get("namespace") == "monarch" and len(parts) == 3 and parts[0] == "monarch" \
+                and parts[2].startswith("host") and parts[2][4:].isdigit():
+            jobs.setdefault(parts[1], []).append(a["name"])
+    for names in jobs.values():
+        names.sort(key=lambda n: int(n.rsplit(":host", 1)[1]))
+    return jobs
+
+
+def find(ray, args, st):
+    """--find: "agent I HOST:PORT" for each host of the job, asked of its actor, then "found N NAME"."""
+    import logging
+    check_reachable(args.address, args.timeout)
+    ray.init(address=args.address, namespace="monarch", logging_level=logging.WARNING, log_to_driver=False)
+    jobs = job_actors(ray)
+    if args.name and args.name not in jobs:
+        raise Failure("no monarch job %s runs on this Ray cluster (%s)" % (args.name, ", ".join(sorted(jobs)) or "none"))
+    if not args.name and len(jobs) != 1:
+        raise Failure("no monarch job runs on this Ray cluster" if not jobs else
+                      "%d monarch jobs run on this Ray cluster: %s (pick one with --ray-job NAME)"
+                      % (len(jobs), ", ".join(sorted(jobs))))
+    name = args.name or next(iter(jobs))
+    refs = [ray.get_actor(n, namespace="monarch").address.remote() for n in jobs[name]]
+    addrs = ray.get(refs, timeout=args.timeout)
+    for n, addr in zip(jobs[name], addrs):
+        if addr:
+            st.say("agent", n.rsplit(":host", 1)[1], addr)
+    st.say("found", sum(1 for a in addrs if a), name)
+
+
 def main(argv):
     args = parse_args(argv)
     st = Status(3)
     st.say("pid", os.getpid())
-    token = sys.stdin.readline().strip()
-    if not token:
+    token = None if args.find else sys.stdin.readline().strip()
+    if not token and not args.find:
         st.say("error", "no cluster token on stdin")
         return 2
     try:
@@ -297,20 +372,22 @@ def main(argv):
         st.say("error", "cannot import ray (%s) in %s: pip install ray there, or set MONARCH_RAY_PYTHON "
                "to a Python that has it" % (e, sys.executable))
         return 2
+    rc = 0
     try:
-        run(ray, args, token, st)
+        find(ray, args, st) if args.find else run(ray, args, token, st)
     except Failure as e:
         st.say("error", str(e))
-        return 1
+        rc = 1
     except Exception as e:  # Ray's own errors (no cluster at the address, say): one line
         st.say("error", "%s: %s" % (type(e).__name__, one_line(e)))
-        return 1
-    finally:
-        try:
-            ray.shutdown()
-        except Exception:
-            pass
-    return 0
+        rc = 1
+    # No ray.shutdown() and no interpreter teardown: together they take a few tenths of a second that
+    # the controller would wait for at every job's end. run() has killed the actors and removed the
+    # group; whatever of this driver's Ray still holds goes when its connection closes, as on a kill -9.
+    st.f.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)
 
 
 if __name__ == "__main__":

@@ -47,7 +47,9 @@ static const char usage[] =
     "  --ray [ADDRESS]    start host agents on a Ray cluster (default: RAY_ADDRESS,\n"
     "                     then a local one), one per node; --ray-hosts N,\n"
     "                     --ray-cpus N, --ray-gpus N, --ray-timeout S, --ray-elastic\n"
-    "                     (nodes added later join), --ray-max-hosts N\n"
+    "                     (nodes added later join), --ray-max-hosts N; with\n"
+    "                     --status or --top, the job running there (--ray-job NAME\n"
+    "                     picks one of several; MONARCH_TOKEN is the job's)\n"
     "  --status           report on the cluster and exit\n"
   "  --top              a live full-screen view of the hosts of --hosts, --hostfile\n"
   "                     or --slurm, refreshed every second: each proc's state,\n"
@@ -266,9 +268,9 @@ static int set_config(lua_State *L, const opts_t *o) {
     }
     lua_setfield(L, -2, "ray");
   }
-  if (o->status) {
+  if (o->status || o->top) { /* under --ray, monarch.hosts() then finds the running job's agents */
     lua_pushboolean(L, 1);
-    lua_setfield(L, -2, "status");
+    lua_setfield(L, -2, o->status ? "status" : "top");
   }
   if (o->quiet) {
     lua_pushboolean(L, 1);

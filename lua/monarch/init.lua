@@ -71,6 +71,10 @@ function M.hosts()
     for a in env:gmatch("[^,%s]+") do addrs[#addrs + 1] = a end
   end
   local launcher = M.config.launcher or os.getenv("MONARCH_LAUNCHER")
+  if launcher == "ray" and (M.config.status or M.config.top) then -- watch a job Ray runs: find its agents
+    if addrs then error("--ray and --hosts/MONARCH_HOSTS cannot be used together", 2) end
+    addrs, launcher = require("monarch.launch_ray").find(M.config, token_from_env()), nil
+  end
   if launcher and launcher ~= "" then -- agents started by a cluster manager (monarch.launch)
     if addrs then error("a launcher (" .. launcher .. ") and --hosts/MONARCH_HOSTS cannot be used together", 2) end
     runtime.init(token_from_env() or core.generate_token())

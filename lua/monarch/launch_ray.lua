@@ -29,11 +29,14 @@ M.START_TIMEOUT = 60 -- seconds to place the group and have every agent join (--
 M.STOP_GRACE = 15    -- seconds the launcher gets to tear down after "stop" before it is killed
 local POLL = 0.05    -- seconds between looks at the status file while starting
 local NOTE_EVERY = 0.25 -- seconds between looks at it while the job runs
+local PLACED_WAIT = 1    -- seconds to wait, once all agents joined, for the lines that say where each is
+local PLACED_POLL = 0.005 -- seconds between looks for them meanwhile
+local STOP_POLL = 0.01  -- seconds between looks for the launcher's exit after "stop" (it exits at once)
 
 -- --ray-NAME options: how each is read. monarch-run passes them as strings (config.ray).
 local OPTIONS = {
   address = "string", hosts = "count", cpus = "amount", gpus = "amount", elastic = "flag",
-  ["max-hosts"] = "count", timeout = "amount",
+  ["max-hosts"] = "count", timeout = "amount", job = "string",
 }
 
 local current -- the running launch: {pipe, dir, pid, status = file handle, lines, hosts = {i = info}}
@@ -161,14 +164,23 @@ local function private_dir()
   return dir
 end
 
-local function launcher_command(o, opts, join_addr, name, dir)
+-- The launcher's command line so far: the Python, the script, the cluster's address.
+local function launcher_base(o)
   local py = os.getenv("MONARCH_RAY_PYTHON")
   if not py or py == "" then py = "python3" end
   local script = os.getenv("MONARCH_RAY_LAUNCHER")
   if not script or script == "" then script = (core.prefix() or ".") .. "/share/monarch/ray/monarch_ray.py" end
-  local args = { shq(py), shq(script), "--join", shq(join_addr), "--worker", shq(opts.worker), "--name", shq(name),
-    "--hosts", o.hosts, "--cpus", o.cpus, "--gpus", o.gpus, "--max-hosts", o.max_hosts, "--timeout", o.timeout }
+  local args = { shq(py), shq(script), "--timeout", o.timeout }
   if o.address then args[#args + 1] = "--address " .. shq(o.address) end
+  return args
+end
+
+local function launcher_command(o, opts, join_addr, name, dir)
+  local args = launcher_base(o)
+  for _, a in ipairs { "--join", shq(join_addr), "--worker", shq(opts.worker), "--name", shq(name),
+    "--hosts", o.hosts, "--cpus", o.cpus, "--gpus", o.gpus, "--max-hosts", o.max_hosts } do
+    args[#args + 1] = a
+  end
   if o.elastic then args[#args + 1] = "--elastic" end
   -- The shell says its pid (python's, after exec) first: a launcher that cannot start is seen to end.
   return "exec 3>" .. shq(dir .. "/status") .. "; echo pid $$ >&3; exec " .. table.concat(args, " ")
@@ -201,15 +213,30 @@ local function order_hosts(h, c)
   for i, a in ipairs(h.agents) do a.index = i - 1 end
 end
 
--- Waits until every bundle's agent has joined h, the launcher failed, or the time is up.
+-- Whether the launcher has said which bundle each agent of h is on ("host" lines: order_hosts).
+local function all_placed(h, c)
+  local known = {}
+  for _, info in pairs(c.hosts) do known[info.host .. "/" .. info.pid] = true end
+  for _, a in ipairs(h.agents) do
+    if not known[tostring(a.hostname) .. "/" .. tostring(a.pid)] then return false end
+  end
+  return true
+end
+
+-- Waits until every bundle's agent has joined h (and the launcher has said where each is, or
+-- PLACED_WAIT seconds passed), the launcher failed, or the time is up.
 local function wait_joined(h, c, timeout)
   local deadline = core.now() + timeout + 30 -- the launcher's own timeout ends first, with its reason
+  local joined_at
   while true do
     for _, ev in ipairs(read_events(c)) do
       if ev.what == "error" then M.stop(0); fail(ev.text) end
       note(c, ev)
     end
-    if c.wanted and #h.agents >= c.wanted then return end
+    if c.wanted and #h.agents >= c.wanted then
+      joined_at = joined_at or core.now()
+      if all_placed(h, c) or core.now() - joined_at > PLACED_WAIT then return end
+    end
     if exited(c.pid) then
       M.stop(0)
       fail("the launcher (" .. (os.getenv("MONARCH_RAY_PYTHON") or "python3") .. ") exited before the hosts joined; see its messages above")
@@ -219,7 +246,7 @@ local function wait_joined(h, c, timeout)
       M.stop(0)
       fail(string.format("%d of %s host agents joined within %gs", n, tostring(c.wanted or "?"), timeout))
     end
-    runtime.pump(POLL)
+    runtime.pump(joined_at and PLACED_POLL or POLL) -- the "host" lines are no event of the loop's
   end
 end
 
@@ -231,6 +258,7 @@ function M.start(opts)
   if current then fail("the hosts of this job are already running") end
   local config = opts.config or {}
   local o = M.options(config.ray, opts.getenv)
+  if o.job then fail("--ray-job picks the job that --status or --top watches; a job's own name is its script's and pid") end
   -- No hosts yet (a shape needs one): monarch.join's admit gives it its shape as the agents come in.
   local h = setmetatable({ agents = {} }, mesh.HostMesh)
   join.attach(h, config) -- opens --listen-joins if given
@@ -265,6 +293,38 @@ function M.start(opts)
   return h
 end
 
+--- Where the agents of a job running on the Ray cluster listen, asked of
+-- its host actors (the launcher's --find): {"HOST:PORT", ...} in host order
+-- and the job's name, for `monarch-run --ray --status` and `--top`.
+-- config.ray: --ray-NAME options; job (--ray-job NAME) picks one of several
+-- jobs. token: the one the job runs with (the caller's; checked first).
+-- Raises, with the launcher's one line, when none or several run.
+function M.find(config, token, getenv)
+  if not token then
+    fail("--status and --top under --ray need the job's cluster token: set MONARCH_TOKEN or MONARCH_TOKEN_FILE "
+      .. "to the one it was started with")
+  end
+  local o = M.options(config and config.ray, getenv)
+  local args = launcher_base(o)
+  args[#args + 1] = "--find"
+  if o.job then args[#args + 1] = "--name " .. shq(o.job) end
+  -- Its status lines come on our pipe (fd 3 to it); its own output goes to our stderr.
+  local f = io.popen("exec 3>&1 1>&2; exec " .. table.concat(args, " "), "r")
+  local text = f and f:read("*a") or ""
+  if f then f:close() end
+  local addrs, name = {}, nil
+  for line in text:gmatch("[^\n]+") do
+    local ev = M.parse_line(line)
+    if ev and ev.what == "error" then fail(ev.text) end
+    local addr = line:match("^agent %d+ (%S+)$")
+    if addr then addrs[#addrs + 1] = addr end
+    name = name or line:match("^found %d+ (%S+)$")
+  end
+  if not name then fail("the launcher (" .. (os.getenv("MONARCH_RAY_PYTHON") or "python3") .. ") found no job; see its messages above") end
+  if #addrs == 0 then fail("job " .. name .. " has no agent listening") end
+  return addrs, name
+end
+
 --- Ends the launcher: "stop", then up to `grace` seconds (default
 -- M.STOP_GRACE) for it to kill the actors and remove the placement group,
 -- then SIGKILL (Ray removes what a dead driver owned). Idempotent.
@@ -278,7 +338,7 @@ function M.stop(grace)
   if not c.pid then -- it has not said who it is yet
     for _, ev in ipairs(read_events(c)) do note(c, ev) end
   end
-  while c.pid and not exited(c.pid) and core.now() < deadline do core.sleep(POLL) end
+  while c.pid and not exited(c.pid) and core.now() < deadline do core.sleep(STOP_POLL) end
   if c.pid and not exited(c.pid) then
     if grace > 0 then io.stderr:write("monarch: the Ray launcher did not end after stop; killing it\n") end
     capture("kill -9 " .. c.pid)

@@ -3,7 +3,8 @@
 -- allocates the hosts; examples/train.lua runs over them, shrinks when a
 -- node's raylet is killed, grows onto a node added with --ray-elastic; the
 -- end of a job, or the controller's kill -9, leaves no placement group, actor
--- or agent behind. Pending where ray cannot be imported (.ci/run installs it).
+-- or agent behind; --status and --top under --ray watch a running job. Pending
+-- where ray cannot be imported (.ci/run installs it).
 local shell = require "support.shell"
 local wait_for = require("support.wait").wait_for
 local ray_cluster = require "support.ray_cluster"
@@ -98,6 +99,42 @@ describe("monarch-run --ray on a local Ray cluster of 3 nodes", function()
     local child = (sh("pgrep -P " .. pid)):match("(%d+)")
     assert.is_string(child, "monarch-run is not running under timeout " .. pid)
     os.execute("kill -9 " .. child)
+    expect(out, "::rc=%d+")
+    assert_nothing_left(c)
+  end)
+
+  it("lets --status and --top under --ray watch the running job's hosts, given its token", function()
+    local dir = scratch()
+    local tok = "ray-spec-token"
+    local out, pidf = background("MONARCH_TOKEN=" .. tok .. " " .. run_cmd(c, "tests/support/ray_job.lua 300"), dir)
+    expect(out, "hosts 3 procs 6 first call")
+    local watch = ("MONARCH_RAY_PYTHON=%s timeout %d %s/bin/monarch-run --ray %s "):format(py, TIMEOUT, B, c.address)
+    local st, rc = sh("MONARCH_TOKEN=" .. tok .. " " .. watch .. "--status")
+    assert.are.equal(0, rc, st)
+    local _, hosts = st:gsub("\nhost ", "")
+    assert.are.equal(3, hosts + (st:match("^host ") and 1 or 0), st)
+    for rank = 0, 5 do assert.matches("\n%s+" .. rank .. "%s+%d+ attached", st) end
+    local first = st:match("host [^\n]*\n(.-)\nhost ") or "" -- host 0 (bundle 0) first, with ranks 0 and 1
+    assert.matches("\n%s+0%s+%d+ attached", "\n" .. first, st)
+    assert.matches("\n%s+1%s+%d+ attached", first, st)
+    local no_tok = sh("MONARCH_TOKEN= " .. watch .. "--status")
+    assert.matches("^monarch%-run: monarch: launch: ray: %-%-status and %-%-top under %-%-ray need the job's cluster token", no_tok)
+    local other = sh("MONARCH_TOKEN=" .. tok .. " " .. watch .. "--ray-job nope --status")
+    assert.matches("^monarch%-run: monarch: launch: ray: no monarch job nope runs on this Ray cluster %(ray_job%-%d+%)\n$", other)
+    -- --top on a terminal (tmux on a socket of this test's own): the 3 hosts and 6 procs, then q.
+    local sock = dir .. "/tmux.sock"
+    local function tmux(args) return sh("tmux -S " .. sock .. " " .. args) end
+    finally(function() tmux("kill-server") end)
+    -- Not under timeout(1), which would keep it out of the terminal's foreground (the session ends it).
+    local top = ("MONARCH_RAY_PYTHON=%s %s/bin/monarch-run --ray %s --top"):format(py, B, c.address)
+    tmux(("new-session -d -s top -x 160 -y 40 \"MONARCH_TOKEN=%s %s; echo top exited with \\$?; sleep 60\""):format(tok, top))
+    wait_for(function() return tmux("capture-pane -p -t top"):find("3 hosts  6 procs", 1, true) end, 60,
+      function() return "--top to show 3 hosts and 6 procs:\n" .. tmux("capture-pane -p -t top") end)
+    tmux("send-keys -t top q")
+    wait_for(function() return tmux("capture-pane -p -t top"):find("top exited with 0", 1, true) end, 30,
+      function() return "--top to quit on q:\n" .. tmux("capture-pane -p -t top") end)
+    local pid = expect(pidf, "(%d+)")
+    os.execute("kill -9 " .. (sh("pgrep -P " .. pid)):match("(%d+)"))
     expect(out, "::rc=%d+")
     assert_nothing_left(c)
   end)

@@ -36,6 +36,16 @@ describe("monarch.launch_ray.options", function()
   end)
 end)
 
+describe("monarch.launch_ray.find", function()
+  it("needs the job's token before it asks Ray anything, and --ray-job is only for it", function()
+    assert.matches("%-%-status and %-%-top under %-%-ray need the job's cluster token",
+      err_of(launch_ray.find, { ray = {} }, nil, no_env))
+    assert.are.equal("train-7", launch_ray.options({ job = "train-7" }, no_env).job)
+    assert.matches("%-%-ray%-job picks the job that %-%-status or %-%-top watches",
+      err_of(launch_ray.start, { token = "t", worker = "w", config = { ray = { job = "x" } }, getenv = no_env }))
+  end)
+end)
+
 describe("monarch.launch_ray.parse_line", function()
   it("reads each status line of deploy/ray/monarch_ray.py", function()
     assert.are.same({ what = "host", index = 2, node = "ab12", host = "n3", pid = 77 }, launch_ray.parse_line("host 2 ab12 n3 77"))
