@@ -76,9 +76,9 @@ $(KDIR)/cuda_gpt.so: $(GPT_CU_OBJ) $(GPT_HOST_OBJ)
 
 # The layer check of bench/gpu_check.sh: cuda_gpt's layers (all but the table) against gpt's C layers, which
 # need OpenBLAS; without its pkg-config entry the check is not built (gpu_check.sh says so).
-# The check links all of gpt's C files (its layers and model) but none of cuda_gpt's kernel entry points.
+# The check links all of gpt's C files and all of cuda_gpt's but its table (both define monarch_kernels).
 GPT_CPU_OBJ := $(patsubst kernels/cpu/%.c,$(BUILD)/obj/cuda/cpu_%.o,$(wildcard kernels/cpu/gpt_*.c))
-GPT_CHECK_OBJ := $(filter-out %/gpt_kernels.o %/gpt_train.o %/gpt_eval.o,$(GPT_CU_OBJ)) $(GPT_CPU_OBJ)
+GPT_CHECK_OBJ := $(filter-out %/gpt_kernels.o,$(GPT_CU_OBJ)) $(GPT_CPU_OBJ)
 CUDA_TARGETS += $(if $(BLAS_LIBS),$(BUILD)/tests/gpt_cuda_check)
 $(BUILD)/tests/gpt_cuda_check: tests/cuda/gpt_cuda_check.cu $(GPT_HDR) $(GPT_CHECK_OBJ)
 	@mkdir -p $(dir $@)
