@@ -39,6 +39,10 @@ NVCC_LINK := -cudart shared $(if $(CUDA_LIB),-L$(CUDA_LIB) -Xlinker -rpath=$(CUD
 
 CUDA_TARGETS := $(patsubst kernels/cuda/%.cu,$(KDIR)/%.so,$(wildcard kernels/cuda/cuda_*.cu)) \
                 $(KDIR)/cuda_gpt.so $(BUILD)/bench/gpu_dispatch
+# gpt's C layers, which the check of cuda_gpt links, need OpenBLAS: without its pkg-config entry no check.
+BLAS_CFLAGS := $(shell pkg-config --cflags openblas 2>/dev/null)
+BLAS_LIBS := $(shell pkg-config --libs openblas 2>/dev/null)
+CUDA_TARGETS += $(if $(BLAS_LIBS),$(BUILD)/tests/gpt_cuda_check)
 
 cuda: $(CUDA_TARGETS)
 
@@ -58,8 +62,6 @@ GPT_HOST := kernels/cpu/gpt_model.c kernels/cpu/gpt_data.c kernels/cpu/gpt_adamw
 GPT_CU_OBJ := $(patsubst kernels/cuda/%.cu,$(BUILD)/obj/cuda/%.o,$(GPT_CU))
 GPT_HOST_OBJ := $(patsubst kernels/cpu/%.c,$(BUILD)/obj/cuda/cpu_%.o,$(GPT_HOST))
 GPT_HDR := kernels/cuda/gpt_cuda.h kernels/cpu/gpt.h kernels/cpu/mlp_common.h kernels/monarch_kernel.h
-BLAS_CFLAGS := $(shell pkg-config --cflags openblas 2>/dev/null)
-BLAS_LIBS := $(shell pkg-config --libs openblas 2>/dev/null)
 GPT_HOST_CFLAGS ?= -std=gnu11 -O2 -fPIC -fvisibility=hidden -Wall -Wextra -Werror -Wno-unused-parameter -D_GNU_SOURCE
 
 $(BUILD)/obj/cuda/%.o: kernels/cuda/%.cu $(GPT_HDR)
@@ -79,7 +81,6 @@ $(KDIR)/cuda_gpt.so: $(GPT_CU_OBJ) $(GPT_HOST_OBJ)
 # The check links all of gpt's C files and all of cuda_gpt's but its table (both define monarch_kernels).
 GPT_CPU_OBJ := $(patsubst kernels/cpu/%.c,$(BUILD)/obj/cuda/cpu_%.o,$(wildcard kernels/cpu/gpt_*.c))
 GPT_CHECK_OBJ := $(filter-out %/gpt_kernels.o,$(GPT_CU_OBJ)) $(GPT_CPU_OBJ)
-CUDA_TARGETS += $(if $(BLAS_LIBS),$(BUILD)/tests/gpt_cuda_check)
 $(BUILD)/tests/gpt_cuda_check: tests/cuda/gpt_cuda_check.cu $(GPT_HDR) $(GPT_CHECK_OBJ)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_FLAGS) -Ikernels/cuda $< $(GPT_CHECK_OBJ) -o $@ $(NVCC_LINK) -lcublas $(BLAS_LIBS) -lm
