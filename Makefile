@@ -171,8 +171,10 @@ rl: all
 test-asan:
 	$(MAKE) BUILD=build-asan SAN="-fsanitize=address,undefined -fno-omit-frame-pointer" OPT=-O1 test
 
+# tests/valgrind.supp: the dynamic loader's own noise when a test loads the CUDA libraries (test_gpt_cuda).
 valgrind: tests
-	@for t in $(C_TESTS); do valgrind -q --error-exitcode=1 --leak-check=full $$t >/dev/null || exit 1; done; echo "valgrind: clean"
+	@for t in $(C_TESTS); do valgrind -q --error-exitcode=1 --leak-check=full --suppressions=tests/valgrind.supp $$t \
+	  >/dev/null || exit 1; done; echo "valgrind: clean"
 
 bench: all $(BUILD)/bench/tcp_pingpong $(BUILD)/bench/tcp_stream
 	@bench/run.sh

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/gpu_check.sh - the one command for a machine with a GPU: build, the
-# GPU layer's C tests, the GPU specs (tests/integration/gpu_spec.lua), then
-# bench/gpu.sh. Everything goes to stdout; each stage is time-boxed so the
+# GPU layer's C tests, cuda_gpt against gpt (build/tests/gpt_cuda_check), the
+# GPU specs (tests/integration/gpu_spec.lua), then bench/gpu.sh. Everything goes to stdout; each stage is time-boxed so the
 # whole run stays under 8 minutes; the exit status is non-zero if any stage
 # failed. Ends with one line "gpu_check: PASS" or "gpu_check: FAIL (stages)".
 #
@@ -32,7 +32,7 @@ bundle() {
   # CUDA's own. OpenBLAS (35 MB) goes too: mlp loads the digits for the GPU
   # training spec, and the GPU machine may not have it; the whole build/ stays
   # under the 64 MiB a device run carries.
-  for f in "$B/bin/monarch-worker" "$B/lib/monarch/lua/monarch/core.so" "$B"/lib/monarch/*.so "$B"/tests/test_gpu \
+  for f in "$B/bin/monarch-worker" "$B/lib/monarch/lua/monarch/core.so" "$B"/lib/monarch/*.so "$B"/tests/test_gpu "$B"/tests/gpt_cuda_check \
       "$dir/bin/luajit" $(find "$dir/lib/lua/5.1" -name '*.so'); do
     ldd "$f" 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}'
   done | sort -u | while read -r name path; do
@@ -68,6 +68,14 @@ if [ -x "$B/tests/test_gpu" ] && ! ldd "$B/tests/test_gpu" | grep -q "not found"
   timeout 60 "$B/tests/test_gpu" || failed="$failed test_gpu"
 else
   echo "not built here (no cmocka); skipped"
+fi
+
+# Every layer and kernel of cuda_gpt (kernels/cuda/gpt_*.cu) against gpt's on the same inputs (docs/gpt.md, CUDA).
+stage "cuda_gpt against gpt (build/tests/gpt_cuda_check)"
+if [ -x "$B/tests/gpt_cuda_check" ]; then
+  timeout 120 "$B/tests/gpt_cuda_check" || failed="$failed gpt_cuda_check"
+else
+  echo "not built here (it needs nvcc and OpenBLAS's pkg-config); skipped"
 fi
 
 # gpu_spec.lua includes cuda_basic's all_reduce_inplace: NCCL inside a kernel on a mesh:group{gpu = true}.
