@@ -91,6 +91,15 @@ int gpt_segments(const gpt_cfg_t *c, gpt_seg_t *s);
 size_t gpt_acts_floats(const gpt_cfg_t *c, int B);
 float *gpt_acts_view(const gpt_cfg_t *c, int B, float *mem, gpt_acts_t *a);
 
+/* The whole model's memory for B sequences (gpt_block.c's order; cuda_gpt's the same, on the device). */
+typedef struct {
+  gpt_acts_t a[GPT_MAX_LAYERS];
+  float *xL, *hf, *muf, *rsf, *logits, *dx, *tmp;
+} gpt_model_mem_t;
+size_t gpt_model_floats_with(const gpt_cfg_t *c, int B, size_t datt); /* datt: the attention backward's scratch */
+size_t gpt_model_floats(const gpt_cfg_t *c, int B);                    /* datt of [T x T] */
+void gpt_model_view(const gpt_cfg_t *c, int B, float *mem, gpt_model_mem_t *m);
+
 /* gpt_embed.c */
 void gpt_embed_forward(float *x, const uint8_t *tok, const float *wte, const float *wpe, int B, int T, int C);
 void gpt_embed_backward(float *dwte, float *dwpe, const float *dx, const uint8_t *tok, int B, int T, int C);
@@ -119,7 +128,6 @@ void gpt_gelu_backward(float *df, const float *dg, const float *f, const float *
 int gpt_block_forward(gpt_comm_t *cm, const gpt_cfg_t *c, const gpt_block_t *p, gpt_acts_t *a, float *xout, int B);
 int gpt_block_backward(gpt_comm_t *cm, const gpt_cfg_t *c, const gpt_block_t *p, gpt_block_t *d, const gpt_acts_t *a,
                        float *dx, float *tmp, int B);
-size_t gpt_model_floats(const gpt_cfg_t *c, int B);
 int gpt_model_forward(gpt_comm_t *cm, const gpt_cfg_t *c, const float *P, const uint8_t *tok, int B, float *mem,
                       float **logits);
 int gpt_model_backward(gpt_comm_t *cm, const gpt_cfg_t *c, const float *P, float *G, const uint8_t *tok, int B,
@@ -137,6 +145,7 @@ void gpt_adamw(float *p, const float *g, float *m, float *v, int64_t i0, int64_t
 void gpt_batch(uint8_t *x, uint8_t *y, const uint8_t *data, int64_t lo, int64_t hi, int B, int T, int64_t seed, int64_t step,
                int64_t first_seq);
 double gpt_bigram_loss(const uint8_t *data, int64_t ntrain, int64_t n, double alpha);
+uint8_t gpt_draw(const float *z, int V, double temp, double u);
 
 /* gpt_train.c: the kernels gpt_train, gpt_eval, gpt_sample (table in gpt_kernels.c). */
 int gpt_k_train(mk_ctx_t *ctx, int argc, const mk_arg_t *argv);

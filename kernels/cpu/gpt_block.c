@@ -6,7 +6,7 @@
  * and in the backward the input gradients of ln1's and ln2's outputs (the
  * column-parallel qkv and fc inputs) are all-reduced.
  *
- * Model memory (gpt_model_floats floats), in order: L blocks of activations
+ * Model memory (gpt_model_floats floats; gpt_model.c lays it out), in order: L blocks of activations
  * (gpt_acts_view), then xL, hf [N x C], muf, rsf [N], logits [N x V], then the
  * backward's dx, dh [N x C], dqkv [N x 3cl], dy [N x cl], df [N x fl], datt [T x T].
  */
@@ -61,33 +61,14 @@ int gpt_block_backward(gpt_comm_t *cm, const gpt_cfg_t *c, const gpt_block_t *p,
   return 0;
 }
 
-/* Floats of the model memory above for B sequences. */
-size_t gpt_model_floats(const gpt_cfg_t *c, int B) {
-  size_t N = (size_t)B * (size_t)c->T, C = (size_t)c->C;
-  return (size_t)c->L * gpt_acts_floats(c, B) + N * (2 * C + 2 + (size_t)c->V) +
-         N * (2 * C + 4 * (size_t)c->cl + (size_t)c->fl) + (size_t)c->T * (size_t)c->T;
-}
-
-typedef struct {
-  gpt_acts_t a[GPT_MAX_LAYERS];
-  float *xL, *hf, *muf, *rsf, *logits, *dx, *tmp;
-} model_mem_t;
-
-static void mem_view(const gpt_cfg_t *c, int B, float *mem, model_mem_t *m) {
-  size_t N = (size_t)B * (size_t)c->T, C = (size_t)c->C;
-  for (int l = 0; l < c->L; l++) mem = gpt_acts_view(c, B, mem, &m->a[l]);
-  m->xL = mem, m->hf = m->xL + N * C, m->muf = m->hf + N * C, m->rsf = m->muf + N;
-  m->logits = m->rsf + N, m->dx = m->logits + N * (size_t)c->V, m->tmp = m->dx + N * C;
-}
-
 /* Runs the model on tok [B x T]; *logits points at the [N x V] logits inside mem. */
 int gpt_model_forward(gpt_comm_t *cm, const gpt_cfg_t *c, const float *P, const uint8_t *tok, int B, float *mem,
                       float **logits) {
   gpt_params_t p;
-  model_mem_t m;
+  gpt_model_mem_t m;
   int N = B * c->T, rc;
   gpt_view(c, (float *)P, &p);
-  mem_view(c, B, mem, &m);
+  gpt_model_view(c, B, mem, &m);
   gpt_embed_forward(m.a[0].x, tok, p.wte, p.wpe, B, c->T, c->C);
   for (int l = 0; l < c->L; l++)
     if ((rc = gpt_block_forward(cm, c, &p.b[l], &m.a[l], l + 1 < c->L ? m.a[l + 1].x : m.xL, B))) return rc;
@@ -102,11 +83,11 @@ int gpt_model_forward(gpt_comm_t *cm, const gpt_cfg_t *c, const float *P, const 
 int gpt_model_backward(gpt_comm_t *cm, const gpt_cfg_t *c, const float *P, float *G, const uint8_t *tok, int B,
                        float *mem, const float *dlogits) {
   gpt_params_t p, d;
-  model_mem_t m;
+  gpt_model_mem_t m;
   int N = B * c->T, C = c->C, rc;
   gpt_view(c, (float *)P, &p);
   gpt_view(c, G, &d);
-  mem_view(c, B, mem, &m);
+  gpt_model_view(c, B, mem, &m);
   cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, c->V, C, N, 1.0f, dlogits, c->V, m.hf, C, 1.0f, d.wte, C);
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, c->V, 1.0f, dlogits, c->V, p.wte, C, 0.0f, m.tmp, C);
   memset(m.dx, 0, (size_t)N * C * sizeof(float));

@@ -1,4 +1,4 @@
-/* gpt_data.c - batches of byte windows and the bigram baseline (gpt.h). */
+/* gpt_data.c - batches of byte windows, the bigram baseline and the sampling rule (gpt.h). */
 #include <math.h>
 #include <stdlib.h>
 
@@ -33,4 +33,19 @@ double gpt_bigram_loss(const uint8_t *data, int64_t ntrain, int64_t n, double al
     loss -= log((cnt[data[i] * GPT_VOCAB + data[i + 1]] + alpha) / (row[data[i]] + GPT_VOCAB * alpha));
   free(cnt);
   return n - ntrain > 1 ? loss / (double)(n - ntrain - 1) : NAN;
+}
+
+/* A byte drawn from softmax(z / temp) with u uniform in [0, 1); temp <= 0: the most likely. gpt_sample's rule,
+ * on both libraries (cuda_gpt draws on the host from the logits it copied back). */
+uint8_t gpt_draw(const float *z, int V, double temp, double u) {
+  int best = 0;
+  for (int i = 1; i < V; i++) best = z[i] > z[best] ? i : best;
+  if (temp <= 0) return (uint8_t)best;
+  double sum = 0.0, acc = 0.0;
+  for (int i = 0; i < V; i++) sum += exp((double)(z[i] - z[best]) / temp);
+  for (int i = 0; i < V; i++) {
+    acc += exp((double)(z[i] - z[best]) / temp) / sum;
+    if (u < acc) return (uint8_t)i;
+  }
+  return (uint8_t)best;
 }

@@ -147,3 +147,18 @@ float *gpt_acts_view(const gpt_cfg_t *c, int B, float *mem, gpt_acts_t *a) {
   a->g = p, p += N * (size_t)c->fl;
   return p;
 }
+
+size_t gpt_model_floats_with(const gpt_cfg_t *c, int B, size_t datt) {
+  size_t N = (size_t)B * (size_t)c->T, C = (size_t)c->C;
+  return (size_t)c->L * gpt_acts_floats(c, B) + N * (2 * C + 2 + (size_t)c->V) +
+         N * (2 * C + 4 * (size_t)c->cl + (size_t)c->fl) + datt;
+}
+
+size_t gpt_model_floats(const gpt_cfg_t *c, int B) { return gpt_model_floats_with(c, B, (size_t)c->T * (size_t)c->T); }
+
+void gpt_model_view(const gpt_cfg_t *c, int B, float *mem, gpt_model_mem_t *m) {
+  size_t N = (size_t)B * (size_t)c->T, C = (size_t)c->C;
+  for (int l = 0; l < c->L; l++) mem = gpt_acts_view(c, B, mem, &m->a[l]);
+  m->xL = mem, m->hf = m->xL + N * C, m->muf = m->hf + N * C, m->rsf = m->muf + N;
+  m->logits = m->rsf + N, m->dx = m->logits + N * (size_t)c->V, m->tmp = m->dx + N * C;
+}

@@ -58,33 +58,19 @@ static int block_backward(gcu_t *g, const mk_group_t *tp, const gpt_cfg_t *c, co
   return gcu_norm_backward(g, dx, d->ln1g, d->ln1b, dh, a->x, a->mu1, a->rs1, p->ln1g, N, C);
 }
 
-/* Floats of the model memory above for B sequences. */
+/* Floats of the model memory above for B sequences: datt holds every local head's at once. */
 size_t gcu_model_floats(const gpt_cfg_t *c, int B) {
-  size_t N = (size_t)B * (size_t)c->T, C = (size_t)c->C, TT = (size_t)c->T * (size_t)c->T;
-  return (size_t)c->L * gpt_acts_floats(c, B) + N * (2 * C + 2 + (size_t)c->V) +
-         N * (2 * C + 4 * (size_t)c->cl + (size_t)c->fl) + (size_t)c->hl * TT;
-}
-
-typedef struct {
-  gpt_acts_t a[GPT_MAX_LAYERS];
-  float *xL, *hf, *muf, *rsf, *logits, *dx, *tmp;
-} model_mem_t;
-
-static void mem_view(const gpt_cfg_t *c, int B, float *mem, model_mem_t *m) {
-  size_t N = (size_t)B * (size_t)c->T, C = (size_t)c->C;
-  for (int l = 0; l < c->L; l++) mem = gpt_acts_view(c, B, mem, &m->a[l]);
-  m->xL = mem, m->hf = m->xL + N * C, m->muf = m->hf + N * C, m->rsf = m->muf + N;
-  m->logits = m->rsf + N, m->dx = m->logits + N * (size_t)c->V, m->tmp = m->dx + N * C;
+  return gpt_model_floats_with(c, B, (size_t)c->hl * (size_t)c->T * (size_t)c->T);
 }
 
 /* Runs the model on tok [B x T] (device memory); *logits points at the [N x V] logits inside mem. */
 int gcu_model_forward(gcu_t *g, const mk_group_t *tp, const gpt_cfg_t *c, const float *P, const uint8_t *tok, int B,
                       float *mem, float **logits) {
   gpt_params_t p;
-  model_mem_t m;
+  gpt_model_mem_t m;
   int N = B * c->T, rc;
   gpt_view(c, (float *)P, &p);
-  mem_view(c, B, mem, &m);
+  gpt_model_view(c, B, mem, &m);
   if ((rc = gcu_embed_forward(g, m.a[0].x, tok, p.wte, p.wpe, B, c->T, c->C))) return rc;
   for (int l = 0; l < c->L; l++)
     if ((rc = block_forward(g, tp, c, &p.b[l], &m.a[l], l + 1 < c->L ? m.a[l + 1].x : m.xL, B))) return rc;
@@ -101,11 +87,11 @@ int gcu_model_forward(gcu_t *g, const mk_group_t *tp, const gpt_cfg_t *c, const 
 int gcu_model_backward(gcu_t *g, const mk_group_t *tp, const gpt_cfg_t *c, const float *P, float *G,
                        const int32_t *order, const int32_t *start, int B, float *mem, const float *dlogits) {
   gpt_params_t p, d;
-  model_mem_t m;
+  gpt_model_mem_t m;
   int N = B * c->T, C = c->C, rc;
   gpt_view(c, (float *)P, &p);
   gpt_view(c, G, &d);
-  mem_view(c, B, mem, &m);
+  gpt_model_view(c, B, mem, &m);
   if ((rc = gcu_gemm(g, 1, 0, c->V, C, N, 1.0f, dlogits, c->V, 0, m.hf, C, 0, 1.0f, d.wte, C, 0, 1)) ||
       (rc = gcu_gemm(g, 0, 0, N, C, c->V, 1.0f, dlogits, c->V, 0, p.wte, C, 0, 0.0f, m.tmp, C, 0, 1)))
     return rc;

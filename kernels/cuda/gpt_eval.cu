@@ -99,20 +99,6 @@ int gcu_k_eval(mk_ctx_t *ctx, int argc, const mk_arg_t *argv) {
   return rc ? rc : mk_return_int(ctx, (int64_t)sums[1]);
 }
 
-/* A byte drawn from softmax(z / temp) with u uniform in [0, 1); temp <= 0: the most likely (gpt_train.c's rule). */
-static uint8_t draw(const float *z, int V, double temp, double u) {
-  int best = 0;
-  for (int i = 1; i < V; i++) best = z[i] > z[best] ? i : best;
-  if (temp <= 0) return (uint8_t)best;
-  double sum = 0.0, acc = 0.0;
-  for (int i = 0; i < V; i++) sum += exp((double)(z[i] - z[best]) / temp);
-  for (int i = 0; i < V; i++) {
-    acc += exp((double)(z[i] - z[best]) / temp) / sum;
-    if (u < acc) return (uint8_t)i;
-  }
-  return (uint8_t)best;
-}
-
 /* gpt_sample(tpg, P, L, H, C, T, prompt, n, seed, temperature) -> n bytes following the prompt */
 int gcu_k_sample(mk_ctx_t *ctx, int argc, const mk_arg_t *argv) {
   (void)argc;
@@ -144,7 +130,7 @@ int gcu_k_sample(mk_ctx_t *ctx, int argc, const mk_arg_t *argv) {
         (rc = gcu_copy(&g, z, logits + (size_t)(w - 1) * c.V, (size_t)c.V * sizeof(float), cudaMemcpyDeviceToHost)))
       return rc;
     rng_t r = rng_make(argv[8].v.i, TAG_GPT_SAMPLE, i, 0);
-    out[i] = draw(z, c.V, argv[9].v.num, (double)(rng_next(&r) >> 11) * 0x1p-53);
+    out[i] = gpt_draw(z, c.V, argv[9].v.num, (double)(rng_next(&r) >> 11) * 0x1p-53);
   }
   return mk_return_string(ctx, (const char *)out + plen, (size_t)n);
 }
