@@ -20,6 +20,16 @@ local function fd_count()
   return n
 end
 
+-- This process's fds as "fd -> target" lines (the listing's own pipe included).
+local function fd_targets()
+  local p = io.popen("cd /proc/" .. tostring(select(1, core.bulk_self())) .. "/fd && for f in *; do " ..
+    "echo \"$f -> $(readlink $f)\"; done")
+  local set = {}
+  for line in p:lines() do set[line] = true end
+  p:close()
+  return set
+end
+
 -- n pseudo-random bytes, the same for the same seed.
 local function bytes(n, seed)
   local b = ffi.new("uint8_t[?]", math.max(n, 1))
@@ -254,7 +264,7 @@ describe("same-host bulk and a proc's failures", function()
   end)
 
   it("reports a proc killed mid-put as proc_failed, lives on and leaks nothing", function()
-    local fds = fd_count()
+    local fds, before = fd_count(), fd_targets()
     local procs = monarch.hosts():spawn_procs{ procs = 1 }
     local victim = procs:procs()[1]
     local n = 256 * 1024 * 1024
@@ -290,9 +300,11 @@ describe("same-host bulk and a proc's failures", function()
     end
     -- No leak: at most the fds of the start (a link an earlier case left may have closed since).
     local now_fds = fd_count()
-    local p = io.popen("ls -l /proc/" .. tostring(select(1, core.bulk_self())) .. "/fd 2>&1")
-    local listing = p:read("*a")
-    p:close()
-    assert.is_true(now_fds <= fds, string.format("%d fds open, %d before:\n%s", now_fds, fds, listing))
+    if now_fds > fds then -- name what is new, for the one who reads the failure
+      local new = {}
+      for line in pairs(fd_targets()) do if not before[line] then new[#new + 1] = line end end
+      table.sort(new)
+      error(string.format("%d fds open, %d before; new: %s", now_fds, fds, table.concat(new, ", ")))
+    end
   end)
 end)
