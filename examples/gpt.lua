@@ -1,5 +1,5 @@
 -- gpt.lua: a byte-level GPT (GPT-2's form) trained on a 2-D mesh of procs, data x tensor parallel (docs/gpt.md).
---   monarch-run examples/gpt.lua                         # the default: 4 layers x width 128 on dp 1 x tp 2
+--   monarch-run examples/gpt.lua                         # the default: 4 layers x width 128 on dp 1 x tp 2, a sample
 --   monarch-run examples/gpt.lua --dp 2 --tp 1 --sample 200 --plot gpt.svg
 --
 -- The model, its layers and the optimizer are C kernels (library "gpt",
@@ -150,7 +150,7 @@ train.run {
     { "fused", 10, "int", "steps per kernel call", min = 1 },
     { "eval-every", 100, "int", "steps between validation losses", min = 1 },
     { "eval-windows", 64, "int", "validation windows of --context bytes", min = 1 },
-    { "sample", 0, "int", "bytes to generate at the end", min = 0 },
+    { "sample", 200, "int", "bytes to generate at the end (0: none)", min = 0 },
     { "sample-every", nil, "int", "also generate a sample every K steps (at a validation)", min = 1 },
     { "prompt", "The ", "string", "the samples' prompt" },
     { "temperature", 0.8, "number", "sampling temperature (0: the most likely byte)" },
