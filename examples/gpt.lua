@@ -8,7 +8,8 @@
 -- hidden units are split (Megatron: all-reduces over mesh:group{dim = "tp"}
 -- inside the block kernels); along dp each rank reads its own sequences of
 -- every step and the whole flat gradient is summed in one all-reduce over
--- mesh:group{dim = "dp"}. One call per proc runs --fused steps.
+-- mesh:group{dim = {"hosts", "dp"}} (data parallel spans the hosts: --dp is
+-- per host). One call per proc runs --fused steps.
 --
 -- Everything else is monarch.train's (docs/training.md): progress, snapshots
 -- and recovery, checkpoints (one shard per tp rank), the check that the dp
@@ -70,16 +71,23 @@ local function setup(job)
   }
 end
 
--- The kernel groups along tp and dp, made again whenever the procs change.
+-- Data parallel runs over the hosts and each host's dp ranks: the procs that share a tp coordinate.
+local DP = { "hosts", "dp" }
+
+-- The kernel groups along tp and DP, made again whenever the procs change.
 local groups = {}
 local function group(job, dim)
-  local g = groups[dim]
+  local key = type(dim) == "table" and table.concat(dim, ",") or dim
+  local g = groups[key]
   if not g or g.gen ~= job.generation or g.g._dead then
     g = { g = job.procs:group { dim = dim }, gen = job.generation }
-    groups[dim] = g
+    groups[key] = g
   end
   return g.g
 end
+
+-- The data-parallel ranks now (hosts x dp; fewer after a lost host, more after a join).
+local function dp_ranks(job) return math.floor(job:world() / job.opts.tp) end
 
 local function load(job) job.procs:call("gpt_text_load", d.paths, job.data.D):get() end
 
@@ -107,10 +115,10 @@ local done_steps = 0
 local function step(job, s, limit)
   local o, st = job.opts, job.state
   local n = math.min(o.fused, limit)
-  local r = job.procs:call("gpt_train", group(job, "tp"), group(job, "dp"), st.params, job.work.G, st.adam,
+  local r = job.procs:call("gpt_train", group(job, "tp"), group(job, DP), st.params, job.work.G, st.adam,
     job.data.D, d.ntrain, o.layers, o.heads, o.width, o.context, o.batch, o.seed, s, n, o.lr, o.warmup, job.total,
     o.wd, o.clip):get()
-  local list, tokens = {}, o.batch * o.context * o.dp
+  local list, tokens = {}, o.batch * o.context * dp_ranks(job)
   for i = 0, n - 1 do list[i + 1] = { loss = r[1][2 * i + 1], norm = r[1][2 * i + 2], samples = tokens } end
   done_steps = s + n
   return list
@@ -120,7 +128,7 @@ local last_sample = 0
 -- Validation loss on fixed windows: each dp rank runs its part, the kernel sums the parts over dp.
 local function evaluate(job)
   local o = job.opts
-  local r = job.procs:call("gpt_eval", group(job, "tp"), group(job, "dp"), job.state.params, job.data.D, d.ntrain,
+  local r = job.procs:call("gpt_eval", group(job, "tp"), group(job, DP), job.state.params, job.data.D, d.ntrain,
     o.layers, o.heads, o.width, o.context, o.batch, o["eval-windows"]):get()[1]
   local loss, tokens = r[1], r[2]
   d.val = loss / tokens
@@ -140,7 +148,7 @@ train.run {
     { "width", 128, "int", "embedding width (divisible by heads)" },
     { "context", 64, "int", "bytes per sequence" },
     { "batch", 16, "int", "sequences per dp rank per step" },
-    { "dp", 1, "int", "data-parallel ranks" },
+    { "dp", 1, "int", "data-parallel ranks per host (data parallel spans the hosts too)" },
     { "tp", 2, "int", "tensor-parallel ranks (divide heads)" },
     { "steps", 800, "int", "training steps" },
     { "lr", 3e-3, "number", "peak AdamW learning rate" },
@@ -160,7 +168,7 @@ train.run {
   check = check,
   spawn = function(job) return monarch.hosts():spawn_procs { { "dp", job.opts.dp }, { "tp", job.opts.tp } } end,
   libs = { "gpt" },
-  replicate = "dp",
+  replicate = DP,
   figures = { { "loss", "%.4f", label = "training loss (nats/byte)", min = 0 },
     { "norm", "%.3f", curve = "grad norm", axis = "y2", label = "gradient norm" } },
   plan = plan, setup = setup, load = load, init = init, step = step, evaluate = evaluate,
@@ -172,12 +180,18 @@ train.run {
       d.ntrain, d.bytes - d.ntrain, d.bigram, r[2])
     job:say("model: %d layers, %d heads, width %d, context %d: %d parameters (%d per tp rank)", o.layers, o.heads,
       o.width, o.context, d.full, d.numel)
-    job:say("mesh: dp %d x tp %d; memory per proc (params, grads, AdamW) %.1f MB", o.dp, o.tp, 16 * d.numel / 1e6)
+    job:say("mesh: %d host(s) x dp %d x tp %d (data parallel over %d ranks, %d sequences per step); memory per proc " ..
+      "(params, grads, AdamW) %.1f MB", job:nhosts(), o.dp, o.tp, dp_ranks(job), dp_ranks(job) * o.batch, 16 * d.numel / 1e6)
+  end,
+  on_world = function(job, before, after)
+    local tp = job.opts.tp
+    return string.format("data parallel over %d -> %d ranks: %d -> %d sequences per step, learning rate unchanged",
+      before / tp, after / tp, job.opts.batch * before / tp, job.opts.batch * after / tp)
   end,
   title = function(job)
     local o = job.opts
     return string.format("gpt.lua: %d layers x width %d, dp %d x tp %d; val loss %.3f (bigram %.3f)", o.layers,
-      o.width, o.dp, o.tp, d.val or 0, d.bigram or 0)
+      o.width, dp_ranks(job), o.tp, d.val or 0, d.bigram or 0)
   end,
   finish = function(job, crcs)
     local o = job.opts

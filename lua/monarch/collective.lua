@@ -81,9 +81,25 @@ local function group_for(procs, timeout, fresh)
   return g
 end
 
+-- The dimensions dim names (one name, or a list of names for kernel groups), checked against m's shape: the
+-- list, the set, and the product of their sizes.
+local function dims_of(m, dim, level)
+  local list = type(dim) == "table" and dim or { dim }
+  if #list == 0 then error("dim lists no dimension", level + 1) end
+  local set, size = {}, 1
+  for _, d in ipairs(list) do
+    local s = type(d) == "string" and m.shape:dim(d)
+    if not s then error("no dimension named '" .. tostring(d) .. "' in " .. tostring(m.shape), level + 1) end
+    if set[d] then error("dimension '" .. d .. "' is named twice in dim", level + 1) end
+    set[d], size = true, size * s
+  end
+  return list, set, size
+end
+
 -- The groups of a mesh: all of it, or one per combination of the other
--- dimensions' coordinates with its members in order along `dim`.
--- Returns lists of flat (1-based) indices.
+-- dimensions' coordinates with its members in order along `dim` (several
+-- dimensions: row-major in the order listed). Returns lists of flat (1-based)
+-- indices, and the members per group.
 local function partition(m, dim, level)
   local n = #m:proc_list()
   if dim == nil then
@@ -91,15 +107,15 @@ local function partition(m, dim, level)
     for i = 1, n do all[i] = i end
     return { all }, n
   end
-  local size = m.shape:dim(dim)
-  if not size then error("no dimension named '" .. tostring(dim) .. "' in " .. tostring(m.shape), level + 1) end
+  local list, set, size = dims_of(m, dim, level + 1)
   local out, by_key = {}, {}
   for i = 1, n do
     local c = m.shape:coords(i)
-    local key = {}
+    local key, pos = {}, 0
     for _, name in ipairs(m.shape.names) do
-      if name ~= dim then key[#key + 1] = c[name] end
+      if not set[name] then key[#key + 1] = c[name] end
     end
+    for _, d in ipairs(list) do pos = pos * m.shape:dim(d) + c[d] end
     key = table.concat(key, ",")
     local grp = by_key[key]
     if not grp then
@@ -107,7 +123,7 @@ local function partition(m, dim, level)
       by_key[key] = grp
       out[#out + 1] = grp
     end
-    grp[c[dim] + 1] = i
+    grp[pos + 1] = i
   end
   return out, size
 end
@@ -382,7 +398,7 @@ local function mesh_key(procs)
   return table.concat(parts, ",")
 end
 
-local GROUP_OPTIONS = { dim = "string", timeout = "number", gpu = "boolean" }
+local GROUP_OPTIONS = { dim = { string = true, table = true }, timeout = "number", gpu = "boolean" }
 
 --- A group of this mesh's procs (with opts.dim: one per line of procs
 -- along that dimension, all under one id) for kernels to run collectives
@@ -390,7 +406,9 @@ local GROUP_OPTIONS = { dim = "string", timeout = "number", gpu = "boolean" }
 -- calls mk_all_reduce etc. on it (docs/kernels.md). Blocks until every
 -- member has joined. A call carrying the group that fails tears it down on
 -- every member; later calls with it raise (make a new one).
--- opts: {dim = name, timeout = s, gpu = true}. With gpu = true the group
+-- opts: {dim = name or {names}, timeout = s, gpu = true}; several dims make
+-- one group per position of the others (members row-major in the listed
+-- order: {"hosts", "dp"} is data parallel across hosts). With gpu = true the group
 -- also gets an NCCL communicator per line (docs/gpu.md), and kernels run
 -- its collectives on GPU tensors through NCCL (CPU tensors are refused on
 -- it). Returns a Group: id, size (members per group), dim, gpu;
@@ -399,7 +417,12 @@ function methods:group(opts)
   if opts ~= nil and type(opts) ~= "table" then error("group: options must be a table like {dim = 'dp'}", 2) end
   for k, v in pairs(opts or {}) do
     if not GROUP_OPTIONS[k] then error("group: unknown option '" .. tostring(k) .. "' (known: dim, timeout, gpu)", 2) end
-    if type(v) ~= GROUP_OPTIONS[k] then error("group: option " .. k .. " wants a " .. GROUP_OPTIONS[k], 2) end
+    local want = GROUP_OPTIONS[k]
+    if type(want) == "table" and not want[type(v)] then
+      error("group: option " .. k .. " wants a dimension's name or a list of names", 2)
+    elseif type(want) == "string" and type(v) ~= want then
+      error("group: option " .. k .. " wants a " .. want, 2)
+    end
   end
   opts = opts or {}
   local parts, size = partition(self, opts.dim, 2)
@@ -424,7 +447,8 @@ function methods:group(opts)
       error(err, 2)
     end
   end
-  return setmetatable({ __mn_group = id, id = id, size = size, dim = opts.dim, gpu = opts.gpu == true,
+  local dim = type(opts.dim) == "table" and table.concat(opts.dim, ",") or opts.dim
+  return setmetatable({ __mn_group = id, id = id, size = size, dim = dim, gpu = opts.gpu == true,
     _key = mesh_key(all), _mesh = self }, Group)
 end
 

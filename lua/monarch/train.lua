@@ -132,7 +132,8 @@ function Job:fresh(resume)
   recover.snapshot(self, self.start_step)
 end
 
---- The dimension the state is replicated along (nil: on every proc alike): spec.replicate, or its function's.
+--- The dimension(s) the state is replicated along (nil: on every proc alike; a name or a list of names):
+-- spec.replicate, or its function's.
 function Job:replicate()
   local r = self.spec.replicate
   if type(r) == "function" then return r(self) end

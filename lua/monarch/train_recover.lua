@@ -367,6 +367,8 @@ local function grow(job, s)
   job.st:each(function(t) futs[#futs + 1] = t:copy_from_peer(grown) end)
   for _, f in ipairs(futs) do f:get() end
   move(job, grown)
+  -- Sharded state (replicated only along some dimensions): each new proc takes its own replica group's shard.
+  if job:replicate() then job.st:refill(added:proc_list()) end
   M.snapshot(job, s)
   M.whole(job)
   job:note("elastic: %d host(s) joined with %d procs; training goes on with %d procs on %d hosts from step %d%s",
@@ -393,9 +395,9 @@ function M.before_step(job, s)
     if has[job.joined[i]] then table.remove(job.joined, i) end
   end
   if #job.joined == 0 then return end
-  if job.st.on_gpu or job:replicate() then
+  if job.st.on_gpu then
     job.joined = {}
-    return job:note("elastic: a host joined, but state on GPUs or replicated along a dimension does not grow")
+    return job:note("elastic: a host joined, but state on GPUs does not grow")
   end
   local ok, err = pcall(grow, job, s)
   if not ok then -- a host that went again before its procs had the state: go on without it

@@ -25,8 +25,8 @@ local function sorted_keys(t)
 end
 
 --- The state of mesh m: tensors = {state = {name = t}, data = {...}, work = {...}} as the script's setup returned
--- them; replicate = nil (every proc holds the same state) or a dimension name (procs that differ only in that
--- coordinate hold the same state). snap and tag (made here when nil) are the copies and the tag tensor.
+-- them; replicate = nil (every proc holds the same state), a dimension name or a list of names (procs that differ
+-- only in those coordinates hold the same state). snap and tag (made here when nil) are the copies and the tag tensor.
 function M.new(m, tensors, replicate, snap, tag)
   local st = setmetatable({ mesh = m, live = tensors.state or {}, data = tensors.data or {},
     work = tensors.work or {}, replicate = replicate, snap = snap, tag = tag }, S)
@@ -132,13 +132,15 @@ function S:groups()
   local list = m:proc_list()
   if not dim then return { list } end
   local names, sizes = m.shape.names, m.shape.sizes
+  local along = {}
+  for _, d in ipairs(type(dim) == "table" and dim or { dim }) do along[d] = true end
   local groups, by_key = {}, {}
   for i, p in ipairs(list) do
     local rest, key = i - 1, {}
     for d = #names, 1, -1 do
       local c = rest % sizes[d]
       rest = (rest - c) / sizes[d]
-      if names[d] ~= dim then table.insert(key, 1, c) end
+      if not along[names[d]] then table.insert(key, 1, c) end
     end
     local k = table.concat(key, ",")
     if not by_key[k] then
