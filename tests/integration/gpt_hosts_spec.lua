@@ -19,19 +19,7 @@ end
 local function crcs(out) return out:match("state crc32 per proc: ([%x ]+)") end
 
 describe("examples/gpt.lua on host agents", function()
-  local daemons = {}
-  before_each(function()
-    for i = 1, 3 do daemons[i] = agent.start { token = TOKEN } end
-  end)
-  after_each(function()
-    for _, d in ipairs(daemons) do d:stop(9) end
-    os.execute("sleep 0.2") -- their procs follow them (PR_SET_PDEATHSIG)
-  end)
-  local function addrs(n)
-    local a = {}
-    for i = 1, n do a[i] = daemons[i].addr end
-    return table.concat(a, ",")
-  end
+  local _, addrs = agent.per_case(3, TOKEN)
 
   it("runs data parallel across the hosts: 2 hosts x dp 1 give one host's dp 2, bit for bit", function()
     local one, rc1 = gpt("--dp 2 --tp 2 --steps 20 --every 0 --quiet", addrs(1))

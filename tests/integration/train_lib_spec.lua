@@ -114,25 +114,15 @@ print("after two runs: session goes on", require("monarch").hosts() ~= nil)
 end)
 
 describe("monarch.train on long-lived host agents", function()
-  local daemons, addrs = {}, nil
-  before_each(function()
-    for i = 1, 3 do daemons[i] = agent.start{ token = TOKEN } end
-    local a = {}
-    for i, d in ipairs(daemons) do a[i] = d.addr end
-    addrs = table.concat(a, ",")
-  end)
-  after_each(function()
-    for _, d in ipairs(daemons) do d:stop(9) end
-    os.execute("sleep 0.2") -- their procs follow them (PR_SET_PDEATHSIG)
-  end)
+  local daemons, addrs = agent.per_case(3, TOKEN)
 
   local function train(args)
     return sh(("OPENBLAS_NUM_THREADS=1 MONARCH_TOKEN=%s timeout 90 %s/bin/monarch-run --hosts %s examples/train.lua "
-      .. "--device cpu --procs 2 %s"):format(TOKEN, B, addrs, args))
+      .. "--device cpu --procs 2 %s"):format(TOKEN, B, addrs(), args))
   end
 
   it("shrinks on a lost host and grows on a joined one (toy step)", function()
-    local out, rc = toy("--procs 2 --steps 30 --every 0 --quiet --kill-host-at 15", addrs)
+    local out, rc = toy("--procs 2 --steps 30 --every 0 --quiet --kill-host-at 15", addrs())
     assert.are.equal(0, rc, out)
     -- From step 16, or 17 when step 16 was done before the agent's death was seen.
     assert.matches("training goes on with 4 procs on 2 hosts from step 1[67]", out)
@@ -190,22 +180,19 @@ describe("monarch.train on long-lived host agents", function()
   it("stops a frozen controller that wakes after a --standby took over; the standby ends bit for bit", function()
     -- Agents that drop a controller silent for 2 s (MONARCH_AGENT_SILENCE), so the standby takes over while the first
     -- one is stopped (SIGSTOP) with calls in flight; woken, it must not drive a proc again.
-    for _, d in ipairs(daemons) do d:stop(9) end
-    local a = {}
     for i = 1, 3 do
+      daemons[i]:stop(9)
       daemons[i] = agent.start{ token = TOKEN, env = "MONARCH_AGENT_SILENCE=2" }
-      a[i] = daemons[i].addr
     end
-    addrs = table.concat(a, ",")
     local dir = scratch()
     local args = "--steps 1500 --every 0 --quiet --checkpoint-dir " .. dir
     local whole = train(args .. " --job whole")
     local so, mo, pidfile = dir .. "/standby", dir .. "/main", dir .. "/main.pid"
     shell.background(("OPENBLAS_NUM_THREADS=1 MONARCH_TOKEN=%s timeout 120 %s/bin/monarch-run --hosts %s "
-      .. "examples/train.lua --device cpu --procs 2 %s --standby"):format(TOKEN, B, addrs, args), so)
+      .. "examples/train.lua --device cpu --procs 2 %s --standby"):format(TOKEN, B, addrs(), args), so)
     assert.is_string(shell.wait_output(so, "(standby: waiting)", 30))
     shell.background(("sh -c 'echo $$ > %s; exec env OPENBLAS_NUM_THREADS=1 MONARCH_TOKEN=%s %s/bin/monarch-run "
-      .. "--hosts %s examples/train.lua --device cpu --procs 2 %s'"):format(pidfile, TOKEN, B, addrs,
+      .. "--hosts %s examples/train.lua --device cpu --procs 2 %s'"):format(pidfile, TOKEN, B, addrs(),
       args:gsub("%-%-quiet ", "")), mo) -- not quiet: the line below says it trains (quiet is not the job's identity)
     assert.is_string(shell.wait_output(mo, "(training on %d+ procs)", 30), read(mo))
     local pid = tonumber(read(pidfile):match("%d+"))
@@ -228,14 +215,14 @@ describe("monarch.train on long-lived host agents", function()
     local whole = train(args .. " --job whole")
     local so = dir .. "/standby"
     shell.background(("OPENBLAS_NUM_THREADS=1 MONARCH_TOKEN=%s timeout 90 %s/bin/monarch-run --hosts %s "
-      .. "examples/train.lua --device cpu --procs 2 %s --standby"):format(TOKEN, B, addrs, args), so)
+      .. "examples/train.lua --device cpu --procs 2 %s --standby"):format(TOKEN, B, addrs(), args), so)
     assert.is_string(shell.wait_output(so, "(standby: waiting)", 30))
     -- A first controller that holds the job while a second one, not a standby, is refused.
     local mo = dir .. "/main"
     local pidfile = dir .. "/main.pid" -- its own pid, then exec: the kill below hits the controller itself
     shell.background(("sh -c 'echo $$ > %s; exec env OPENBLAS_NUM_THREADS=1 MONARCH_TOKEN=%s %s/bin/monarch-run "
       .. "--hosts %s --listen-joins 127.0.0.1:0 examples/train.lua --device cpu --procs 2 %s --wait-join-at 150'")
-      :format(pidfile, TOKEN, B, addrs, args), mo)
+      :format(pidfile, TOKEN, B, addrs(), args), mo)
     assert.is_string(shell.wait_output(mo, "(waiting for a host to join)", 30))
     local out, rc = train(args)
     assert.are.equal(1, rc, out)

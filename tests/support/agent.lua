@@ -76,4 +76,27 @@ function M.start(opts)
   return a
 end
 
+--- For a describe block: n agents with token (a string, or a function returning one) started before each case
+-- and killed after it (their procs follow them). Returns the list (refilled per case) and addrs(k): the first k
+-- agents' addresses, comma-separated (k defaults to all).
+function M.per_case(n, token)
+  local list, env = {}, getfenv(2) -- busted's before_each and after_each live in the spec file's environment
+  env.before_each(function()
+    for i = 1, n do list[i] = M.start { token = type(token) == "function" and token() or token } end
+  end)
+  env.after_each(function()
+    for i = #list, 1, -1 do
+      list[i]:stop(9)
+      list[i] = nil
+    end
+    os.execute("sleep 0.2") -- PR_SET_PDEATHSIG: give the procs a moment to go
+  end)
+  local function addrs(k)
+    local a = {}
+    for i = 1, k or #list do a[i] = list[i].addr end
+    return table.concat(a, ",")
+  end
+  return list, addrs
+end
+
 return M
