@@ -34,7 +34,10 @@ describe("examples/gpt.lua on host agents", function()
   it("shrinks the data-parallel ranks on a lost host and grows them on a joined one", function()
     local out, rc = gpt("--dp 1 --tp 2 --steps 30 --every 0 --quiet --kill-host-at 15", addrs(3))
     assert.are.equal(0, rc, out)
-    assert.matches("training goes on with 4 procs on 2 hosts from step 1[67]: data parallel over 3 %-> 2 ranks", out)
+    -- From step 16, or a later one when steps were done before the agent's death was seen.
+    local from = tonumber(out:match("training goes on with 4 procs on 2 hosts from step (%d+): data parallel over 3 %-> 2 ranks"))
+    assert.is_number(from, out)
+    assert.is_true(from >= 16 and from <= 30, out)
     assert.matches("state crc32 per proc: %x+ %x+ %x+ %x+\n", out)
     local o = shell.scratch(finally) .. "/out"
     shell.background(("OPENBLAS_NUM_THREADS=1 MONARCH_TOKEN=%s timeout 120 %s/bin/monarch-run --hosts %s "
