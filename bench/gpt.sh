@@ -36,6 +36,10 @@ torch() { # name threads batch
   "$py" bench/gpt_torch.py $model --batch "$3" --threads "$2" --time 20 --weights "$log/w.bin" |
     awk '{print $3}' >>"$log/$1"
 }
+torch_ddp() { # name ranks batch-per-rank: DistributedDataParallel over gloo, 1 thread per rank
+  "$py" bench/gpt_torch.py $model --batch "$3" --ddp "$2" --time 20 --weights "$log/w.bin" |
+    awk '/tokens/ {print $3}' >>"$log/$1"
+}
 echo "GPT ($L layers, width $C, $H heads, context $T, batch $BATCH per rank; $(nproc) cores, $(date -u +%Y-%m-%dT%H:%MZ)), median of $reps runs"
 "$B/bin/monarch-run" examples/gpt.lua $model --tp 1 --steps 1 --every 0 --eval-windows 1 --quiet \
   --dump-init "$log/w.bin" >/dev/null
@@ -45,17 +49,19 @@ for r in $(seq 1 "$reps"); do
   torch t1 1 $BATCH
   ours dp2 --dp 2 --tp 1 --batch $BATCH
   torch t2 2 $((2 * BATCH))
+  torch_ddp ddp2 2 $BATCH
   ours tp2 --dp 1 --tp 2 --batch $BATCH
 done
 med() { sort -g "$log/$1" | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'; }
 ratio() { echo "$1 $2" | awk '{printf "%.2fx", $1 / $2}'; }
-one=$(med one) dp2=$(med dp2) tp2=$(med tp2) t1=$(med t1) t2=$(med t2) sg=$(med sgemm)
+one=$(med one) dp2=$(med dp2) tp2=$(med tp2) t1=$(med t1) t2=$(med t2) ddp2=$(med ddp2) sg=$(med sgemm)
 # Model FLOPs per token: 6 x matrix parameters (blocks and the tied output) + 12 L T C (attention, whole T x T).
 fpt=$(awk -v L=$L -v C=$C -v T=$T 'BEGIN {print 6 * (12 * L * C * C + 256 * C) + 12 * L * T * C}')
 mflops=$(awk -v a="$one" -v f="$fpt" 'BEGIN {printf "%.4g", a * f}')
 printf '\n%-44s %12s %14s %8s %8s\n' figure ours baseline ratio target
 printf '%-44s %12s %14s %8s %8s\n' "tokens/s, 1 proc vs torch 1 thread" "$one" "$t1" "$(ratio "$one" "$t1")" ">=1.0x"
 printf '%-44s %12s %14s %8s %8s\n' "tokens/s, dp=2 vs torch 2 threads (batch 2B)" "$dp2" "$t2" "$(ratio "$dp2" "$t2")" ">=1.0x"
+printf '%-44s %12s %14s %8s %8s\n' "tokens/s, dp=2 vs torch DDP gloo 2 procs" "$dp2" "$ddp2" "$(ratio "$dp2" "$ddp2")" ">=1.0x"
 printf '%-44s %12s %14s %8s %8s\n' "model FLOP/s, 1 proc vs one core's sgemm" "$mflops" "$sg" "$(ratio "$mflops" "$sg")" ">=0.50x"
 printf '%-44s %12s %14s %8s %8s\n' "tokens/s, dp=2 vs 1 proc" "$dp2" "$one" "$(ratio "$dp2" "$one")" ">=1.7x"
 printf '%-44s %12s %14s %8s %8s\n' "tokens/s, tp=2 vs 1 proc" "$tp2" "$one" "$(ratio "$tp2" "$one")" ">=1.5x"

@@ -9,6 +9,8 @@ with the same AdamW, clipping and learning-rate schedule.
 
   gpt_torch.py --weights W --steps N [--compare ours.csv]   losses; compares with our --csv
   gpt_torch.py --weights W --time 20 --threads 1            tokens/s (median of timed batches)
+  gpt_torch.py --weights W --time 20 --ddp 2                 the same, N processes of 1 thread under
+                                                             DistributedDataParallel over gloo (batch B per rank)
 """
 import argparse
 import math
@@ -100,10 +102,54 @@ def lr_at(s, lr, warmup, total):
     return lr * 0.1 + 0.5 * (lr - lr * 0.1) * (1 + math.cos(math.pi * prog))
 
 
+class Net(torch.nn.Module):
+    """The parameters as a Module, for DistributedDataParallel (forward() takes them by our names)."""
+
+    def __init__(self, p, L, H, C):
+        super().__init__()
+        self.names, self.shape = list(p), (L, H, C)
+        for i, n in enumerate(self.names):
+            self.register_parameter(f"p{i}", torch.nn.Parameter(p[n].detach().clone()))
+
+    def forward(self, x, y):
+        return forward({n: getattr(self, f"p{i}") for i, n in enumerate(self.names)}, x, y, *self.shape)
+
+
+def ddp_rank(rank, a, port):
+    """One rank of --ddp: its slice (rank x batch ..) of every step's 2-rank batch, gradients averaged by DDP."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=a.ddp)
+    data = text(a.data)
+    ntrain = int(len(data) * 0.9)
+    net = DistributedDataParallel(Net(load(a.weights, a.layers, a.width, a.context), a.layers, a.heads, a.width))
+    decay = [t for t in net.parameters() if t.dim() == 2]
+    rest = [t for t in net.parameters() if t.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": a.wd}, {"params": rest, "weight_decay": 0.0}],
+                            lr=a.lr, betas=(0.9, 0.95), eps=1e-8)
+    times = []
+    for s in range(a.time):
+        x, y = batch(data, ntrain, a.batch * a.ddp, a.context, a.seed, s)
+        x, y = x[rank * a.batch:(rank + 1) * a.batch], y[rank * a.batch:(rank + 1) * a.batch]
+        t0 = time.perf_counter()
+        loss = net(x, y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if a.clip > 0:
+            torch.nn.utils.clip_grad_norm_(net.parameters(), a.clip)
+        opt.step()
+        times.append(time.perf_counter() - t0)
+    if rank == 0:
+        per = statistics.median(times[2:]) if len(times) > 4 else statistics.median(times)
+        print(f"torch tokens/s {a.ddp * a.batch * a.context / per:.0f} ddp {a.ddp} gloo, 1 thread each")
+    dist.destroy_process_group()
+
+
 def main():
     ap = argparse.ArgumentParser()
     for n, d in [("layers", 4), ("heads", 4), ("width", 128), ("context", 64), ("batch", 16), ("steps", 200),
-                 ("warmup", 50), ("seed", 1), ("threads", 1), ("time", 0)]:
+                 ("warmup", 50), ("seed", 1), ("threads", 1), ("time", 0), ("ddp", 0)]:
         ap.add_argument("--" + n, type=int, default=d)
     for n, d in [("lr", 3e-3), ("wd", 0.1), ("clip", 1.0)]:
         ap.add_argument("--" + n, type=float, default=d)
@@ -111,6 +157,15 @@ def main():
     ap.add_argument("--data", default="/usr/share/games/fortunes")
     ap.add_argument("--compare")
     a = ap.parse_args()
+    if a.ddp:
+        if not a.time:
+            sys.exit("gpt_torch.py: --ddp times training: give --time N (steps)")
+        import socket
+        with socket.socket() as s:  # a free port for the ranks' rendezvous
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        torch.multiprocessing.spawn(ddp_rank, args=(a, port), nprocs=a.ddp)
+        return
     torch.set_num_threads(a.threads)
     data = text(a.data)
     ntrain = int(len(data) * 0.9)
