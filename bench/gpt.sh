@@ -32,13 +32,10 @@ ours() { # name args...: tokens/s of one run (the library's samples/s: tokens, t
   sed -n 's/^done:.* \([0-9.]*\) samples\/s$/\1/p' "$log/run" >>"$log/$name"
   sed -n 's/.*memory per proc (params, grads, AdamW) \([0-9.]*\) MB.*/\1/p' "$log/run" >"$log/mem.$name"
 }
-torch() { # name threads batch
-  "$py" bench/gpt_torch.py $model --batch "$3" --threads "$2" --time 20 --weights "$log/w.bin" |
-    awk '{print $3}' >>"$log/$1"
-}
-torch_ddp() { # name ranks batch-per-rank: DistributedDataParallel over gloo, 1 thread per rank
-  "$py" bench/gpt_torch.py $model --batch "$3" --ddp "$2" --time 20 --weights "$log/w.bin" |
-    awk '/tokens/ {print $3}' >>"$log/$1"
+torch() { # name batch-per-rank options...: --threads N, or --ddp N (DistributedDataParallel over gloo, 1 thread a rank)
+  local name=$1 b=$2; shift 2
+  "$py" bench/gpt_torch.py $model --batch "$b" "$@" --time 20 --weights "$log/w.bin" |
+    awk '/tokens/ {print $3}' >>"$log/$name"
 }
 echo "GPT ($L layers, width $C, $H heads, context $T, batch $BATCH per rank; $(nproc) cores, $(date -u +%Y-%m-%dT%H:%MZ)), median of $reps runs"
 "$B/bin/monarch-run" examples/gpt.lua $model --tp 1 --steps 1 --every 0 --eval-windows 1 --quiet \
@@ -46,10 +43,10 @@ echo "GPT ($L layers, width $C, $H heads, context $T, batch $BATCH per rank; $(n
 for r in $(seq 1 "$reps"); do
   "$B/bin/monarch-run" bench/gpt_sgemm.lua 512 | awk '{print $2}' >>"$log/sgemm"
   ours one --dp 1 --tp 1 --batch $BATCH
-  torch t1 1 $BATCH
+  torch t1 $BATCH --threads 1
   ours dp2 --dp 2 --tp 1 --batch $BATCH
-  torch t2 2 $((2 * BATCH))
-  torch_ddp ddp2 2 $BATCH
+  torch t2 $((2 * BATCH)) --threads 2
+  torch ddp2 $BATCH --ddp 2
   ours tp2 --dp 1 --tp 2 --batch $BATCH
 done
 med() { sort -g "$log/$1" | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'; }

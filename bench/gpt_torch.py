@@ -102,6 +102,33 @@ def lr_at(s, lr, warmup, total):
     return lr * 0.1 + 0.5 * (lr - lr * 0.1) * (1 + math.cos(math.pi * prog))
 
 
+def adamw(params, a):
+    """Our AdamW: weight decay on the matrices only."""
+    decay = [t for t in params if t.dim() == 2]
+    rest = [t for t in params if t.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": a.wd}, {"params": rest, "weight_decay": 0.0}],
+                             lr=a.lr, betas=(0.9, 0.95), eps=1e-8)
+
+
+def train_step(loss_fn, params, opt, s, a):
+    """One step s: loss, clipping, the schedule's learning rate, AdamW; returns (loss, seconds)."""
+    t0 = time.perf_counter()
+    loss = loss_fn()
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    if a.clip > 0:
+        torch.nn.utils.clip_grad_norm_(params, a.clip)
+    for g in opt.param_groups:
+        g["lr"] = lr_at(s, a.lr, a.warmup, a.steps)
+    opt.step()
+    return loss, time.perf_counter() - t0
+
+
+def step_time(times):
+    """The median step, the first two (warm-up) left out when there are enough."""
+    return statistics.median(times[2:]) if len(times) > 4 else statistics.median(times)
+
+
 class Net(torch.nn.Module):
     """The parameters as a Module, for DistributedDataParallel (forward() takes them by our names)."""
 
@@ -124,25 +151,15 @@ def ddp_rank(rank, a, port):
     data = text(a.data)
     ntrain = int(len(data) * 0.9)
     net = DistributedDataParallel(Net(load(a.weights, a.layers, a.width, a.context), a.layers, a.heads, a.width))
-    decay = [t for t in net.parameters() if t.dim() == 2]
-    rest = [t for t in net.parameters() if t.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": a.wd}, {"params": rest, "weight_decay": 0.0}],
-                            lr=a.lr, betas=(0.9, 0.95), eps=1e-8)
+    params = list(net.parameters())
+    opt = adamw(params, a)
     times = []
     for s in range(a.time):
         x, y = batch(data, ntrain, a.batch * a.ddp, a.context, a.seed, s)
         x, y = x[rank * a.batch:(rank + 1) * a.batch], y[rank * a.batch:(rank + 1) * a.batch]
-        t0 = time.perf_counter()
-        loss = net(x, y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if a.clip > 0:
-            torch.nn.utils.clip_grad_norm_(net.parameters(), a.clip)
-        opt.step()
-        times.append(time.perf_counter() - t0)
+        times.append(train_step(lambda: net(x, y), params, opt, s, a)[1])
     if rank == 0:
-        per = statistics.median(times[2:]) if len(times) > 4 else statistics.median(times)
-        print(f"torch tokens/s {a.ddp * a.batch * a.context / per:.0f} ddp {a.ddp} gloo, 1 thread each")
+        print(f"torch tokens/s {a.ddp * a.batch * a.context / step_time(times):.0f} ddp {a.ddp} gloo, 1 thread each")
     dist.destroy_process_group()
 
 
@@ -170,28 +187,17 @@ def main():
     data = text(a.data)
     ntrain = int(len(data) * 0.9)
     p = load(a.weights, a.layers, a.width, a.context)
-    decay = [t for n, t in p.items() if t.dim() == 2]
-    rest = [t for n, t in p.items() if t.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": a.wd}, {"params": rest, "weight_decay": 0.0}],
-                            lr=a.lr, betas=(0.9, 0.95), eps=1e-8)
+    params = list(p.values())
+    opt = adamw(params, a)
     steps = a.time if a.time else a.steps
     losses, times = [], []
     for s in range(steps):
         x, y = batch(data, ntrain, a.batch, a.context, a.seed, s)
-        t0 = time.perf_counter()
-        loss = forward(p, x, y, a.layers, a.heads, a.width)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if a.clip > 0:
-            torch.nn.utils.clip_grad_norm_(list(p.values()), a.clip)
-        for g in opt.param_groups:
-            g["lr"] = lr_at(s, a.lr, a.warmup, a.steps)
-        opt.step()
-        times.append(time.perf_counter() - t0)
+        loss, dt = train_step(lambda: forward(p, x, y, a.layers, a.heads, a.width), params, opt, s, a)
+        times.append(dt)
         losses.append(loss.item())
     if a.time:
-        per = statistics.median(times[2:]) if len(times) > 4 else statistics.median(times)
-        print(f"torch tokens/s {a.batch * a.context / per:.0f} threads {a.threads}")
+        print(f"torch tokens/s {a.batch * a.context / step_time(times):.0f} threads {a.threads}")
         return
     if not a.compare:
         for s, l in enumerate(losses):
