@@ -27,7 +27,8 @@ $(FUZZ_BUILD)/fuzz/fuzz_join: $(call FUZZ_OBJ,tests/fuzz/fuzz_join.c host/core/w
                               host/core/auth.c host/core/join.c)
 $(FUZZ_BUILD)/fuzz/fuzz_exec: $(call FUZZ_OBJ,tests/fuzz/fuzz_exec.c host/core/wire.c host/core/err.c host/core/msg.c host/core/msg_pack.c \
                               host/core/dtype.c host/proc/exec.c host/proc/exec_builtins.c host/proc/exec_coll.c host/proc/sig.c \
-                              host/proc/scratch.c host/proc/registry.c host/proc/cancel.c host/proc/trace.c)
+                              host/proc/scratch.c host/proc/registry.c host/proc/cancel.c host/proc/trace.c \
+                              host/core/ship.c)
 $(FUZZ_BINS):
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_SAN) -fsanitize=fuzzer $^ -o $@ $(FUZZ_LIBS)
