@@ -1,5 +1,6 @@
 /* monarch-worker: the host agent, or with --proc a proc. Argument parsing only. */
 #include "agent.h"
+#include "auth.h"
 #include "path.h"
 #include "proc.h"
 #include "sock.h"
@@ -88,6 +89,11 @@ int main(int argc, char **argv) {
   ship_opts_t ship = {NULL, 0, 0};
   const char *bind = "127.0.0.1", *join = NULL;
   if (argc >= 2 && strcmp(argv[1], "--blas-probe") == 0) return mn_blas_probe_main(argc - 2, argv + 2);
+  /* Before any libsodium call (auth, ship hashes): it picks its fastest code for this CPU then. */
+  if (mn_auth_global_init() != 0) {
+    fprintf(stderr, "monarch-worker: libsodium cannot start\n");
+    return 1;
+  }
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     int rc = 0, took = ship_option(a, v, &ship);

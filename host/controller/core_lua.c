@@ -11,6 +11,7 @@
  * topic: core_conn.c (connections), core_call.c (calls), core_bulk.c
  * (bulk), core_join.c (the join port), core_ship.c (shipping), core_config.c (settings, counters).
  */
+#include "auth.h"
 #include "clock.h"
 #include "core_lua_int.h"
 #include "path.h"
@@ -199,6 +200,8 @@ int luaopen_monarch_core(lua_State *L) {
       /* settings and counters (core_config.c) */
       {"cast_stats", mn__core_cast_stats}, {"configure", mn__core_configure},
       {NULL, NULL}};
+  /* Before any libsodium call: it picks its fastest code for this CPU then (BLAKE2b: 1.6x the portable one). */
+  if (mn_auth_global_init() != 0) return luaL_error(L, "libsodium cannot start");
   lua_createtable(L, 0, 20);
   luaL_register(L, NULL, fns);
   lua_pushinteger(L, MN_PROTOCOL_VERSION);
