@@ -172,6 +172,8 @@ void mn__ctl_drop_link(mn_conn_t *k);
 void mn__ctl_keep_alive(mn_conn_t *k);
 /* Marks k for the next mn__ctl_before_sleep. */
 void mn__ctl_set_dirty(mn_ctl_t *c, mn_conn_t *k);
+/* Writes k's queued output now (what the socket takes; libuv the rest), as before the loop sleeps. */
+void mn__ctl_flush_now(mn_conn_t *k);
 /* Appends raw bytes to k's output and marks it dirty; 0 or MN_ENOMEM. */
 int mn__ctl_queue_out(mn_ctl_t *c, mn_conn_t *k, const char *frame, size_t n);
 /* Queues k's unanswered CALL frames (`unacked`) on its link; 0 or MN_ENOMEM. */

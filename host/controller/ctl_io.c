@@ -188,6 +188,10 @@ static void flush_conn(mn_conn_t *k) {
   if (rc != 0) mn__ctl_conn_lost(k, uv_strerror(rc));
 }
 
+void mn__ctl_flush_now(mn_conn_t *k) {
+  if (k->state == MN_CS_READY) flush_conn(k);
+}
+
 int mn_ctl_call_bulk(mn_ctl_t *c, mn_conn_t *k, char *head, size_t n, const char *payload, size_t plen, int ref,
                      double call, int32_t slot) {
   if (k->relay_only) { /* the payload would have to go through its agent, which takes only casts */

@@ -55,6 +55,8 @@ static int send_root(mn_ctl_t *c, mn_conn_t *r, const uint8_t *hash, uint64_t si
   }
   mn_frame_end(&r->out, start);
   mn__ctl_set_dirty(c, r);
+  /* Out now, not when the script next waits: the agent takes (and hashes) this chunk while the next is packed. */
+  mn__ctl_flush_now(r);
   c->ship_bytes += len;
   c->ship_frames++;
   return 0;

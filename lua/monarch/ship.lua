@@ -180,18 +180,20 @@ local function needing(rec, agents, what)
 end
 
 -- Agents that share a cache (one id in WELCOME: several agents of one user on a machine) need its bytes
--- once: the first of each id gets them, the rest are asked again and find them in the cache.
+-- once: the first of each id gets them (a lead), the rest (lead_of) find them in the cache.
 local function by_cache(need)
-  local first, leads, rest = {}, {}, {}
+  local first, leads, rest, lead_of = {}, {}, {}, {}
   for _, a in ipairs(need) do
     local id = a.cache_id
-    if id and first[id] then rest[#rest + 1] = a
+    if id and first[id] then
+      rest[#rest + 1] = a
+      lead_of[a] = first[id]
     else
       if id then first[id] = a end
       leads[#leads + 1] = a
     end
   end
-  return leads, rest
+  return leads, rest, lead_of
 end
 
 -- Sends rec's bytes to each of `need` and waits until each holds it (or raises).
@@ -236,12 +238,20 @@ end
 local function deliver(rec, agents, what, place)
   local need = needing(rec, agents, what)
   if #need == 0 then return need end
-  local leads, rest = by_cache(need)
+  local leads, rest, lead_of = by_cache(need)
   send_to(rec, leads, what)
-  if #rest > 0 then
-    ask(rec, rest, place or "", what)
+  if #rest > 0 and place then
+    ask(rec, rest, place, what)
     local still = needing(rec, rest, what) -- a cache that lost it again, or an id copied with a cache
     if #still > 0 then send_to(rec, still, what) end
+  else
+    -- A library: each of the rest holds it where its lead put it, without being asked again (a round trip to
+    -- every host). One whose cache does not have it after all (an id copied with a cache, an eviction since)
+    -- fails its load as "ship:", and ProcMesh:load asks again (fresh).
+    for _, a in ipairs(rest) do
+      local s = state_of(a, rec.hex)
+      s.state, s.detail = "cached", state_of(lead_of[a], rec.hex).detail
+    end
   end
   return need
 end
@@ -344,7 +354,7 @@ function mesh.HostMesh:sync(spec)
     if #need > 0 then
       shipped = shipped + 1
       ask(rec, need, e[2], what) -- now in their caches: linked into the workspace
-      deliver(rec, need, what)
+      deliver(rec, need, what, e[2])
     end
     files[rec.hex] = nil -- a workspace file is not kept in the controller's memory
   end

@@ -297,6 +297,30 @@ MK_EXPORT const mk_library_t *monarch_kernels(void) {
     assert.are_not.equal(hosts.agents[1].cache_id, hosts.agents[3].cache_id)
   end)
 
+  it("loads on an agent whose cache id was copied with its cache but whose cache lacks the file", function()
+    local lib = build_lib("libcopiedid.so", 34)
+    local base = (os.getenv("PWD") or ".") .. "/" .. (os.getenv("MONARCH_BUILD") or "build") .. "/ship-copied-" ..
+      require("support.netns").ID
+    finally(function() sh("rm -rf " .. base) end)
+    -- Two caches with one id, as an image copied with its cache makes: told as one in WELCOME, but not one.
+    assert(sh(("rm -rf %s && mkdir -p -m 700 %s/a %s/b && printf '%%s\\n' %s > %s/a/id && cp %s/a/id %s/b/id")
+      :format(base, base, base, string.rep("ab", 16), base, base, base)))
+    local a1 = agent.start{ token = runtime.token, wrap = PRIVATE, args = "--ship-cache " .. base .. "/a" }
+    local a2 = agent.start{ token = runtime.token, wrap = PRIVATE, args = "--ship-cache " .. base .. "/b" }
+    daemons[#daemons + 1], daemons[#daemons + 2] = a1, a2
+    finally(function() monarch.configure{ fanout = 16 } end)
+    monarch.configure{ fanout = 0 }
+    local hosts = mesh_mod.host_mesh(mesh_mod.connect_agents{ a1.addr, a2.addr })
+    assert.are.equal(hosts.agents[1].cache_id, hosts.agents[2].cache_id)
+    local m = spawn(hosts, 1)
+    local size = #slurp(lib)
+    -- One copy for the "pair"; the load fails as "ship:" on the one that lacks it, which is then sent its own.
+    assert.are.equal(2 * size, shipped(function() m:load(lib) end))
+    assert.are.same({ 34, 34 }, answers(m))
+    assert.are.equal(1, #blobs_in(base .. "/a/blobs"))
+    assert.are.equal(1, #blobs_in(base .. "/b/blobs"))
+  end)
+
   it("checks a shared cache's file again after it changed, and fetches it anew", function()
     local lib = build_lib("libtamper.so", 32)
     local cache, hosts = shared_pair("tamper")
