@@ -48,7 +48,7 @@ typedef struct shipx_s {
   uint64_t size, got;
   int fd;                 /* -1 for a simulated agent */
   char tmp[PATH_MAX];
-  crypto_generichash_state st;
+  uint8_t *leaves;         /* each piece's leaf hash as it comes (ship.c's tree) */
   struct shipx_s *next;
 } shipx_t;
 
@@ -129,6 +129,7 @@ static void xfer_drop(shipx_t *x) {
     close(x->fd);
     unlink(x->tmp);
   }
+  free(x->leaves);
   free(x);
 }
 
@@ -494,12 +495,18 @@ static shipx_t *xfer_start(agent_t *a, const mn_msg_ship_data_t *d, char *err, s
   memcpy(x->hash, d->hash, MN_SHIP_HASH_LEN);
   x->size = d->size;
   x->fd = -1;
-  crypto_generichash_init(&x->st, NULL, 0, MN_SHIP_HASH_LEN);
+  x->leaves = malloc((size_t)(mn_ship_pieces(d->size) + 1) * MN_SHIP_HASH_LEN);
+  if (x->leaves == NULL) {
+    snprintf(err, errlen, "out of memory");
+    free(x);
+    return NULL;
+  }
   if (a->sim == NULL) {
     (void)pathf(x->tmp, sizeof(x->tmp), "%s/blobs/.part.%d.%llu", sh->dir, (int)getpid(), (unsigned long long)++sh->counter);
     x->fd = open(x->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (x->fd < 0) {
       snprintf(err, errlen, "cannot write to the ship cache %.300s: %s", sh->dir, strerror(errno));
+      free(x->leaves);
       free(x);
       return NULL;
     }
@@ -515,7 +522,7 @@ static void xfer_finish(agent_t *a, asession_t *s, shipx_t **at) {
   shipx_t *x = *at;
   uint8_t got[MN_SHIP_HASH_LEN];
   char hex[MN_SHIP_HEX_LEN + 1], ghex[MN_SHIP_HEX_LEN + 1], blob[PATH_MAX], msg[400];
-  crypto_generichash_final(&x->st, got, MN_SHIP_HASH_LEN);
+  mn_ship_root(x->leaves, x->size, got);
   mn_ship_hex(x->hash, hex);
   if (memcmp(got, x->hash, MN_SHIP_HASH_LEN) != 0) {
     mn_ship_hex(got, ghex);
@@ -571,6 +578,13 @@ static void take_chunk(agent_t *a, asession_t *s, const mn_msg_ship_data_t *d) {
     at = &a->ship->xfers;
   }
   if (d->offset != x->got || d->size != x->size) return;
+  if (d->len != (x->size - x->got < MN_SHIP_CHUNK ? x->size - x->got : MN_SHIP_CHUNK)) {
+    snprintf(err, sizeof(err), "a chunk of %zu bytes at offset %llu of %llu: chunks are whole %u-byte pieces",
+             d->len, (unsigned long long)d->offset, (unsigned long long)x->size, MN_SHIP_CHUNK);
+    answer(s, d->hash, "error", err);
+    xfer_unlink(a->ship, at);
+    return;
+  }
   char *flipped = NULL;
   if (a->ship->flip && d->len > 0 && (flipped = malloc(d->len)) != NULL) {
     memcpy(flipped, d->chunk, d->len);
@@ -578,7 +592,7 @@ static void take_chunk(agent_t *a, asession_t *s, const mn_msg_ship_data_t *d) {
     a->ship->flip = 0;
   }
   const char *p = flipped != NULL ? flipped : d->chunk;
-  crypto_generichash_update(&x->st, (const unsigned char *)p, d->len);
+  mn_ship_leaf(p, d->len, x->leaves + (x->got / MN_SHIP_CHUNK) * MN_SHIP_HASH_LEN);
   int rc = x->fd >= 0 ? write_all(x->fd, p, d->len) : 0;
   free(flipped);
   x->got += d->len;

@@ -8,6 +8,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <pthread.h>
+#include <stdlib.h>
 #include <sodium.h>
 #include <stdio.h>
 #include <string.h>
@@ -41,26 +43,117 @@ int mn_ship_unhex(const char *hex, size_t n, uint8_t hash[MN_SHIP_HASH_LEN]) {
   return 0;
 }
 
+/*
+ * The content address is a tree of BLAKE2b-256 hashes: each MN_SHIP_CHUNK piece is hashed alone (a leaf),
+ * and the address is the hash of the file's size and its leaves in order. Pieces hash apart, so the
+ * controller hashes a file on every core and an agent checks each chunk as it comes. The personalisations
+ * keep a leaf from ever standing for a root.
+ */
+static const unsigned char LEAF[crypto_generichash_blake2b_PERSONALBYTES] = "monarch-ship-pc1";
+static const unsigned char ROOT[crypto_generichash_blake2b_PERSONALBYTES] = "monarch-ship-rt1";
+
+uint64_t mn_ship_pieces(uint64_t size) { return (size + MN_SHIP_CHUNK - 1) / MN_SHIP_CHUNK; }
+
+void mn_ship_leaf(const void *p, size_t n, uint8_t leaf[MN_SHIP_HASH_LEN]) {
+  crypto_generichash_blake2b_salt_personal(leaf, MN_SHIP_HASH_LEN, p, n, NULL, 0, NULL, LEAF);
+}
+
+void mn_ship_root(const uint8_t *leaves, uint64_t size, uint8_t hash[MN_SHIP_HASH_LEN]) {
+  crypto_generichash_blake2b_state st;
+  uint8_t le[8];
+  for (int i = 0; i < 8; i++) le[i] = (uint8_t)(size >> (8 * i));
+  crypto_generichash_blake2b_init_salt_personal(&st, NULL, 0, MN_SHIP_HASH_LEN, NULL, ROOT);
+  crypto_generichash_blake2b_update(&st, le, sizeof(le));
+  crypto_generichash_blake2b_update(&st, leaves, (size_t)mn_ship_pieces(size) * MN_SHIP_HASH_LEN);
+  crypto_generichash_blake2b_final(&st, hash, MN_SHIP_HASH_LEN);
+}
+
+typedef struct {
+  const uint8_t *p;
+  size_t n;
+  uint8_t *leaves;
+  uint64_t first, step;
+} leafwork_t;
+
+static void *leaf_thread(void *arg) {
+  leafwork_t *w = arg;
+  for (uint64_t i = w->first; i * MN_SHIP_CHUNK < w->n; i += w->step) {
+    size_t off = (size_t)i * MN_SHIP_CHUNK, len = w->n - off < MN_SHIP_CHUNK ? w->n - off : MN_SHIP_CHUNK;
+    mn_ship_leaf(w->p + off, len, w->leaves + i * MN_SHIP_HASH_LEN);
+  }
+  return NULL;
+}
+
+#define MAX_HASH_THREADS 8
+
+/* The same hash on one thread, each leaf into the root as it is made (no array of leaves). */
+static void hash_one_thread(const uint8_t *p, size_t n, uint8_t hash[MN_SHIP_HASH_LEN]) {
+  crypto_generichash_blake2b_state st;
+  uint8_t le[8], leaf[MN_SHIP_HASH_LEN];
+  for (int i = 0; i < 8; i++) le[i] = (uint8_t)((uint64_t)n >> (8 * i));
+  crypto_generichash_blake2b_init_salt_personal(&st, NULL, 0, MN_SHIP_HASH_LEN, NULL, ROOT);
+  crypto_generichash_blake2b_update(&st, le, sizeof(le));
+  for (size_t off = 0; off < n; off += MN_SHIP_CHUNK) {
+    mn_ship_leaf(p + off, n - off < MN_SHIP_CHUNK ? n - off : MN_SHIP_CHUNK, leaf);
+    crypto_generichash_blake2b_update(&st, leaf, sizeof(leaf));
+  }
+  crypto_generichash_blake2b_final(&st, hash, MN_SHIP_HASH_LEN);
+}
+
 void mn_ship_hash(const void *p, size_t n, uint8_t hash[MN_SHIP_HASH_LEN]) {
-  crypto_generichash(hash, MN_SHIP_HASH_LEN, p, n, NULL, 0);
+  uint64_t pieces = mn_ship_pieces(n);
+  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  int nt = (int)(pieces < MAX_HASH_THREADS ? pieces : MAX_HASH_THREADS);
+  if (cpus > 0 && nt > cpus) nt = (int)cpus;
+  uint8_t *leaves = nt > 1 ? malloc((size_t)pieces * MN_SHIP_HASH_LEN) : NULL;
+  if (leaves == NULL) { /* one piece, one core, or no memory for the leaves */
+    hash_one_thread(p, n, hash);
+    return;
+  }
+  leafwork_t w[MAX_HASH_THREADS];
+  pthread_t th[MAX_HASH_THREADS];
+  int started[MAX_HASH_THREADS] = {0};
+  for (int t = 0; t < nt; t++) {
+    w[t] = (leafwork_t){p, n, leaves, (uint64_t)t, (uint64_t)nt};
+    if (t > 0) started[t] = pthread_create(&th[t], NULL, leaf_thread, &w[t]) == 0;
+  }
+  leaf_thread(&w[0]);
+  for (int t = 1; t < nt; t++) {
+    if (started[t]) pthread_join(th[t], NULL);
+    else leaf_thread(&w[t]); /* a thread that could not start: its share here */
+  }
+  mn_ship_root(leaves, (uint64_t)n, hash);
+  free(leaves);
 }
 
 int mn_ship_hash_fd(int fd, uint8_t hash[MN_SHIP_HASH_LEN], uint64_t *size) {
-  crypto_generichash_state st;
-  crypto_generichash_init(&st, NULL, 0, MN_SHIP_HASH_LEN);
-  static __thread char buf[1 << 16];
-  uint64_t total = 0;
-  for (;;) {
-    ssize_t r = pread(fd, buf, sizeof(buf), (off_t)total);
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) return -errno;
-    if (r == 0) break;
-    crypto_generichash_update(&st, (const unsigned char *)buf, (size_t)r);
-    total += (uint64_t)r;
+  struct stat st;
+  if (fstat(fd, &st) != 0) return -errno;
+  uint64_t pieces = mn_ship_pieces((uint64_t)st.st_size) + 1; /* room for a file that grew since */
+  uint8_t *leaves = malloc((size_t)pieces * MN_SHIP_HASH_LEN);
+  char *buf = malloc(MN_SHIP_CHUNK);
+  int rc = leaves == NULL || buf == NULL ? -ENOMEM : 0;
+  uint64_t total = 0, i = 0;
+  while (rc == 0) {
+    size_t have = 0; /* a piece is filled whole before it is hashed: reads may come short */
+    while (have < MN_SHIP_CHUNK) {
+      ssize_t r = pread(fd, buf + have, MN_SHIP_CHUNK - have, (off_t)(total + have));
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) rc = -errno;
+      if (r <= 0) break;
+      have += (size_t)r;
+    }
+    if (rc != 0 || have == 0) break;
+    if (i == pieces) rc = -EAGAIN; /* grew by more than a piece while read: not one file's bytes */
+    else mn_ship_leaf(buf, have, leaves + (i++) * MN_SHIP_HASH_LEN);
+    total += have;
+    if (have < MN_SHIP_CHUNK) break;
   }
-  crypto_generichash_final(&st, hash, MN_SHIP_HASH_LEN);
-  *size = total;
-  return 0;
+  if (rc == 0) mn_ship_root(leaves, total, hash);
+  if (rc == 0) *size = total;
+  free(buf);
+  free(leaves);
+  return rc;
 }
 
 int mn_ship_hash_file(const char *path, uint8_t hash[MN_SHIP_HASH_LEN], uint64_t *size) {

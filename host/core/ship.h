@@ -13,7 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define MN_SHIP_HASH_LEN 32            /* BLAKE2b-256: a file's content address */
+#define MN_SHIP_HASH_LEN 32            /* BLAKE2b-256 (a tree of them, ship.c): a file's content address */
 #define MN_SHIP_HEX_LEN 64             /* its hex spelling, the cache's file name */
 #define MN_SHIP_CHUNK (1u << 20)       /* bytes per SHIP_DATA: big files never travel as one frame */
 #define MN_SHIP_MAX_SIZE (1ull << 36)  /* largest file shipped (64 GiB) */
@@ -25,8 +25,13 @@
 void mn_ship_hex(const uint8_t hash[MN_SHIP_HASH_LEN], char out[MN_SHIP_HEX_LEN + 1]);
 /* hash <- hex; 0, or MN_EINVAL for anything but 64 hex digits. */
 int mn_ship_unhex(const char *hex, size_t n, uint8_t hash[MN_SHIP_HASH_LEN]);
-/* The hash of n bytes. */
+/* The hash of n bytes: leaves on up to 8 threads (a tree of BLAKE2b-256, ship.c). */
 void mn_ship_hash(const void *p, size_t n, uint8_t hash[MN_SHIP_HASH_LEN]);
+/* Its parts, for bytes that come a chunk at a time: the number of MN_SHIP_CHUNK pieces of a file of size
+ * bytes, the leaf hash of one piece, and the hash from the file's size and its pieces' leaves in order. */
+uint64_t mn_ship_pieces(uint64_t size);
+void mn_ship_leaf(const void *p, size_t n, uint8_t leaf[MN_SHIP_HASH_LEN]);
+void mn_ship_root(const uint8_t *leaves, uint64_t size, uint8_t hash[MN_SHIP_HASH_LEN]);
 /* The hash of a file (streamed); 0 and *size, or -errno. */
 int mn_ship_hash_file(const char *path, uint8_t hash[MN_SHIP_HASH_LEN], uint64_t *size);
 /* The same of an open file, read from its start (the caller keeps fd). */

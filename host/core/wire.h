@@ -16,7 +16,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#define MN_PROTOCOL_VERSION 1
+#define MN_PROTOCOL_VERSION 2
 #define MN_FRAME_HEADER 4            /* bytes of length prefix */
 #define MN_MAX_FRAME (1u << 30)      /* largest frame body accepted, bytes */
 #define MN_MAX_DEPTH 16              /* deepest nesting of arrays/maps in a frame */

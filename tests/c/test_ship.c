@@ -32,8 +32,10 @@ static void test_hex_roundtrip(void **state) {
   mn_ship_hash("abc", 3, h);
   mn_ship_hex(h, hex);
   assert_int_equal(strlen(hex), MN_SHIP_HEX_LEN);
-  /* BLAKE2b-256("abc"), as Python's hashlib.blake2b(b"abc", digest_size=32) gives it. */
-  assert_string_equal(hex, "bddd813c634239723171ef3fee98579b94964e3bb1cb3e427262c8c068d52319");
+  /* The tree of docs/protocol.md section 5 as Python's hashlib computes it: leaf = blake2b(b"abc",
+   * digest_size=32, person=b"monarch-ship-pc1"), then blake2b(struct.pack("<Q", 3) + leaf, digest_size=32,
+   * person=b"monarch-ship-rt1"). */
+  assert_string_equal(hex, "1c9c0925768d531f08562282b0d7d5f72a27cec7a6e26c8319c4e23bba52c170");
   assert_int_equal(mn_ship_unhex(hex, strlen(hex), back), 0);
   assert_memory_equal(h, back, sizeof(h));
   assert_int_equal(mn_ship_unhex(hex, 63, back), MN_EINVAL);
@@ -46,7 +48,7 @@ static void test_hash_file(void **state) {
   char path[] = "/tmp/test_ship_XXXXXX";
   int fd = mkstemp(path);
   assert_true(fd >= 0);
-  static char big[200000];
+  static char big[3 * MN_SHIP_CHUNK + 12345]; /* pieces hashed on threads, the last one short */
   for (size_t i = 0; i < sizeof(big); i++) big[i] = (char)(i * 31);
   assert_int_equal(write(fd, big, sizeof(big)), (ssize_t)sizeof(big));
   close(fd);
@@ -55,7 +57,20 @@ static void test_hash_file(void **state) {
   assert_int_equal(mn_ship_hash_file(path, a, &size), 0);
   assert_int_equal(size, sizeof(big));
   mn_ship_hash(big, sizeof(big), b);
-  assert_memory_equal(a, b, sizeof(a)); /* streamed or at once: one hash */
+  assert_memory_equal(a, b, sizeof(a)); /* streamed or at once (on threads): one hash */
+  uint8_t leaves[4 * MN_SHIP_HASH_LEN], c[MN_SHIP_HASH_LEN]; /* and piece by piece, as an agent makes it */
+  assert_int_equal(mn_ship_pieces(sizeof(big)), 4);
+  for (size_t i = 0; i < 4; i++) {
+    size_t off = i * MN_SHIP_CHUNK, n = sizeof(big) - off < MN_SHIP_CHUNK ? sizeof(big) - off : MN_SHIP_CHUNK;
+    mn_ship_leaf(big + off, n, leaves + i * MN_SHIP_HASH_LEN);
+  }
+  mn_ship_root(leaves, sizeof(big), c);
+  assert_memory_equal(a, c, sizeof(a));
+  mn_ship_root(leaves, sizeof(big) - 1, c); /* the size is part of the address */
+  assert_memory_not_equal(a, c, sizeof(a));
+  mn_ship_hash(big, 0, a);
+  mn_ship_root(leaves, 0, b);
+  assert_memory_equal(a, b, sizeof(a));
   unlink(path);
   assert_true(mn_ship_hash_file(path, a, &size) < 0);
 }
