@@ -61,8 +61,8 @@ shared_agents() {
   local t
   : >"$dir/hosts"
   unshare -m --propagation private sh -c 'mount -t tmpfs tmpfs /tmp || exit 1
-    trap "kill \$(jobs -p) 2>/dev/null; exit 0" TERM
-    i=0; while [ $i -lt "$1" ]; do i=$((i + 1)); "$2" --listen 127.0.0.1:0 --ship-cache /tmp/cache & done
+    kids=""; trap "kill \$kids 2>/dev/null; exit 0" TERM # (dash lists no jobs in a trap: the pids, kept)
+    i=0; while [ $i -lt "$1" ]; do i=$((i + 1)); "$2" --listen 127.0.0.1:0 --ship-cache /tmp/cache & kids="$kids $!"; done
     wait' sh "$1" "$B/bin/monarch-worker" >"$dir/shared.log" 2>&1 &
   pids+=($!)
   for t in $(seq 1 400); do

@@ -192,7 +192,7 @@ int luaopen_monarch_core(lua_State *L) {
       {"put_chunk", mn__core_put_chunk}, {"fetch_into", mn__core_fetch_into}, {"bulk_self", mn__core_bulk_self},
       {"hold", mn__core_hold}, {"holds", mn__core_holds},
       /* shipping files to the hosts (core_ship.c) */
-      {"ship_hash", mn__core_ship_hash}, {"ship_elf", mn__core_ship_elf}, {"ship_ask", mn__core_ship_ask},
+      {"ship_hash", mn__core_ship_hash}, {"ship_read", mn__core_ship_read}, {"ship_elf", mn__core_ship_elf}, {"ship_ask", mn__core_ship_ask},
       {"ship_send", mn__core_ship_send}, {"ship_stats", mn__core_ship_stats}, {"listdir", mn__core_listdir},
       {"stat", mn__core_stat},
       /* the join port (core_join.c) */

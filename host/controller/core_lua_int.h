@@ -112,6 +112,7 @@ int mn__core_hold(lua_State *L);
 int mn__core_holds(lua_State *L);
 /* core_ship.c */
 int mn__core_ship_hash(lua_State *L);
+int mn__core_ship_read(lua_State *L);
 int mn__core_ship_elf(lua_State *L);
 int mn__core_ship_ask(lua_State *L);
 int mn__core_ship_send(lua_State *L);

@@ -9,8 +9,12 @@
 #include "ship.h"
 
 #include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 static mn_conn_t *agent_arg(lua_State *L, lctl_t *c, int i) {
   mn_conn_t *k = mn_ctl_conn(&c->ctl, (int)luaL_checkinteger(L, i));
@@ -34,6 +38,35 @@ int mn__core_ship_hash(lua_State *L) {
   mn_ship_hex(h, hex);
   lua_pushstring(L, hex);
   return 1;
+}
+
+/* core.ship_read(path) -> bytes, hex | nil, err: a file's bytes and hash, read once. Mapped, not read into a
+ * growing buffer (what io.read("*a") does, at twice the cost of hashing it on this path's first read). */
+static int read_failed(lua_State *L, const char *path, int e) {
+  lua_pushnil(L);
+  lua_pushfstring(L, "cannot read %s: %s", path, e == EISDIR ? "not a regular file" : strerror(e));
+  return 2;
+}
+
+int mn__core_ship_read(lua_State *L) {
+  const char *path = luaL_checkstring(L, 1);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return read_failed(L, path, errno);
+  struct stat st;
+  int e = fstat(fd, &st) != 0 ? errno : S_ISREG(st.st_mode) ? 0 : EISDIR;
+  size_t n = e == 0 ? (size_t)st.st_size : 0;
+  void *p = n > 0 ? mmap(NULL, n, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0) : NULL;
+  if (p == MAP_FAILED) e = errno;
+  close(fd);
+  if (e != 0) return read_failed(L, path, e);
+  uint8_t h[MN_SHIP_HASH_LEN];
+  char hex[MN_SHIP_HEX_LEN + 1];
+  mn_ship_hash(n > 0 ? p : "", n, h);
+  mn_ship_hex(h, hex);
+  lua_pushlstring(L, n > 0 ? p : "", n);
+  if (n > 0) munmap(p, n);
+  lua_pushstring(L, hex);
+  return 2;
 }
 
 /* core.ship_elf(bytes) -> class, machine, type | nil (not ELF); core.ship_elf(nil, machine) -> its name */

@@ -81,11 +81,8 @@ local function file(path, what)
       files[seen.rec.hex] then
     return seen.rec
   end
-  local f, err = io.open(path, "rb")
-  if not f then fail(what, "cannot read " .. path .. ": " .. tostring(err)) end
-  local bytes = f:read("*a")
-  f:close()
-  local hex = core.ship_hash(bytes)
+  local bytes, hex = core.ship_read(path)
+  if not bytes then fail(what, hex) end
   local rec = files[hex] or { bytes = bytes, size = #bytes, path = path, hex = hex }
   files[hex] = rec
   if size then by_path[path] = { rec = rec, size = size, mtime = mtime, ino = ino, dev = dev } end
