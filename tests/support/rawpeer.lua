@@ -24,6 +24,15 @@ local sodium = ffi.load("sodium")
 assert(sodium.sodium_init() >= 0)
 
 local M = {}
+
+-- The protocol version these frames carry: MN_PROTOCOL_VERSION, read from the header so that a bump
+-- cannot leave the raw frames behind (the specs run from the repository's root).
+do
+  local f = assert(io.open("host/core/wire.h", "r"), "rawpeer: run from the repository root (host/core/wire.h)")
+  M.VERSION = assert(tonumber(f:read("*a"):match("#define MN_PROTOCOL_VERSION (%d+)")), "no MN_PROTOCOL_VERSION")
+  f:close()
+end
+local V = string.char(M.VERSION)
 local Peer = {}
 Peer.__index = Peer
 
@@ -138,7 +147,7 @@ end
 --- AUTH frame answering a HELLO nonce with `token` (right or wrong).
 function M.auth_frame(token, server_nonce, client_nonce)
   client_nonce = client_nonce or string.rep("n", 32)
-  return M.frame("\x94\x02\x01" .. M.bin32(client_nonce) .. M.bin32(mac(token, "c", server_nonce, client_nonce)))
+  return M.frame("\x94\x02" .. V .. M.bin32(client_nonce) .. M.bin32(mac(token, "c", server_nonce, client_nonce)))
 end
 
 local function str(s)
@@ -151,13 +160,13 @@ end
 -- wrong), asking to be dialled at addr ("HOST:PORT").
 function M.join_frame(token, join_nonce, addr, agent_nonce)
   agent_nonce = agent_nonce or string.rep("a", 32)
-  return M.frame("\x95\x20\x01" .. M.bin32(agent_nonce) .. str(addr) ..
+  return M.frame("\x95\x20" .. V .. M.bin32(agent_nonce) .. str(addr) ..
     M.bin32(mac(token, "j", join_nonce, agent_nonce .. addr)))
 end
 
 --- A join port's HELLO frame with this nonce.
 function M.join_hello_frame(join_nonce)
-  return M.frame("\x94\x01\x01" .. M.bin32(join_nonce) .. "\xa4join")
+  return M.frame("\x94\x01" .. V .. M.bin32(join_nonce) .. "\xa4join")
 end
 
 --- The agent's nonce of a JOIN body: [32, version, bin32 nonce_a, addr, mac].
