@@ -226,9 +226,7 @@ local function run_code(code)
   return true, r
 end
 
-JT = JT or {}
 function H.execute_request(req)
-  local T0 = runtime.now()
   local c = req.content
   local silent = c.silent == true
   if not silent and c.store_history ~= false then count = count + 1 end
@@ -239,9 +237,7 @@ function H.execute_request(req)
   core.interrupted() -- a stop pressed between cells is stale
   future.waiting = nil
   in_cell = req
-  local T1 = runtime.now()
   local ok, r = run_code(type(c.code) == "string" and c.code or "")
-  local T2 = runtime.now()
   in_cell = nil
   require("monarch.log").flush() -- the procs' lines of this cell, held for their window
   flush_all()
@@ -249,10 +245,7 @@ function H.execute_request(req)
     if r.n > 1 and not silent then
       publish("execute_result", { execution_count = count, data = show.result(r), metadata = {} })
     end
-    local T3 = runtime.now()
     reply(req, "execute_reply", { status = "ok", execution_count = count, user_expressions = {}, payload = EMPTY })
-    local T4 = runtime.now()
-    local f = io.open("/tmp/jt", "a") f:write(string.format("%d %.1f %.1f %.1f %.1f %s\n", #c.code, (T1-T0)*1e6, (T2-T1)*1e6, (T3-T2)*1e6, (T4-T3)*1e6, c.code:sub(1,12))) f:close()
     return
   end
   local ename, evalue, tb = show.error_parts(r)
