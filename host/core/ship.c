@@ -58,12 +58,17 @@ void mn_ship_leaf(const void *p, size_t n, uint8_t leaf[MN_SHIP_HASH_LEN]) {
   crypto_generichash_blake2b_salt_personal(leaf, MN_SHIP_HASH_LEN, p, n, NULL, 0, NULL, LEAF);
 }
 
-void mn_ship_root(const uint8_t *leaves, uint64_t size, uint8_t hash[MN_SHIP_HASH_LEN]) {
-  crypto_generichash_blake2b_state st;
+/* The root's state with the file's size in it (8 bytes, little endian); its leaves follow. */
+static void root_begin(crypto_generichash_blake2b_state *st, uint64_t size) {
   uint8_t le[8];
   for (int i = 0; i < 8; i++) le[i] = (uint8_t)(size >> (8 * i));
-  crypto_generichash_blake2b_init_salt_personal(&st, NULL, 0, MN_SHIP_HASH_LEN, NULL, ROOT);
-  crypto_generichash_blake2b_update(&st, le, sizeof(le));
+  crypto_generichash_blake2b_init_salt_personal(st, NULL, 0, MN_SHIP_HASH_LEN, NULL, ROOT);
+  crypto_generichash_blake2b_update(st, le, sizeof(le));
+}
+
+void mn_ship_root(const uint8_t *leaves, uint64_t size, uint8_t hash[MN_SHIP_HASH_LEN]) {
+  crypto_generichash_blake2b_state st;
+  root_begin(&st, size);
   crypto_generichash_blake2b_update(&st, leaves, (size_t)mn_ship_pieces(size) * MN_SHIP_HASH_LEN);
   crypto_generichash_blake2b_final(&st, hash, MN_SHIP_HASH_LEN);
 }
@@ -89,10 +94,8 @@ static void *leaf_thread(void *arg) {
 /* The same hash on one thread, each leaf into the root as it is made (no array of leaves). */
 static void hash_one_thread(const uint8_t *p, size_t n, uint8_t hash[MN_SHIP_HASH_LEN]) {
   crypto_generichash_blake2b_state st;
-  uint8_t le[8], leaf[MN_SHIP_HASH_LEN];
-  for (int i = 0; i < 8; i++) le[i] = (uint8_t)((uint64_t)n >> (8 * i));
-  crypto_generichash_blake2b_init_salt_personal(&st, NULL, 0, MN_SHIP_HASH_LEN, NULL, ROOT);
-  crypto_generichash_blake2b_update(&st, le, sizeof(le));
+  uint8_t leaf[MN_SHIP_HASH_LEN];
+  root_begin(&st, (uint64_t)n);
   for (size_t off = 0; off < n; off += MN_SHIP_CHUNK) {
     mn_ship_leaf(p + off, n - off < MN_SHIP_CHUNK ? n - off : MN_SHIP_CHUNK, leaf);
     crypto_generichash_blake2b_update(&st, leaf, sizeof(leaf));

@@ -25,13 +25,9 @@ assert(sodium.sodium_init() >= 0)
 
 local M = {}
 
--- The protocol version these frames carry: MN_PROTOCOL_VERSION, read from the header so that a bump
--- cannot leave the raw frames behind (the specs run from the repository's root).
-do
-  local f = assert(io.open("host/core/wire.h", "r"), "rawpeer: run from the repository root (host/core/wire.h)")
-  M.VERSION = assert(tonumber(f:read("*a"):match("#define MN_PROTOCOL_VERSION (%d+)")), "no MN_PROTOCOL_VERSION")
-  f:close()
-end
+-- The protocol version these frames carry: the core's own (MN_PROTOCOL_VERSION), so a bump cannot leave
+-- the raw frames behind.
+M.VERSION = require("monarch.core").protocol_version
 local V = string.char(M.VERSION)
 local Peer = {}
 Peer.__index = Peer
