@@ -5,7 +5,8 @@
 #     (so only shipping gets the library there) and one cache in it, as one user's agents on a machine share
 #     theirs: the first load (shipped once, to one of them) against a load from a path every host has (the
 #     load before shipping) plus one loopback send of the same bytes (build/bench/tcp_stream); the second
-#     load (from the cache) against the local load. Target: first <= 1.5x (local + send), second within 10%
+#     load (from the cache) against the local load on a second mesh (the two take turns at coming first: the
+#     op right after the first load pays for its aftermath). Target: first <= 1.5x (local + send), second within 10%
 #     of local. Then the first load again with a private cache per agent (a namespace each: 32 copies);
 #  2. SIM_HOSTS (256) simulated hosts (--simulate, SIM_GROUP (64) to a process, whose hosts share one pretend
 #     cache): the copies of the bytes the controller wrote (target: at most the fan-out, 16) and the first

@@ -7,7 +7,9 @@
  * is), "placed" (also linked into the job's workspace), "need", or "refused"
  * (--no-ship). SHIP_DATA chunks arrive in order (handed on to children in the
  * cast tree first, agent_tree.c); each is written to a temporary file and
- * hashed as it comes, and the last one's hash decides: the file is renamed into
+ * hashed as it comes, on libuv's thread pool (the tree's leaves hash apart, so
+ * an agent checks several chunks at once while its loop takes the next), and
+ * once every chunk is in and hashed the root decides: the file is renamed into
  * the cache ("cached") or removed ("corrupt"). Answers go on the agent's own
  * connection to the controller, as SPAWN's do.
  *
@@ -45,10 +47,15 @@
 
 typedef struct shipx_s {
   uint8_t hash[MN_SHIP_HASH_LEN];
-  uint64_t size, got;
+  uint64_t size, got;     /* got: the bytes taken (some may still be on the thread pool) */
   int fd;                 /* -1 for a simulated agent */
   char tmp[PATH_MAX];
   uint8_t *leaves;         /* each piece's leaf hash as it comes (ship.c's tree) */
+  agent_t *a;
+  asession_t *s;          /* where the answer goes: the last chunk's session (NULL once it ended) */
+  int busy;               /* chunks on the thread pool */
+  int err;                /* the first failed write's -errno */
+  int dead;               /* out of the list while chunks were on the pool: dropped when the last returns */
   struct shipx_s *next;
 } shipx_t;
 
@@ -83,13 +90,15 @@ __attribute__((format(printf, 3, 4))) static int pathf(char *out, size_t n, cons
   return MN_EINVAL;
 }
 
-static int write_all(int fd, const char *p, size_t n) {
+/* pwrite of all n bytes at off (chunks are written from several threads, each at its place). */
+static int write_all(int fd, const char *p, size_t n, uint64_t off) {
   while (n > 0) {
-    ssize_t w = write(fd, p, n);
+    ssize_t w = pwrite(fd, p, n, (off_t)off);
     if (w < 0 && errno == EINTR) continue;
     if (w < 0) return -errno;
     p += w;
     n -= (size_t)w;
+    off += (uint64_t)w;
   }
   return 0;
 }
@@ -138,7 +147,8 @@ void mn__agent_ship_close(agent_t *a) {
   while (a->ship->xfers != NULL) {
     shipx_t *x = a->ship->xfers;
     a->ship->xfers = x->next;
-    xfer_drop(x);
+    if (x->busy > 0) x->dead = 1; /* its last chunk back from the pool drops it */
+    else xfer_drop(x);
   }
   if (a->ship->sim && --sim_cache.users == 0) {
     free(sim_cache.seen);
@@ -247,7 +257,7 @@ static void cache_id(aship_t *sh) {
   random_id(id);
   id[MN_SHIP_ID_LEN] = '\n';
   int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd >= 0 && write_all(fd, id, MN_SHIP_ID_LEN + 1) == 0 && link(tmp, path) != 0 && errno != EEXIST)
+  if (fd >= 0 && write_all(fd, id, MN_SHIP_ID_LEN + 1, 0) == 0 && link(tmp, path) != 0 && errno != EEXIST)
     fprintf(stderr, "monarch-worker: cannot make the ship cache's id %s: %s\n", path, strerror(errno));
   if (fd >= 0) close(fd);
   unlink(tmp);
@@ -367,6 +377,8 @@ static int rm_one(const char *p, const struct stat *st, int flag, struct FTW *f)
 void mn__agent_ship_session_end(asession_t *s) {
   agent_t *a = s->a;
   char blobs[PATH_MAX], work[PATH_MAX];
+  for (shipx_t *x = a->ship != NULL ? a->ship->xfers : NULL; x != NULL; x = x->next)
+    if (x->s == s) x->s = NULL; /* a transfer still on the pool answers nobody */
   /* A persistent mesh's procs outlive the session and may read its workspace still. */
   if (a->ship == NULL || a->sim != NULL || a->npersisted > 0) return;
   mn__agent_ship_paths(a, s, blobs, sizeof(blobs), work, sizeof(work));
@@ -476,7 +488,8 @@ static void xfer_unlink(aship_t *sh, shipx_t **at) {
   shipx_t *x = *at;
   *at = x->next;
   sh->nxfers--;
-  xfer_drop(x);
+  if (x->busy > 0) x->dead = 1; /* its chunks on the pool still use it: the last one back drops it */
+  else xfer_drop(x);
 }
 
 /* A transfer of d's file from its start: a temporary file in the cache (none for a simulated agent). */
@@ -495,6 +508,7 @@ static shipx_t *xfer_start(agent_t *a, const mn_msg_ship_data_t *d, char *err, s
   memcpy(x->hash, d->hash, MN_SHIP_HASH_LEN);
   x->size = d->size;
   x->fd = -1;
+  x->a = a;
   x->leaves = malloc((size_t)(mn_ship_pieces(d->size) + 1) * MN_SHIP_HASH_LEN);
   if (x->leaves == NULL) {
     snprintf(err, errlen, "out of memory");
@@ -518,8 +532,9 @@ static shipx_t *xfer_start(agent_t *a, const mn_msg_ship_data_t *d, char *err, s
 }
 
 /* The last chunk is in: the hash decides. The file goes into the cache under its hash, or away. */
-static void xfer_finish(agent_t *a, asession_t *s, shipx_t **at) {
+static void xfer_finish(agent_t *a, shipx_t **at) {
   shipx_t *x = *at;
+  asession_t *s = x->s;
   uint8_t got[MN_SHIP_HASH_LEN];
   char hex[MN_SHIP_HEX_LEN + 1], ghex[MN_SHIP_HEX_LEN + 1], blob[PATH_MAX], msg[400];
   mn_ship_root(x->leaves, x->size, got);
@@ -558,6 +573,82 @@ static void xfer_finish(agent_t *a, asession_t *s, shipx_t **at) {
   xfer_unlink(a->ship, at);
 }
 
+/* The place of x in its agent's list (NULL: not there). */
+static shipx_t **xfer_at(shipx_t *x) {
+  for (shipx_t **p = &x->a->ship->xfers; *p != NULL; p = &(*p)->next)
+    if (*p == x) return p;
+  return NULL;
+}
+
+/* After a chunk: a failed write ends the transfer; the last chunk hashed finishes it. */
+static void xfer_settle(shipx_t *x) {
+  shipx_t **at = xfer_at(x);
+  char err[400];
+  if (at == NULL) return;
+  if (x->err != 0 && x->busy == 0) {
+    snprintf(err, sizeof(err), "cannot write to the ship cache %.300s: %s", x->a->ship->dir, strerror(-x->err));
+    answer(x->s, x->hash, "error", err);
+    xfer_unlink(x->a->ship, at);
+  } else if (x->err == 0 && x->got == x->size && x->busy == 0) {
+    xfer_finish(x->a, at);
+  }
+}
+
+/*
+ * A chunk's leaf and write, on libuv's thread pool. At most POOL_BYTES of chunks are out there per process
+ * (64 simulated hosts share one): past that a chunk is done on the loop, which then reads no more for that
+ * long, as the sender's window expects. Small chunks are done on the loop (a thread's wake costs more).
+ */
+#define POOL_BYTES (8u << 20)
+#define POOL_MIN (64u << 10)
+static size_t pool_bytes;
+
+typedef struct {
+  uv_work_t req;
+  shipx_t *x;
+  char *bytes;
+  size_t len;
+  uint64_t off;
+  int rc;
+} chunkjob_t;
+
+static void chunk_do(shipx_t *x, const char *p, size_t len, uint64_t off, int *rc) {
+  mn_ship_leaf(p, len, x->leaves + (off / MN_SHIP_CHUNK) * MN_SHIP_HASH_LEN);
+  *rc = x->fd >= 0 ? write_all(x->fd, p, len, off) : 0;
+}
+
+static void chunk_work(uv_work_t *w) {
+  chunkjob_t *j = w->data;
+  chunk_do(j->x, j->bytes, j->len, j->off, &j->rc);
+}
+
+static void chunk_done(uv_work_t *w, int status) {
+  chunkjob_t *j = w->data;
+  shipx_t *x = j->x;
+  pool_bytes -= j->len;
+  x->busy--;
+  if (x->err == 0) x->err = status != 0 ? -ECANCELED : j->rc;
+  free(j->bytes);
+  free(j);
+  if (!x->dead) xfer_settle(x);
+  else if (x->busy == 0) xfer_drop(x);
+}
+
+/* Hands a chunk (bytes: malloc'd, now the job's) to the pool; 0, or nonzero (then done on the loop). */
+static int chunk_queue(shipx_t *x, char *bytes, size_t len, uint64_t off) {
+  chunkjob_t *j = malloc(sizeof(*j));
+  if (j == NULL) return -1;
+  *j = (chunkjob_t){.x = x, .bytes = bytes, .len = len, .off = off};
+  j->req.data = j;
+  if (uv_queue_work(x->a->loop, &j->req, chunk_work, chunk_done) != 0) {
+    free(j);
+    return -1;
+  }
+  pool_bytes += len;
+  x->busy++;
+  return 0;
+}
+
 /*
  * d's chunk for this agent. Chunks of one file come in order on one way, but the controller may send the
  * file again directly while the tree's copy is still on its way (a relay lost, a stalled attempt): a chunk
@@ -578,6 +669,7 @@ static void take_chunk(agent_t *a, asession_t *s, const mn_msg_ship_data_t *d) {
     at = &a->ship->xfers;
   }
   if (d->offset != x->got || d->size != x->size) return;
+  x->s = s;
   if (d->len != (x->size - x->got < MN_SHIP_CHUNK ? x->size - x->got : MN_SHIP_CHUNK)) {
     snprintf(err, sizeof(err), "a chunk of %zu bytes at offset %llu of %llu: chunks are whole %u-byte pieces",
              d->len, (unsigned long long)d->offset, (unsigned long long)x->size, MN_SHIP_CHUNK);
@@ -585,24 +677,21 @@ static void take_chunk(agent_t *a, asession_t *s, const mn_msg_ship_data_t *d) {
     xfer_unlink(a->ship, at);
     return;
   }
-  char *flipped = NULL;
-  if (a->ship->flip && d->len > 0 && (flipped = malloc(d->len)) != NULL) {
-    memcpy(flipped, d->chunk, d->len);
-    flipped[d->len / 2] ^= 0x01; /* a flipped bit in flight, as a test hook makes it */
+  int pooled = d->len >= POOL_MIN && pool_bytes + d->len <= POOL_BYTES;
+  char *copy = pooled || a->ship->flip ? malloc(d->len > 0 ? d->len : 1) : NULL;
+  if (copy != NULL) memcpy(copy, d->chunk, d->len);
+  if (copy != NULL && a->ship->flip && d->len > 0) {
+    copy[d->len / 2] ^= 0x01; /* a flipped bit in flight, as a test hook makes it */
     a->ship->flip = 0;
   }
-  const char *p = flipped != NULL ? flipped : d->chunk;
-  mn_ship_leaf(p, d->len, x->leaves + (x->got / MN_SHIP_CHUNK) * MN_SHIP_HASH_LEN);
-  int rc = x->fd >= 0 ? write_all(x->fd, p, d->len) : 0;
-  free(flipped);
+  uint64_t off = x->got;
   x->got += d->len;
-  if (rc != 0) {
-    snprintf(err, sizeof(err), "cannot write to the ship cache %.300s: %s", a->ship->dir, strerror(-rc));
-    answer(s, d->hash, "error", err);
-    xfer_unlink(a->ship, at);
-  } else if (x->got == x->size) {
-    xfer_finish(a, s, at);
-  }
+  if (pooled && copy != NULL && chunk_queue(x, copy, d->len, off) == 0) return;
+  int rc;
+  chunk_do(x, copy != NULL ? copy : d->chunk, d->len, off, &rc);
+  free(copy);
+  if (x->err == 0) x->err = rc;
+  xfer_settle(x);
 }
 
 void mn__agent_handle_ship_data(aconn_t *c, asession_t *s, const msgpack_object *m) {

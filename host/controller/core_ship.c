@@ -104,17 +104,21 @@ int mn__core_ship_ask(lua_State *L) {
   return 0;
 }
 
-/* core.ship_send({agent, ...}, hex, size, offset, chunk, direct): one chunk to those agents (ctl_ship.c). */
+/* core.ship_send({agent, ...}, hex, size, offset, bytes, direct): the chunk of the file's bytes (all of them:
+ * no copy of the chunk is made in Lua) at offset to those agents (ctl_ship.c). */
 int mn__core_ship_send(lua_State *L) {
   lctl_t *c = mn__core_ctl(L);
   luaL_checktype(L, 1, LUA_TTABLE);
   uint8_t h[MN_SHIP_HASH_LEN];
   hash_arg(L, 2, h);
   uint64_t size = (uint64_t)luaL_checknumber(L, 3), off = (uint64_t)luaL_checknumber(L, 4);
-  size_t len;
-  const char *chunk = luaL_checklstring(L, 5, &len);
+  size_t all;
+  const char *bytes = luaL_checklstring(L, 5, &all);
   int direct = lua_toboolean(L, 6), n = (int)lua_objlen(L, 1);
-  if (len > MN_SHIP_CHUNK || off > size || len > size - off) return luaL_argerror(L, 5, "a chunk of at most 1 MiB inside the file");
+  if (all != size || off > size || (off == size && size > 0) || off % MN_SHIP_CHUNK != 0)
+    return luaL_argerror(L, 4, "want the file's bytes (size of them) and a chunk's offset inside it");
+  const char *chunk = bytes + off;
+  size_t len = size - off < MN_SHIP_CHUNK ? (size_t)(size - off) : MN_SHIP_CHUNK;
   int *ids = malloc(sizeof(int) * (size_t)(n > 0 ? n : 1));
   if (ids == NULL) return luaL_error(L, "core.ship_send: out of memory");
   for (int i = 0; i < n; i++) {

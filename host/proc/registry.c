@@ -112,8 +112,9 @@ static char *locate(const mn_registry_t *r, const char *name) {
    * asks the agent again, which hashes it and fetches it anew if it changed (ProcMesh:load). */
   const char *cache = getenv("MONARCH_SHIP_CACHE");
   if (strncmp(name, "ship:", 5) == 0 && strlen(name) == 5 + 64 && strchr(name + 5, '/') == NULL && cache != NULL) {
+    /* Its name is canonical already (one per content): no realpath's walk, and the record's stat is the check. */
     snprintf(path, sizeof(path), "%s/%s", cache, name + 5);
-    return access(path, R_OK) == 0 && mn_ship_record_ok(path) ? realpath(path, NULL) : NULL;
+    return mn_ship_record_ok(path) ? strdup(path) : NULL;
   }
   if (strchr(name, '/') != NULL) return access(name, R_OK) == 0 ? realpath(name, NULL) : NULL;
   const char *env = getenv("MONARCH_KERNEL_PATH");

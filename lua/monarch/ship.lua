@@ -132,7 +132,7 @@ local function send_bytes(rec, to, direct)
   local off = 0
   repeat
     local n = math.min(M.CHUNK, rec.size - off)
-    core.ship_send(conns, rec.hex, rec.size, off, rec.bytes:sub(off + 1, off + n), direct)
+    core.ship_send(conns, rec.hex, rec.size, off, rec.bytes, direct)
     off = off + n
     if core.ship_stats().pending > M.WINDOW then
       wait(function() return core.ship_stats().pending <= M.WINDOW / 2 end, 600, "shipping " .. rec.path)
@@ -271,8 +271,34 @@ function M.library(lib, agents, what, fresh)
   end
   if fresh or not all_known then
     check_elf(rec, asked, what)
-    ask(rec, asked, "", what)
-    remember(asked, rec.hex, deliver(rec, asked, what))
+    -- One agent of each shared cache is asked (a round trip to every host costs more than the rest); the
+    -- others follow its cache's answer, unless it had the file at the controller's path (theirs may differ).
+    -- Asked afresh (a load found a file gone where its cache was said to have it), every agent answers.
+    local leads, rest, lead_of = asked, {}, {}
+    if not fresh then leads, rest, lead_of = by_cache(asked) end
+    ask(rec, leads, "", what)
+    local follow, own, filled = {}, {}, {}
+    for _, a in ipairs(rest) do
+      local s = state_of(lead_of[a], rec.hex)
+      if a.state ~= "ready" then fail(what, "host agent is not connected (" .. tostring(a.reason or a.state) .. ")", a)
+      elseif s and (s.state == "need" or s.state == "cached") then
+        follow[#follow + 1] = a
+        if s.state == "need" then filled[#filled + 1] = a end -- its cache gets the file (and may evict others)
+      else
+        own[#own + 1] = a
+      end
+    end
+    if #own > 0 then ask(rec, own, "", what) end
+    for _, a in ipairs(own) do leads[#leads + 1] = a end
+    remember(leads, rec.hex, deliver(rec, leads, what))
+    for _, a in ipairs(follow) do
+      local s = state_of(lead_of[a], rec.hex)
+      states[a] = states[a] or {}
+      local mine = states[a][rec.hex] or { n = 0 }
+      mine.state, mine.detail, mine.n = s.state, s.detail, mine.n + 1
+      states[a][rec.hex] = mine
+    end
+    remember(follow, rec.hex, filled)
   end
   return function(a)
     if a.ship == nil or known[a][rec.hex] == "local" then return lib end
