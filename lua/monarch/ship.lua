@@ -17,6 +17,7 @@ local runtime = require "monarch.runtime"
 local tasks = require "monarch.tasks"
 local procs_mod = require "monarch.procs"
 local mesh = require "monarch.mesh"
+local log = require "monarch.log"
 
 local M = {}
 
@@ -68,32 +69,42 @@ end
 
 -- ---- files ------------------------------------------------------------------------------------
 
-local files = {}   -- hex -> { bytes, size, path }: what was shipped, kept for restarts and joins
+local files = {}   -- hex -> { bytes, size, path, hex }: libraries shipped, kept for restarts and joins
 -- path -> { rec, size, mtime, ino, dev }: a file whose stat still says the same is not read or hashed again
 -- (in this controller process; it trusts that a change to the bytes moves the size or mtime, as any write does).
+-- A workspace file's record keeps its hash but lets its bytes go once synced (bytes_of reads them again).
 local by_path = {}
 
---- Reads and hashes the file at path; returns its record (kept by hash).
+--- Reads and hashes the file at path; returns its record.
 local function file(path, what)
   local size, mtime, ino, dev = core.stat(path)
   local seen = by_path[path]
-  if seen and size and seen.size == size and seen.mtime == mtime and seen.ino == ino and seen.dev == dev and
-      files[seen.rec.hex] then
+  if seen and size and seen.size == size and seen.mtime == mtime and seen.ino == ino and seen.dev == dev then
     return seen.rec
   end
   local bytes, hex = core.ship_read(path)
   if not bytes then fail(what, hex) end
-  local rec = files[hex] or { bytes = bytes, size = #bytes, path = path, hex = hex }
-  files[hex] = rec
+  local rec = files[hex] or { size = #bytes, path = path, hex = hex }
+  rec.bytes = rec.bytes or bytes
   if size then by_path[path] = { rec = rec, size = size, mtime = mtime, ino = ino, dev = dev } end
   return rec
+end
+
+-- rec's bytes, read again if they were let go: the same bytes, or an error naming the file.
+local function bytes_of(rec, what)
+  if rec.bytes then return rec.bytes end
+  local bytes, hex = core.ship_read(rec.path)
+  if not bytes then fail(what, hex) end
+  if hex ~= rec.hex then fail(what, rec.path .. " changed while it was being shipped (sync again)") end
+  rec.bytes = bytes
+  return bytes
 end
 
 local ELF_CLASS = { [1] = "ELF32", [2] = "ELF64" }
 
 -- A library must be a shared object for each agent's machine (what its WELCOME said).
 local function check_elf(rec, agents, what)
-  local cls, machine, etype = core.ship_elf(rec.bytes)
+  local cls, machine, etype = core.ship_elf(bytes_of(rec, what))
   if not cls then fail(what, rec.path .. " is not an ELF file (a kernel library is a shared object, .so)") end
   if etype ~= 3 then fail(what, rec.path .. " is an ELF file but not a shared object (e_type " .. etype .. ")") end
   for _, a in ipairs(agents) do
@@ -126,13 +137,14 @@ local function remember(agents, hex, shipped_to)
 end
 
 -- Sends every chunk of rec to the agents in `to` (through the tree unless direct), a window at a time.
-local function send_bytes(rec, to, direct)
+local function send_bytes(rec, to, direct, what)
+  local bytes = bytes_of(rec, what)
   local conns = {}
   for i, a in ipairs(to) do conns[i] = a.conn end
   local off = 0
   repeat
     local n = math.min(M.CHUNK, rec.size - off)
-    core.ship_send(conns, rec.hex, rec.size, off, rec.bytes, direct)
+    core.ship_send(conns, rec.hex, rec.size, off, bytes, direct)
     off = off + n
     if core.ship_stats().pending > M.WINDOW then
       wait(function() return core.ship_stats().pending <= M.WINDOW / 2 end, 600, "shipping " .. rec.path)
@@ -199,7 +211,7 @@ local function send_to(rec, need, what)
   for attempt = 1, 2 do -- the second, directly, for those a lost relay left without the file
     local marks = {}
     for i, a in ipairs(need) do marks[i] = state_of(a, rec.hex).n end
-    send_bytes(rec, need, attempt == 2)
+    send_bytes(rec, need, attempt == 2, what)
     -- The direct second attempt waits for a final answer (late ones of the first are stale).
     -- The first attempt also ends once answers stop coming for M.STALL seconds: a relay that dropped its
     -- children's chunks (a link lost on the way) leaves them silent, and they are sent to directly.
@@ -264,6 +276,7 @@ function M.library(lib, agents, what, fresh)
   if not f then return nil end -- the hosts may have it where the controller does not
   f:close()
   local rec = file(lib, what)
+  files[rec.hex] = rec -- its bytes stay: restarted procs and joined hosts load it too
   local asked, all_known = {}, true
   for _, a in ipairs(agents) do
     if a.ship ~= nil then asked[#asked + 1] = a end -- an agent before shipping loads by path, as it did
@@ -359,17 +372,13 @@ local function entries(spec)
   return out
 end
 
---- Puts files and folders into every host's job workspace (MONARCH_WORKSPACE in the procs' environment):
--- sync{ "data/", "weights.bin" } makes <workspace>/data/... and <workspace>/weights.bin. Only files a host
--- lacks travel (by content). Returns {files = n, shipped = files sent, bytes = bytes sent}.
-function mesh.HostMesh:sync(spec)
-  if type(spec) ~= "table" then error("sync wants a list of paths, got " .. type(spec), 2) end
-  local list, what = entries(spec), "sync"
-  local agents, before, shipped = {}, core.ship_stats().bytes, 0
-  for _, a in ipairs(self.agents) do
-    if a.ship == nil then fail(what, "host " .. name_of(a) .. "'s monarch-worker predates shipping", a) end
-    if a.state == "ready" then agents[#agents + 1] = a end
-  end
+-- What the workspaces hold (rel -> abs, in the order first synced): hosts that come later get it too.
+local synced, order, generation = {}, {}, 0
+local had = setmetatable({}, { __mode = "k" }) -- agent -> the generation of `synced` its workspace holds
+
+-- Puts each {abs, rel} of list into the workspaces of agents; returns the files sent and the bytes written.
+local function place_all(list, agents, what)
+  local before, shipped = core.ship_stats().bytes, 0
   for _, e in ipairs(list) do
     local rec = file(e[1], what)
     ask(rec, agents, e[2], what)
@@ -379,10 +388,49 @@ function mesh.HostMesh:sync(spec)
       ask(rec, need, e[2], what) -- now in their caches: linked into the workspace
       deliver(rec, need, what, e[2])
     end
-    files[rec.hex] = nil -- a workspace file is not kept in the controller's memory
+    if files[rec.hex] ~= rec then rec.bytes = nil end -- a workspace file's bytes are not kept in memory
   end
-  return { files = #list, shipped = shipped, bytes = core.ship_stats().bytes - before }
+  return shipped, core.ship_stats().bytes - before
 end
+
+--- Puts files and folders into every host's job workspace (MONARCH_WORKSPACE in the procs' environment):
+-- sync{ "data/", "weights.bin" } makes <workspace>/data/... and <workspace>/weights.bin. Only files a host
+-- lacks travel (by content). Hosts whose procs are spawned later (a join, a grow) get what was synced
+-- before their procs start. Returns {files = n, shipped = files sent, bytes = bytes sent}.
+function mesh.HostMesh:sync(spec)
+  if type(spec) ~= "table" then error("sync wants a list of paths, got " .. type(spec), 2) end
+  local list, what = entries(spec), "sync"
+  local agents = {}
+  for _, a in ipairs(self.agents) do
+    if a.ship == nil then fail(what, "host " .. name_of(a) .. "'s monarch-worker predates shipping", a) end
+    if a.state == "ready" then agents[#agents + 1] = a end
+  end
+  local shipped, bytes = place_all(list, agents, what)
+  generation = generation + 1
+  for _, e in ipairs(list) do
+    if not synced[e[2]] then order[#order + 1] = e[2] end
+    synced[e[2]] = e[1]
+  end
+  for _, a in ipairs(agents) do if had[a] == generation - 1 or #order == #list then had[a] = generation end end
+  return { files = #list, shipped = shipped, bytes = bytes }
+end
+
+-- Before procs are spawned on agents: those whose workspace lacks what was synced get it (as it is now).
+mesh.set_before_spawn(function(agents)
+  if generation == 0 then return end
+  local late = {}
+  for _, a in ipairs(agents) do
+    if had[a] ~= generation and a.state == "ready" then
+      if a.ship then late[#late + 1] = a
+      else log.log("warn", "host " .. name_of(a) .. " takes no shipped files: its workspace lacks what hosts:sync sent") end
+    end
+  end
+  if #late == 0 then return end
+  local list = {}
+  for i, rel in ipairs(order) do list[i] = { synced[rel], rel } end
+  place_all(list, late, "sync to host " .. name_of(late[1]) .. (#late > 1 and " and " .. (#late - 1) .. " more" or ""))
+  for _, a in ipairs(late) do had[a] = generation end
+end)
 
 --- What this controller has written of shipped files: {bytes, frames, pending}.
 function M.stats() return core.ship_stats() end

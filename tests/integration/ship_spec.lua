@@ -369,6 +369,26 @@ MK_EXPORT const mk_library_t *monarch_kernels(void) {
     assert.matches("no such file or folder", tostring(err), 1, true)
   end)
 
+  it("gives a host whose procs start after a sync what was synced, before they start", function()
+    local data = dir .. "/late"
+    assert(sh("mkdir -p " .. data))
+    local f = assert(io.open(data .. "/words.txt", "wb"))
+    f:write(string.rep("late host ", 20))
+    f:close()
+    local d1, hosts = start()
+    spawn(hosts, 1)
+    assert.are.equal(1, hosts:sync{ data }.shipped)
+    -- A host that comes later (as a join or a grow brings one): its workspace has the file when its proc runs.
+    local d2, later = start()
+    local m2 = spawn(later, 1)
+    local env = require("support.procstat").environ(m2:proc_list()[1].pid)
+    local ws = assert(env:match("MONARCH_WORKSPACE=([^%z]+)"))
+    assert.are.equal(slurp(data .. "/words.txt"), slurp("/proc/" .. d2.pid .. "/root" .. ws .. "/late/words.txt"))
+    -- The first host is not sent it again; a second sync of the unchanged folder sends nothing.
+    assert.are.equal(0, hosts:sync{ data }.bytes)
+    assert.is_truthy(d1.pid)
+  end)
+
   it("sends through the cast tree: the controller writes one copy per top agent", function()
     local lib = build_lib("libtree.so", 4, "-DPAD=100000")
     local core = require "monarch.core"
