@@ -281,7 +281,9 @@ function methods:grow(agents)
   for _, p in ipairs(self:proc_list()) do top = math.max(top, p.rank) end
   if self:proc_list()[1].device ~= nil then spec.gpus = per_host end
   local world = #self:proc_list() + per_host * #agents
-  local added = mesh.host_mesh(agents):spawn_procs(spec, { rank_base = top + 1, world = world })
+  local like = {}
+  for _, p in ipairs(self:proc_list()) do like[#like + 1] = p.agent end
+  local added = mesh.host_mesh(agents):spawn_procs(spec, { rank_base = top + 1, world = world, like = like })
   local libs = common(self:proc_list(), function(p) return p.libs end)
   for _, lib in ipairs(libs) do added:load(lib) end
   local listeners = common(self:proc_list(), function(p) return p.listeners end)

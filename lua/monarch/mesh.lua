@@ -128,7 +128,8 @@ end
 -- grow) numbers the procs base.. of that world instead of 0.. of their own.
 local before_spawn -- monarch.ship's: a host's workspace gets what was synced before its procs start
 
---- Called once by monarch.ship: fn(agents) before procs are spawned on those agents.
+--- Called once by monarch.ship: fn(agents, like) before procs are spawned on those agents (like: the agents
+-- of the mesh a grow adds them to, from spawn_procs' internal `at`).
 function M.set_before_spawn(fn) before_spawn = fn end
 
 function HostMesh:spawn_procs(spec, at)
@@ -150,7 +151,7 @@ function HostMesh:spawn_procs(spec, at)
   local agents = {}
   for i = 1, #self.agents do agents[i] = self.agents[i] end
   local world, base = at and at.world or per_host * #agents, at and at.rank_base or 0
-  if before_spawn then before_spawn(agents) end
+  if before_spawn then before_spawn(agents, at and at.like) end
   local procs = procs_mod.spawn(agents, per_host, { base = base, world = world, gpus = gpus }, 2)
   local dims_n, dims_s = { "hosts" }, { #agents }
   for i = 1, #names do dims_n[i + 1], dims_s[i + 1] = names[i], sizes[i] end

@@ -372,23 +372,31 @@ local function entries(spec)
   return out
 end
 
--- What the workspaces hold (rel -> abs, in the order first synced): hosts that come later get it too.
-local synced, order, generation = {}, {}, 0
-local had = setmetatable({}, { __mode = "k" }) -- agent -> the generation of `synced` its workspace holds
+-- The HostMeshes synced (weak: a mesh the script dropped is forgotten): each keeps in _synced what its
+-- hosts' workspaces hold (rel -> abs, in the order first synced, and a generation), so that a host of it whose
+-- procs are spawned later (one that joined it) gets the same; had: agent -> mesh -> the generation it holds.
+local synced_meshes = setmetatable({}, { __mode = "k" })
+local had = setmetatable({}, { __mode = "k" })
 
 -- Puts each {abs, rel} of list into the workspaces of agents; returns the files sent and the bytes written.
-local function place_all(list, agents, what)
+-- skip_gone: a file no longer there is left out with a warning (a late host's copy), not an error.
+local function place_all(list, agents, what, skip_gone)
   local before, shipped = core.ship_stats().bytes, 0
   for _, e in ipairs(list) do
-    local rec = file(e[1], what)
-    ask(rec, agents, e[2], what)
-    local need = deliver(rec, agents, what, e[2])
-    if #need > 0 then
-      shipped = shipped + 1
-      ask(rec, need, e[2], what) -- now in their caches: linked into the workspace
-      deliver(rec, need, what, e[2])
+    local ok, rec = true, nil
+    if skip_gone then ok, rec = pcall(file, e[1], what) else rec = file(e[1], what) end
+    if not ok then
+      log.log("warn", what .. ": " .. e[2] .. " left out: " .. tostring(errors.is(rec) and rec.message or rec))
+    else
+      ask(rec, agents, e[2], what)
+      local need = deliver(rec, agents, what, e[2])
+      if #need > 0 then
+        shipped = shipped + 1
+        ask(rec, need, e[2], what) -- now in their caches: linked into the workspace
+        deliver(rec, need, what, e[2])
+      end
+      if files[rec.hex] ~= rec then rec.bytes = nil end -- a workspace file's bytes are not kept in memory
     end
-    if files[rec.hex] ~= rec then rec.bytes = nil end -- a workspace file's bytes are not kept in memory
   end
   return shipped, core.ship_stats().bytes - before
 end
@@ -406,30 +414,51 @@ function mesh.HostMesh:sync(spec)
     if a.state == "ready" then agents[#agents + 1] = a end
   end
   local shipped, bytes = place_all(list, agents, what)
-  generation = generation + 1
+  local st = self._synced or { by_rel = {}, order = {}, generation = 0 }
+  self._synced = st
+  synced_meshes[self] = true
+  local complete = {} -- those that held all of it before now hold all of it again
+  for _, a in ipairs(agents) do complete[a] = st.generation == 0 or (had[a] and had[a][self]) == st.generation end
+  st.generation = st.generation + 1
   for _, e in ipairs(list) do
-    if not synced[e[2]] then order[#order + 1] = e[2] end
-    synced[e[2]] = e[1]
+    if not st.by_rel[e[2]] then st.order[#st.order + 1] = e[2] end
+    st.by_rel[e[2]] = e[1]
   end
-  for _, a in ipairs(agents) do if had[a] == generation - 1 or #order == #list then had[a] = generation end end
+  for _, a in ipairs(agents) do
+    if complete[a] then
+      had[a] = had[a] or setmetatable({}, { __mode = "k" })
+      had[a][self] = st.generation
+    end
+  end
   return { files = #list, shipped = shipped, bytes = bytes }
 end
 
--- Before procs are spawned on agents: those whose workspace lacks what was synced get it (as it is now).
-mesh.set_before_spawn(function(agents)
-  if generation == 0 then return end
-  local late = {}
-  for _, a in ipairs(agents) do
-    if had[a] ~= generation and a.state == "ready" then
-      if a.ship then late[#late + 1] = a
-      else log.log("warn", "host " .. name_of(a) .. " takes no shipped files: its workspace lacks what hosts:sync sent") end
+-- Before procs are spawned on agents: those of a synced HostMesh (one that joined it, or a grow of a mesh on
+-- its hosts) whose workspace lacks what it synced get it (as the files are now; one gone since is left out
+-- with a warning).
+-- like: the agents of a mesh being grown onto these (ProcMesh:grow): its hosts' syncs apply to the new ones.
+mesh.set_before_spawn(function(agents, like)
+  for h in pairs(synced_meshes) do
+    local st, late, member = h._synced, {}, {}
+    for _, a in ipairs(h.agents) do member[a] = true end
+    local grown = false
+    for _, a in ipairs(like or {}) do grown = grown or member[a] == true end
+    for _, a in ipairs(agents) do
+      if (grown or member[a]) and a.state == "ready" and (had[a] and had[a][h]) ~= st.generation then
+        if a.ship then late[#late + 1] = a
+        else log.log("warn", "host " .. name_of(a) .. " takes no shipped files: its workspace lacks what hosts:sync sent") end
+      end
+    end
+    if #late > 0 then
+      local list = {}
+      for i, rel in ipairs(st.order) do list[i] = { st.by_rel[rel], rel } end
+      place_all(list, late, "sync to host " .. name_of(late[1]) .. (#late > 1 and " and " .. (#late - 1) .. " more" or ""), true)
+      for _, a in ipairs(late) do
+        had[a] = had[a] or setmetatable({}, { __mode = "k" })
+        had[a][h] = st.generation
+      end
     end
   end
-  if #late == 0 then return end
-  local list = {}
-  for i, rel in ipairs(order) do list[i] = { synced[rel], rel } end
-  place_all(list, late, "sync to host " .. name_of(late[1]) .. (#late > 1 and " and " .. (#late - 1) .. " more" or ""))
-  for _, a in ipairs(late) do had[a] = generation end
 end)
 
 --- What this controller has written of shipped files: {bytes, frames, pending}.

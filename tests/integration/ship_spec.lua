@@ -376,12 +376,13 @@ MK_EXPORT const mk_library_t *monarch_kernels(void) {
     f:write(string.rep("late host ", 20))
     f:close()
     local d1, hosts = start()
-    spawn(hosts, 1)
+    local m = spawn(hosts, 1)
     assert.are.equal(1, hosts:sync{ data }.shipped)
-    -- A host that comes later (as a join or a grow brings one): its workspace has the file when its proc runs.
+    -- A host grown onto the mesh later (as after a join): its workspace has the file when its proc runs.
     local d2, later = start()
-    local m2 = spawn(later, 1)
-    local env = require("support.procstat").environ(m2:proc_list()[1].pid)
+    local _, added = m:grow(later)
+    made[#made + 1] = added
+    local env = require("support.procstat").environ(added:proc_list()[1].pid)
     local ws = assert(env:match("MONARCH_WORKSPACE=([^%z]+)"))
     assert.are.equal(slurp(data .. "/words.txt"), slurp("/proc/" .. d2.pid .. "/root" .. ws .. "/late/words.txt"))
     -- The first host is not sent it again; a second sync of the unchanged folder sends nothing.
