@@ -8,6 +8,7 @@ reads the lines. Every wait is bounded.
   jupyter_check.py SCRATCH_DIR MONARCH_RUN [-- options for the kernel, e.g. --hosts H:P]
 """
 import os
+import queue
 import re
 import signal
 import subprocess
@@ -156,6 +157,30 @@ def interrupted_sleep(interrupt):
     r, out = execute(kc, 'procs:slice{procs = 0}:call_one("rank"):get()', timeout=10)
     expect(r["status"] == "ok", (r, out))
     return took
+
+
+@check("early_output")
+def _():
+    # A cell's iopub messages are held for its first 2 ms (they go out with a short cell's reply):
+    # one that waits longer must still show busy, its input and its first line while it waits.
+    msg_id = kc.execute('print("early") procs:slice{procs = 0}:call_one("sleep", 2):get() print("late")')
+    seen, deadline = [], time.time() + 1.5
+    while time.time() < deadline and not any(t == "stream" for t, _ in seen):
+        try:
+            m = kc.get_iopub_msg(timeout=0.2)
+        except queue.Empty:
+            continue
+        if m["parent_header"].get("msg_id") == msg_id:
+            seen.append((m["msg_type"], m["content"]))
+    types = [t for t, _ in seen]
+    expect(types[:3] == ["status", "execute_input", "stream"] and seen[2][1]["text"] == "early\n", seen)
+    reply = kc.get_shell_msg(timeout=RUN_TIMEOUT)
+    expect(reply["parent_header"]["msg_id"] == msg_id and reply["content"]["status"] == "ok", reply)
+    while True:  # the rest of the cell's messages, through its idle
+        m = kc.get_iopub_msg(timeout=RUN_TIMEOUT)
+        if m["parent_header"].get("msg_id") == msg_id and m["msg_type"] == "status" and \
+                m["content"]["execution_state"] == "idle":
+            break
 
 
 @check("interrupt_request")
