@@ -30,6 +30,7 @@ M.STALL = 3                 -- seconds without a new answer after which the tree
 local MSG = core.MSG
 local states = setmetatable({}, { __mode = "k" }) -- agent record -> hex -> {state, detail, n}
 local agent_of = {}                                 -- agent conn id -> agent record (SHIP_STATE comes by conn)
+local heard -- a future the next SHIP_STATE resolves, for tasks that wait on answers (nil: none waits)
 
 local function hex_of(bin)
   return (bin:gsub(".", function(ch) return string.format("%02x", ch:byte()) end))
@@ -47,6 +48,11 @@ runtime.on_message(MSG.SHIP_STATE, function(m, conn)
   local s = t[hex] or { n = 0 }
   s.state, s.detail, s.n = m[3], m[4], s.n + 1
   t[hex] = s
+  if heard then
+    local h = heard
+    heard = nil
+    h:resolve(true)
+  end
 end)
 
 local function name_of(a) return (a.hostname or a.addr or "?") .. ":" .. tostring(a.port) end
@@ -55,15 +61,21 @@ local function fail(what, message, a)
   error(errors.new { kind = "load", host = a and name_of(a), message = what .. ": " .. message }, 0)
 end
 
--- Waits for pred() in a task (without blocking the loop) or in the script (pumping it).
-local function wait(pred, timeout, what)
+-- Waits for pred() in a task (without blocking the loop) or in the script (pumping it). A task wakes at
+-- each agent's answer (SHIP_STATE) and at least every `poll` seconds (an agent lost, the send window).
+local function wait(pred, timeout, what, poll)
   if not tasks.in_task() then return procs_mod.wait_until(pred, timeout, what) end
   local deadline = runtime.now() + timeout
   while not pred() do
     if runtime.now() > deadline then
       error(errors.new { kind = "timeout", message = what .. " did not finish within " .. timeout .. "s" }, 0)
     end
-    tasks.wait_for(future.new("ship"), 0.005)
+    if poll then
+      tasks.wait_for(future.new("ship"), poll)
+    else
+      heard = heard or future.new("ship answer")
+      tasks.wait_for(heard, 0.05)
+    end
   end
 end
 
@@ -147,7 +159,7 @@ local function send_bytes(rec, to, direct, what)
     core.ship_send(conns, rec.hex, rec.size, off, bytes, direct)
     off = off + n
     if core.ship_stats().pending > M.WINDOW then
-      wait(function() return core.ship_stats().pending <= M.WINDOW / 2 end, 600, "shipping " .. rec.path)
+      wait(function() return core.ship_stats().pending <= M.WINDOW / 2 end, 600, "shipping " .. rec.path, 0.005)
     end
   until off >= rec.size
 end
