@@ -30,7 +30,7 @@ M.STALL = 3                 -- seconds without a new answer after which the tree
 local MSG = core.MSG
 local states = setmetatable({}, { __mode = "k" }) -- agent record -> hex -> {state, detail, n}
 local agent_of = {}                                 -- agent conn id -> agent record (SHIP_STATE comes by conn)
-local heard -- a future the next SHIP_STATE resolves, for tasks that wait on answers (nil: none waits)
+local waiting = {} -- futures of the tasks that wait on answers: the next SHIP_STATE resolves them
 
 local function hex_of(bin)
   return (bin:gsub(".", function(ch) return string.format("%02x", ch:byte()) end))
@@ -48,10 +48,9 @@ runtime.on_message(MSG.SHIP_STATE, function(m, conn)
   local s = t[hex] or { n = 0 }
   s.state, s.detail, s.n = m[3], m[4], s.n + 1
   t[hex] = s
-  if heard then
-    local h = heard
-    heard = nil
-    h:resolve(true)
+  for f in pairs(waiting) do
+    waiting[f] = nil
+    f:resolve(true)
   end
 end)
 
@@ -70,12 +69,10 @@ local function wait(pred, timeout, what, poll)
     if runtime.now() > deadline then
       error(errors.new { kind = "timeout", message = what .. " did not finish within " .. timeout .. "s" }, 0)
     end
-    if poll then
-      tasks.wait_for(future.new("ship"), poll)
-    else
-      heard = heard or future.new("ship answer")
-      tasks.wait_for(heard, 0.05)
-    end
+    local f = future.new("ship")
+    if not poll then waiting[f] = true end -- one future a wait: none keeps the callbacks of waits that timed out
+    tasks.wait_for(f, poll or 0.05)
+    waiting[f] = nil
   end
 end
 

@@ -161,8 +161,7 @@ def interrupted_sleep(interrupt):
 
 @check("early_output")
 def _():
-    # A cell's iopub messages are held for its first 2 ms (they go out with a short cell's reply):
-    # one that waits longer must still show busy, its input and its first line while it waits.
+    # A cell that waits must show busy, its input and its first line while it waits, not with its reply.
     msg_id = kc.execute('print("early") procs:slice{procs = 0}:call_one("sleep", 2):get() print("late")')
     seen, deadline = [], time.time() + 1.5
     while time.time() < deadline and not any(t == "stream" for t, _ in seen):
