@@ -19,7 +19,8 @@ removes them when it exits, however it exits. It tears them down itself on
 "stop" or at EOF on stdin (the controller ended, or was killed: the pipe
 closes with it). Each agent runs with --parent ACTOR_PID (PR_SET_PDEATHSIG),
 so it, and its procs, end with the actor's process; and with --once, with
-the controller's connection.
+the controller's connection. SIGINT is ignored: a terminal's Ctrl-C, which
+reaches this launcher with monarch-run, is the REPL's (it stops a wait).
 
 Status lines (fd 3), one per event, words separated by blanks:
   pid PID                        this launcher
@@ -41,6 +42,7 @@ their agents listen, for `monarch-run --ray --status` and `--top`:
 import argparse
 import os
 import select
+import signal
 import socket
 import subprocess
 import sys
@@ -360,6 +362,10 @@ def find(ray, args, st):
 
 def main(argv):
     args = parse_args(argv)
+    if not args.find:
+        # The terminal's Ctrl-C reaches the whole foreground group, this launcher too: in `monarch-run --ray -i`
+        # it stops the REPL's wait, and must not end the job's hosts. The controller ends us (stop, or EOF).
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     st = Status(3)
     st.say("pid", os.getpid())
     token = None if args.find else sys.stdin.readline().strip()

@@ -272,7 +272,9 @@ function M.slurm(opts)
   write_file(dir .. "/token", opts.token) -- mktemp -d made dir 0700: only we can read it
   write_file(dir .. "/launch.sh", launch_script(dir, #nodes, extra, opts.worker, listen))
   current = { dir = dir, job = job }
-  local rc = os.execute("sh " .. shq(dir .. "/launch.sh") .. " &")
+  -- In a session of its own: a Ctrl-C at `monarch-run --slurm -i` is the REPL's, and srun, which takes two
+  -- within a second as "abort the step", must never hear it (setsid execs: the pid is the script's).
+  local rc = os.execute("setsid sh " .. shq(dir .. "/launch.sh") .. " &")
   if rc ~= 0 and rc ~= true then -- LuaJIT returns the status, Lua 5.2+ a boolean
     M.stop(0)
     fail("cannot start the background srun (sh exited with " .. tostring(rc) .. ")")

@@ -103,6 +103,36 @@ describe("monarch-run --ray on a local Ray cluster of 3 nodes", function()
     assert_nothing_left(c)
   end)
 
+  it("keeps the job's hosts through a Ctrl-C at monarch-run --ray -i: it stops the wait, not the launcher", function()
+    local pty = require "support.pty"
+    local t = pty.spawn({ B .. "/bin/monarch-run", "--ray", c.address, "-i" },
+      { MONARCH_RAY_PYTHON = py, OPENBLAS_NUM_THREADS = "1", TERM = "xterm" })
+    finally(function() t:close() end)
+    t:expect("ray: 3 hosts in placement group", TIMEOUT)
+    t:expect("monarch> ", 30)
+    local function run(line, timeout)
+      t:ready()
+      t:send(line .. "\n")
+      return t:expect("monarch> ", timeout or 30)
+    end
+    run("procs = hosts:spawn_procs{procs = 1}; procs:load 'basic'", 60)
+    t:ready()
+    t:send("procs:call('sleep', 30):get()\n")
+    t:pump(1)
+    t:send("\3") -- the terminal's SIGINT, to monarch-run and the launcher alike
+    t:expect("interrupted", 5)
+    t:expect("monarch> ", 5)
+    local out = run("#procs:call('rank'):get():values()")
+    assert.matches("\n3\n", out, 1, true)
+    assert.not_matches("host_lost", out)
+    assert.not_matches("KeyboardInterrupt", pty.plain(t.out))
+    assert.are.equal(3, c:state().actors)
+    t:ready()
+    t:send("\4")
+    assert.are.equal(0, t:wait(30), pty.plain(t.out))
+    assert_nothing_left(c)
+  end)
+
   it("lets --status and --top under --ray watch the running job's hosts, given its token", function()
     local dir = scratch()
     local tok = "ray-spec-token"

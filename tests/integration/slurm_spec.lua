@@ -282,6 +282,37 @@ describe("a Slurm job running monarch-run with MONARCH_LAUNCHER=slurm", function
     assert.is_truthy(secs and secs < launch.CANCEL_GRACE + 5, out)
   end)
 
+  it("keeps monarch-run --slurm -i's hosts through two quick Ctrl-Cs: srun, in a session of its own, hears neither",
+    function()
+      local pty = require "support.pty"
+      local salloc = sh("command -v salloc"):match("%S+")
+      -- Two Ctrl-Cs within a second make an srun that hears them abort its step: every host lost.
+      local t = pty.spawn({ salloc, "-N1", "--time=2", "--job-name=monarch-spec-ctrlc", B .. "/bin/monarch-run",
+        "--slurm", "-i" }, { SLURM_CONF = SLURM_DIR .. "/slurm.conf", OPENBLAS_NUM_THREADS = "1", TERM = "xterm" })
+      finally(function() t:close() end)
+      t:expect("monarch> ", 60)
+      t:ready()
+      t:send("procs = hosts:spawn_procs{procs = 1}; procs:load 'basic'\n")
+      t:expect("monarch> ", 30)
+      t:ready()
+      t:send("procs:call('sleep', 30):get()\n")
+      t:pump(1)
+      t:send("\3")
+      t:pump(0.2)
+      t:send("\3")
+      t:expect("interrupted", 5)
+      t:pump(2)
+      t:ready()
+      t:send("print('after' .. 'ctrl-c', #procs:call('rank'):get():values())\n")
+      t:expect("afterctrl-c\t1\n", 30)
+      local all = pty.plain(t.out)
+      assert.not_matches("srun: interrupt", all, 1, true)
+      assert.not_matches("host_lost", all, 1, true)
+      t:ready()
+      t:send("\4")
+      assert.are.equal(0, t:wait(30), pty.plain(t.out))
+    end)
+
   it("removes its private directories", function()
     local j = run_job()
     assert.matches("== left in TMPDIR: 0\n", j.out)

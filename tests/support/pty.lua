@@ -18,6 +18,7 @@ local CDEFS = {
   "struct pollfd { int fd; short events; short revents; };",
   "int poll(struct pollfd *fds, unsigned long nfds, int timeout);",
   "int kill(int pid, int sig);",
+  "void *signal(int sig, void *handler);",
   "int waitpid(int pid, int *status, int options);",
   "extern char **environ;",
   "struct mn_pty_termios { unsigned int c_iflag, c_oflag, c_cflag, c_lflag; unsigned char c_line, c_cc[32]; unsigned int c_ispeed, c_ospeed; };",
@@ -73,9 +74,12 @@ function M.spawn(argv, env)
   local path = keep[1]
   local ws = ffi.new("struct mn_pty_winsize", { 50, 200, 0, 0 })
   local master = ffi.new("int[1]")
-  -- The child does nothing but exec: everything it needs was built above.
+  -- The child does nothing but exec: everything it needs was built above. SIGINT and SIGQUIT as a login
+  -- shell gives them (a test run in the background inherits them ignored: Ctrl-C would test nothing).
   local pid = C.forkpty(master, nil, nil, ws)
   if pid == 0 then
+    C.signal(2, nil)
+    C.signal(3, nil)
     C.execve(path, cargv, cenv)
     C._exit(127)
   end
