@@ -19,7 +19,7 @@
  * before the loop sleeps again.
  *
  *   local k = wire.open(connection_info)   -- the table of the connection file
- *   k:recv("shell") -> nil (nothing waiting) | idents, header, parent, metadata, content, signed_ok
+ *   k:recv("shell") -> nil (nothing waiting) | idents, header, parent, metadata, content, signed_ok, signature
  *   k:send("iopub", idents|nil, header, parent, metadata, content)
  *   k:watch()       -- on the controller's loop, once it exists (true when watched)
  *   k:wait(ms)      -- without a controller: zmq_poll on shell and control
@@ -210,7 +210,8 @@ static int read_parts(void *s, zmq_msg_t *parts, int *extra) {
   return n;
 }
 
-/* k:recv(channel) -> nil | idents, header, parent, metadata, content, signature_ok; nil, why for a malformed one */
+/* k:recv(channel) -> nil | idents, header, parent, metadata, content, signature_ok, signature (its hex, as
+ * sent: the kernel refuses one it saw before); nil, why for a malformed one */
 static int l_recv(lua_State *L) {
   kernel_t *k = check_kernel(L);
   int ch = check_channel(L, 2);
@@ -245,7 +246,8 @@ static int l_recv(lua_State *L) {
     size_t sl = zmq_msg_size(&parts[d + 1]);
     int ok = sl == strlen(hex) && (sl == 0 || sodium_memcmp(zmq_msg_data(&parts[d + 1]), hex, sl) == 0);
     lua_pushboolean(L, ok);
-    nres = 6;
+    push_part(L, &parts[d + 1]);
+    nres = 7;
   }
   for (int i = 0; i < n; i++) zmq_msg_close(&parts[i]);
   return nres;

@@ -10,6 +10,7 @@
 -- SIGINT) cancels the call a cell waits for, as Ctrl-C does in the REPL.
 -- Also `monarch-run --install-kernel [--user | --prefix P]` (M.install).
 local cjson = require "cjson"
+local ffi = require "ffi"
 local core = require "monarch.core"
 local errors = require "monarch.errors"
 local future = require "monarch.future"
@@ -39,7 +40,8 @@ local function log(fmt, ...) real_stderr:write("monarch-run: ", string.format(fm
 
 -- ---- messages ------------------------------------------------------------------
 
--- Replaces bytes that are not UTF-8 (a proc's binary output) by "?": the front end would drop the message.
+-- Replaces bytes that are not UTF-8 (a proc's binary output, a value's bytes) by "?": the protocol's JSON
+-- is UTF-8, and a front end that cannot decode a message loses it (jupyter_client logs an error).
 local function clean(s)
   if not s:find("[\128-\255]") then return s end
   local out, i, n = {}, 1, #s
@@ -85,19 +87,30 @@ end
 
 --- Sends one message: on iopub (idents nil) or as a reply to the
 -- identities of a request; parent is the request's header as it came.
+-- Every text in it is made UTF-8 (clean); false when it could not be sent.
 local function send(channel, idents, msg_type, parent, content)
+  local okj, body = pcall(encode, content)
+  if not okj then
+    log("cannot send a %s: %s", msg_type, tostring(body))
+    return false
+  end
   local ok, err = k:send(channel, idents or { "kernel." .. session .. "." .. msg_type }, header(msg_type),
-    parent or "{}", "{}", encode(content))
+    parent or "{}", "{}", clean(body))
   if not ok then log("%s", err) end
+  return ok
 end
 
 local function publish(msg_type, content, parent) send("iopub", nil, msg_type, parent or last_parent, content) end
 
-local function reply(req, msg_type, content) send(req.channel, req.idents, msg_type, req.header_raw, content) end
+local function reply(req, msg_type, content)
+  req.replied = true
+  send(req.channel, req.idents, msg_type, req.header_raw, content)
+end
 
 -- ---- output --------------------------------------------------------------------
 
-local streams = { stdout = {}, stderr = {} } -- name -> buffered parts (n, bytes, since)
+local streams = { stdout = {}, stderr = {} } -- name -> buffered parts
+local bytes, since, sent = 0, 0, 0 -- bytes buffered, since when, when text was last sent
 
 --- Sends what a stream has buffered.
 local function flush_stream(name)
@@ -105,7 +118,8 @@ local function flush_stream(name)
   if #b == 0 then return end
   local text = table.concat(b)
   streams[name] = {}
-  publish("stream", { name = name, text = clean(text) })
+  sent = runtime.now()
+  publish("stream", { name = name, text = text })
 end
 
 local function flush_all()
@@ -113,10 +127,15 @@ local function flush_all()
   flush_stream("stderr")
 end
 
-local bytes, since = 0, 0
+-- Text is held at most FLUSH_S, to send many lines in one message; the first text after a quiet
+-- spell goes at once, so that a line printed before a long computation (no pump, no later write to
+-- send it) is seen while the cell computes.
 local function write(name, s)
   local b = streams[name]
-  if #b == 0 and #streams.stdout + #streams.stderr == 0 then bytes, since = 0, runtime.now() end
+  if #b == 0 and #streams.stdout + #streams.stderr == 0 then
+    bytes, since = 0, runtime.now()
+    if since - sent >= M.FLUSH_S then since = since - M.FLUSH_S end
+  end
   -- Another stream's text first, so that the two keep their order in the cell.
   local other = name == "stdout" and "stderr" or "stdout"
   if #streams[other] > 0 then flush_stream(other) end
@@ -128,9 +147,11 @@ local function write(name, s)
   end
 end
 
--- A file-like object for io.stdout and io.stderr.
+-- A file-like object for io.stdout and io.stderr. Not a cell's value (`io.write("x")` returns it).
+local StreamFile = { __tostring = function(f) return "file (" .. f.name .. ", to the notebook)" end }
+StreamFile.__index = StreamFile
 local function stream_file(name)
-  local f = {}
+  local f = setmetatable({ name = name }, StreamFile)
   function f:write(...)
     for i = 1, select("#", ...) do write(name, tostring((select(i, ...)))) end
     return self
@@ -145,7 +166,12 @@ end
 local function redirect()
   local out, err = stream_file("stdout"), stream_file("stderr")
   io.stdout, io.stderr = out, err
-  io.write = function(...) return out:write(...) end
+  local output, current = io.output, out
+  io.output = function(f) -- io.output() is the notebook's stdout until a cell names a file
+    if f ~= nil then current = (f == out or f == io.stdout) and out or output(f) end
+    return current
+  end
+  io.write = function(...) return current:write(...) end
   io.read = function() error("io.read: a notebook cell cannot read input (the stdin channel is not supported)", 2) end
   rawset(_G, "print", function(...)
     local n = select("#", ...)
@@ -155,11 +181,7 @@ local function redirect()
   end)
 end
 
---- display(x [, opts]): shows x in the cell now (a plot's SVG, a table,
--- any value as the REPL prints it); returns a handle whose :update(y)
--- replaces the picture in place (update_display_data). A cell's returned
--- value is shown this way without display().
-local Display = {}
+local Display = { __tostring = function(h) return "display " .. h.id end }
 Display.__index = Display
 local displays = 0
 
@@ -170,6 +192,10 @@ function Display:update(x)
   publish("update_display_data", { data = bundle_of(x), metadata = {}, transient = { display_id = self.id } })
 end
 
+--- display(x [, opts]): shows x in the cell now (a plot's SVG, a table,
+-- any value as the REPL prints it); returns a handle whose :update(y)
+-- replaces the picture in place (update_display_data). A cell's returned
+-- value is shown this way without display(). opts.id: the display's id.
 function M.display(x, opts)
   displays = displays + 1
   local h = setmetatable({ id = (opts and opts.id) or (session .. "-display-" .. displays) }, Display)
@@ -195,24 +221,34 @@ end
 
 local function pack(...) return { n = select("#", ...), ... } end
 
+local frames = "" -- the stack of the last MonarchError raised in a cell (the error is a table: no room in it)
 local function handler(e)
-  if errors.is(e) then return e end
-  return (debug.traceback(tostring(e), 2):gsub("\n%s*%[C%]: in function 'xpcall'.*$", ""))
+  if errors.is(e) then
+    frames = debug.traceback("", 2):gsub("\n%s*%[C%]: in function 'xpcall'.*$", "")
+    return e
+  end
+  local ok, text = pcall(tostring, e)
+  if not ok then text = "(an error value that cannot be shown: " .. tostring(text) .. ")" end
+  return (debug.traceback(text, 2):gsub("\n%s*%[C%]: in function 'xpcall'.*$", ""))
 end
 
---- Compiles a cell: as the REPL compiles a line (an expression, else
--- statements), else as statements whose last line is an expression that is
--- the cell's value (`procs:load "basic"` then `procs`). Returns fn, or nil
--- and "incomplete" or the syntax error.
+--- Compiles a cell: as one expression, else as statements and a last line
+-- that is an expression (the cell's value: `procs:load "basic"` then
+-- `procs`, or a call such as `math.max(x, 2)`), else as statements. The
+-- last line counts only when it and the lines above it are each complete,
+-- so that `return` never lands inside a block. Returns fn, or nil and
+-- "incomplete" or the syntax error.
 function M.compile(code)
-  local fn, err = repl.compile(code)
+  local fn = loadstring("return " .. code, "=stdin")
   if fn then return fn end
   local head, last = code:match("^(.*\n)([^\n]*%S[^\n]*)%s*$")
-  if head then
-    local f2 = loadstring(head .. "return " .. last, "=stdin")
-    if f2 then return f2 end
+  if head and loadstring("return " .. last) and loadstring(head) then
+    fn = loadstring(head .. "return " .. last, "=stdin")
+    if fn then return fn end
   end
-  return nil, err
+  fn = repl.compile(code)
+  if fn then return fn end
+  return nil, select(2, repl.compile(code))
 end
 
 -- Runs the cell's code; returns ok and the values, or false and the error.
@@ -224,6 +260,39 @@ local function run_code(code)
   local r = pack(xpcall(fn, handler))
   if not r[1] then return false, r[2] end
   return true, r
+end
+
+-- What is not shown as a cell's value: what display() and io.write return.
+local function quiet(r)
+  for i = 2, r.n do
+    local mt = getmetatable(r[i])
+    if mt ~= Display and mt ~= StreamFile then return false end
+  end
+  return true
+end
+
+-- The execute_reply's user_expressions: each expression's value as a bundle, or its error.
+local function user_expressions(exprs)
+  local out = {}
+  for name, code in pairs(type(exprs) == "table" and exprs or {}) do
+    local fn, err = loadstring("return " .. tostring(code), "=" .. tostring(name))
+    local r = fn and pack(xpcall(fn, handler)) or { false, err }
+    local ok, data = r[1], nil
+    if ok then ok, data = pcall(show.result, r) else data = r[2] end
+    if ok then out[tostring(name)] = { status = "ok", data = data, metadata = {} }
+    else
+      local ename, evalue, tb = show.error_parts(data, frames)
+      out[tostring(name)] = { status = "error", ename = ename, evalue = evalue, traceback = tb }
+    end
+  end
+  return out
+end
+
+local function cell_error(req, e)
+  local ename, evalue, tb = show.error_parts(e, frames)
+  publish("error", { ename = ename, evalue = evalue, traceback = tb })
+  reply(req, "execute_reply", { status = "error", execution_count = count, ename = ename, evalue = evalue,
+    traceback = tb })
 end
 
 function H.execute_request(req)
@@ -241,17 +310,14 @@ function H.execute_request(req)
   in_cell = nil
   require("monarch.log").flush() -- the procs' lines of this cell, held for their window
   flush_all()
-  if ok then
-    if r.n > 1 and not silent then
-      publish("execute_result", { execution_count = count, data = show.result(r), metadata = {} })
-    end
-    reply(req, "execute_reply", { status = "ok", execution_count = count, user_expressions = {}, payload = EMPTY })
-    return
+  if not ok then return cell_error(req, r) end
+  if r.n > 1 and not silent and not quiet(r) then
+    local shown, data = pcall(show.result, r) -- a value's __tostring may fail
+    if not shown then return cell_error(req, "the cell's value cannot be shown: " .. tostring(data)) end
+    publish("execute_result", { execution_count = count, data = data, metadata = {} })
   end
-  local ename, evalue, tb = show.error_parts(r)
-  publish("error", { ename = ename, evalue = clean(evalue), traceback = tb })
-  reply(req, "execute_reply", { status = "error", execution_count = count, ename = ename, evalue = clean(evalue),
-    traceback = tb })
+  reply(req, "execute_reply", { status = "ok", execution_count = count,
+    user_expressions = user_expressions(c.user_expressions), payload = EMPTY })
 end
 
 -- Byte offset in s of unicode code point position pos (the protocol counts code points).
@@ -273,9 +339,14 @@ local function word_before(code, at)
   return code:sub(start + 1, at), start
 end
 
+-- The request's code and cursor: a whole number of code points within the code (the end when
+-- absent, not a number, or NaN), and its byte offset.
 local function code_and_cursor(c)
   local code = type(c.code) == "string" and c.code or ""
-  local pos = type(c.cursor_pos) == "number" and c.cursor_pos or #code
+  local len = select(2, code:gsub("[^\128-\191]", "")) -- code points: the bytes that start one
+  local pos = c.cursor_pos
+  if type(pos) ~= "number" or pos ~= pos then pos = len end
+  pos = math.max(0, math.min(len, math.floor(pos)))
   return code, byte_at(code, pos), pos
 end
 
@@ -324,11 +395,49 @@ end
 
 -- ---- the loop ------------------------------------------------------------------
 
+-- Runs a request's handler. One that fails (a bug, or input no check foresaw) is logged and
+-- answered with an error reply; the kernel goes on.
+local function handle(req)
+  local t = req.header.msg_type
+  local fn = H[t]
+  if not fn then return log("ignored a %s on the %s channel (not handled)", t, req.channel) end
+  if in_cell and t == "execute_request" then -- on control, while a cell runs: it would nest in the cell
+    return reply(req, "execute_reply", { status = "error", execution_count = count, ename = "KernelBusy",
+      evalue = "a cell is running: an execute_request on the control channel waits for it to end",
+      traceback = { "error: a cell is running" } })
+  end
+  local cell = in_cell
+  local ok, err = xpcall(fn, debug.traceback, req)
+  if ok then return end
+  in_cell = cell
+  log("a %s failed: %s", t, tostring(err))
+  if not req.replied then
+    reply(req, (t:gsub("_request$", "_reply")), { status = "error", ename = "KernelError",
+      evalue = t .. " failed in the kernel (its log says where)", traceback = { "error: " .. t .. " failed" } })
+  end
+end
+
+-- The signatures of the last SEEN_MAX messages: one seen before is a message sent again (replayed),
+-- refused as jupyter_client's Session refuses one. Not msg_ids: a front end's manager and client
+-- may number theirs alike. Unsigned messages (no key) are not checked.
+local seen, seen_order, seen_first, SEEN_MAX = {}, {}, 1, 10000
+local function replayed(signature)
+  if signature == "" then return false end
+  if seen[signature] then return true end
+  seen[signature] = true
+  seen_order[#seen_order + 1] = signature
+  if #seen_order - seen_first >= SEEN_MAX then
+    seen[seen_order[seen_first]], seen_order[seen_first] = nil, nil
+    seen_first = seen_first + 1
+  end
+  return false
+end
+
 -- Handles what one channel has, until it is empty (a ZMQ_FD wakes only on new traffic). While a
 -- cell runs only control is read: the shell's requests wait their turn.
 local function serve(channel)
   while not leaving do
-    local idents, hdr, parent, meta, content, signed = k:recv(channel)
+    local idents, hdr, parent, meta, content, signed, signature = k:recv(channel)
     if idents == nil then
       if hdr == nil then return end
       log("ignored %s", hdr)
@@ -339,15 +448,37 @@ local function serve(channel)
       local ok2, c = pcall(cjson.decode, content)
       if not (ok1 and ok2 and type(h) == "table" and type(c) == "table" and type(h.msg_type) == "string") then
         log("ignored a message on the %s channel that is not JSON with a msg_type", channel)
+      elseif replayed(signature) then
+        log("ignored a %s on the %s channel: its signature was seen before (a replayed message)", h.msg_type, channel)
       else
-        local req = { channel = channel, idents = idents, header = h, header_raw = hdr, content = c }
-        local fn = H[h.msg_type]
         publish("status", { execution_state = "busy" }, hdr)
-        if fn then fn(req) else log("ignored a %s on the %s channel (not handled)", h.msg_type, channel) end
+        handle({ channel = channel, idents = idents, header = h, header_raw = hdr, content = c })
         publish("status", { execution_state = "idle" }, hdr)
       end
     end
   end
+end
+
+-- The front end that started the kernel (JPY_PARENT_PID, which jupyter_client sets; as in
+-- ipykernel, a kernel started without it is not watched): when it dies without a shutdown_request
+-- (killed, crashed) the kernel stops as at a shutdown, rather than keep its meshes running for
+-- nobody. Looked at once a second: gone when the pid is, or when it was our parent and no longer is.
+pcall(ffi.cdef, "int getppid(void);") -- each alone: another module may have declared it
+pcall(ffi.cdef, "int kill(int pid, int sig);")
+local parent_pid, first_ppid, next_look = nil, nil, 0
+local function front_end_gone()
+  local now = runtime.now()
+  if not parent_pid or now < next_look then return false end
+  next_look = now + 1
+  if first_ppid == parent_pid and ffi.C.getppid() ~= parent_pid then return true end
+  return ffi.C.kill(parent_pid, 0) ~= 0 and ffi.errno() == 3 -- ESRCH
+end
+
+local function watch_front_end()
+  if leaving or not front_end_gone() then return end
+  log("the front end (pid %d) is gone: the kernel stops", parent_pid)
+  leaving = true
+  if in_cell then require("monarch.jupyter_wire").interrupt() end
 end
 
 -- After every pump (runtime.hooks.after_pump), before the REPL's: a cell's output goes out as it
@@ -356,6 +487,7 @@ local function after_pump()
   if not in_cell then return end
   flush_all()
   serve("control")
+  watch_front_end()
 end
 
 -- Between cells: one turn of the controller's loop (woken by our sockets) or, without one, a wait on them.
@@ -367,6 +499,7 @@ local function idle()
     k:wait(M.IDLE_MS)
   end
   flush_all()
+  watch_front_end()
 end
 
 local function read_connection(path)
@@ -382,8 +515,17 @@ end
 -- The globals of a notebook: the REPL's, display, and a top() that draws in the cell.
 local function set_globals(monarch)
   rawset(_G, "display", M.display)
-  rawset(_G, "top", function(opts) return show.top(monarch, M.display, opts) end)
-  rawset(_G, "train_live", function(spec, args, every) return show.train_live(M.display, spec, args, every) end)
+  -- Not tail calls, so that their argument errors name the cell's line; Shift-Tab shows the real ones' docs.
+  local function top(opts)
+    show.top(monarch, M.display, opts)
+  end
+  local function train_live(spec, args, every)
+    local job = show.train_live(M.display, spec, args, every)
+    return job
+  end
+  show.doc_for[top], show.doc_for[train_live] = show.top, show.train_live
+  rawset(_G, "top", top)
+  rawset(_G, "train_live", train_live)
   rawset(_G, "exit", function() error("exit: use the notebook's Kernel menu (shut down or restart)", 2) end)
   if rawget(_G, "hosts") == nil then
     local ok, h = xpcall(monarch.hosts, handler)
@@ -404,6 +546,8 @@ function M.run(path)
   end
   k = wire_or_err
   session = core.generate_token():sub(1, 32)
+  first_ppid, parent_pid = ffi.C.getppid(), tonumber(os.getenv("JPY_PARENT_PID") or "")
+  if parent_pid and parent_pid <= 1 then parent_pid = nil end -- init never goes away
   repl.start()
   local monarch = require "monarch"
   table.insert(runtime.hooks.after_pump, 1, after_pump)

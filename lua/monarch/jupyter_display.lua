@@ -116,9 +116,12 @@ end
 
 --- The parts of an error reply: ename, evalue and traceback lines (the
 -- first line is the one that says what failed; the frames come after).
-function M.error_parts(e)
+-- frames: a MonarchError's stack (debug.traceback's text), where it was raised.
+function M.error_parts(e, frames)
   if errors.is(e) then
-    return "MonarchError", tostring(e.kind) .. ": " .. tostring(e.message), { repl.describe_error(e) }
+    local tb = { repl.describe_error(e) }
+    for line in (frames or ""):gmatch("[^\n]+") do tb[#tb + 1] = line end
+    return "MonarchError", tostring(e.kind) .. ": " .. tostring(e.message), tb
   end
   local text = tostring(e)
   local first = text:match("^[^\n]*")
@@ -151,6 +154,9 @@ local function doc_above(path, at)
   return lines[at], table.concat(doc, "\n")
 end
 
+--- Functions whose documentation is another's: a wrapper -> the function it wraps.
+M.doc_for = setmetatable({}, { __mode = "k" })
+
 --- What Shift-Tab shows for `name` (a dotted or `:` path) in env: its
 -- type and value, and for a Lua function its definition line and the
 -- comment above it. nil when the name does not resolve.
@@ -164,6 +170,7 @@ function M.inspect(name, env)
   end
   if v == env then return nil end
   if type(v) ~= "function" then return fmt("%s: %s\n%s", name, type(v), repl.show(v)) end
+  v = M.doc_for[v] or v
   local info = debug.getinfo(v, "S")
   if info.what == "C" or not info.source:match("^@") then return name .. ": a built-in function" end
   local file = info.source:sub(2)
@@ -199,14 +206,15 @@ function M.train_live(display, spec, args, every)
   local train = require "monarch.train"
   every = every or M.TRAIN_EVERY
   local title = spec.name or "training"
-  local handle = display("training " .. title .. " ...")
+  local handle = display((spec.name and "training " .. spec.name or "training") .. " ...")
   local function redraw(job)
     local svg = curve_svg(job, title)
     if svg then handle:update(svg) end
   end
-  local live, last = {}, nil
+  local live, last, current = {}, nil, nil
   for k, v in pairs(spec) do live[k] = v end
   live.on_progress = function(job, s)
+    current = job
     last = last or job.start_step
     if s - last >= every then
       last = s
@@ -222,7 +230,9 @@ function M.train_live(display, spec, args, every)
   for i, a in ipairs(args or {}) do argv[i] = a end
   local ok, job = pcall(train.run, live, argv)
   if not ok then
-    local errors = require "monarch.errors"
+    -- The picture says the run ended (its curve so far stays, where there is one), the error why.
+    local drawn = current and select(2, pcall(curve_svg, current, title))
+    if not drawn then handle:update(title .. ": stopped") end
     if errors.is(job) and job.kind == "train" then error(job.message, 0) end -- "train_live: ..."
     error(job, 0)
   end

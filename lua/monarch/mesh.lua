@@ -121,17 +121,17 @@ local function parse_dims(spec)
   return names, sizes
 end
 
---- Spawns procs on every host. spec: {procs = n} (or any one name), or an
--- ordered list {{"dp", 2}, {"tp", 2}}; gpus = G (GPUs per host) makes GPU
--- procs, local proc i pinned to GPU i (at most G procs per host). Returns a
--- ProcMesh of shape {hosts = H, ...}. at = {rank_base, world} (monarch.join's
--- grow) numbers the procs base.. of that world instead of 0.. of their own.
 local before_spawn -- monarch.ship's: a host's workspace gets what was synced before its procs start
 
 --- Called once by monarch.ship: fn(agents, like) before procs are spawned on those agents (like: the agents
 -- of the mesh a grow adds them to, from spawn_procs' internal `at`).
 function M.set_before_spawn(fn) before_spawn = fn end
 
+--- Spawns procs on every host. spec: {procs = n} (or any one name), or an
+-- ordered list {{"dp", 2}, {"tp", 2}}; gpus = G (GPUs per host) makes GPU
+-- procs, local proc i pinned to GPU i (at most G procs per host). Returns a
+-- ProcMesh of shape {hosts = H, ...}. at = {rank_base, world} (monarch.join's
+-- grow) numbers the procs base.. of that world instead of 0.. of their own.
 function HostMesh:spawn_procs(spec, at)
   spec = spec or { procs = 1 }
   if type(spec) ~= "table" then error("spawn_procs wants a table like {procs = 4}", 2) end

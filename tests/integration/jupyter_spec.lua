@@ -27,7 +27,7 @@ local function has_module(m) return select(2, sh(python .. " -c 'import " .. m .
 local function q(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
 
 describe("the Jupyter kernel", function()
-  local token, daemon, dir, lines
+  local token, daemon, dir, lines, edges
   local have_client = has_module("jupyter_client")
 
   setup(function()
@@ -40,6 +40,8 @@ describe("the Jupyter kernel", function()
     local out = sh(string.format("MONARCH_TOKEN=%s timeout 300 %s tests/support/jupyter_check.py %s/check %s -- --hosts %s",
       token, python, dir, RUN, daemon.addr))
     lines = out
+    edges = sh(string.format("MONARCH_TOKEN=%s timeout 300 %s tests/support/jupyter_edges.py %s/edges %s -- --hosts %s",
+      token, python, dir, RUN, daemon.addr))
   end)
 
   teardown(function()
@@ -47,10 +49,11 @@ describe("the Jupyter kernel", function()
     if dir then os.execute("rm -rf " .. dir) end
   end)
 
-  local function result(name)
+  local function result(name, from)
     if not have_client then pending("python3-jupyter-client is not installed (apt-get install python3-jupyter-client)") end
-    local line = lines:match("\n?(ok " .. name .. ")\n") or lines:match("(FAIL " .. name .. ":[^\n]*)")
-    assert(line, "no result for check '" .. name .. "'; the driver said:\n" .. lines)
+    from = from or lines
+    local line = from:match("\n?(ok " .. name .. ")\n") or from:match("(FAIL " .. name .. ":[^\n]*)")
+    assert(line, "no result for check '" .. name .. "'; the driver said:\n" .. from)
     assert.are.equal("ok " .. name, line)
   end
 
@@ -81,6 +84,38 @@ describe("the Jupyter kernel", function()
     result("restart")
   end)
   it("shuts down: exits 0 and stops its procs", function() result("shutdown") end)
+
+  describe("at its edges", function()
+    local function edge(name) result(name, edges) end
+    it("shows an error for a value (or error) whose __tostring fails, and lives on", function()
+      edge("unshowable_value")
+    end)
+    it("clamps a cursor_pos that is fractional, negative, infinite or NaN", function() edge("cursor_pos_clamped") end)
+    it("refuses a signed message sent a second time", function() edge("replayed_message") end)
+    it("refuses an execute_request on control while a cell runs; the cell can still be stopped", function()
+      edge("execute_on_control_while_busy")
+    end)
+    it("sends a line printed before a long computation while the cell computes", function()
+      edge("print_before_long_computation")
+    end)
+    it("shows the value of a last line that is a call, never returning from inside a block", function()
+      edge("last_line_value")
+    end)
+    it("shows no value for what display() and io.write return; io.output() writes to the cell", function()
+      edge("quiet_values")
+    end)
+    it("replaces bytes that are not UTF-8 in results, errors and displays", function() edge("not_utf8_everywhere") end)
+    it("gives a MonarchError's traceback the cell's frames", function() edge("monarch_error_frames") end)
+    it("evaluates user_expressions", function() edge("user_expressions") end)
+    it("names the cell's line in top's and train_live's argument errors", function()
+      edge("argument_errors_name_the_cell")
+    end)
+    it("says on train_live's picture that a run that failed stopped", function() edge("train_live_failure_picture") end)
+    it("inspects top, train_live, display and hosts:spawn_procs: their own docs", function()
+      edge("inspect_notebook_functions")
+    end)
+    it("stops, with its procs, when its front end dies without a shutdown", function() edge("front_end_dies") end)
+  end)
 
   it("rejects a connection file that is not JSON in one line", function()
     local f = os.tmpname()

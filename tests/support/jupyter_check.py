@@ -1,9 +1,8 @@
 #!/usr/bin/env python3
 """The Jupyter kernel (monarch-run --jupyter-kernel) driven by jupyter_client, as a
-front end drives it. Installs the kernelspec into a scratch prefix (with the
-options given after --), starts the kernel from it, runs each check and prints
-one line per check: "ok NAME" or "FAIL NAME: why". tests/integration/jupyter_spec.lua
-reads the lines. Every wait is bounded.
+front end drives it: the protocol's requests and a cell's output, display,
+interrupts, restart and shutdown (jupyter_driver.py: the kernelspec, the kernel,
+one line per check). Every wait is bounded.
 
   jupyter_check.py SCRATCH_DIR MONARCH_RUN [-- options for the kernel, e.g. --hosts H:P]
 """
@@ -11,63 +10,14 @@ import os
 import queue
 import re
 import signal
-import subprocess
 import sys
 import time
-import traceback
 
-RUN_TIMEOUT = 60  # s, longest any one cell may take here
-
-scratch, run = sys.argv[1], sys.argv[2]
-extra = sys.argv[sys.argv.index("--") + 1:] if "--" in sys.argv else []
-subprocess.run([run] + extra + ["--install-kernel", "--prefix", scratch], check=True, stdout=subprocess.DEVNULL)
-os.environ["JUPYTER_PATH"] = os.path.join(scratch, "share", "jupyter")
-os.environ.setdefault("JUPYTER_RUNTIME_DIR", os.path.join(scratch, "runtime"))
-
-from jupyter_client.manager import KernelManager  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from jupyter_driver import (RUN_TIMEOUT, ERR, scratch, check, start, execute, of_type, expect,  # noqa: E402
+                            wait_gone, finish)
+from jupyter_driver import proc_pids as pids_of  # noqa: E402
 from jupyter_client.session import Session  # noqa: E402
-
-ERR = os.path.join(scratch, "kernel.err")
-results = []
-
-
-def check(name):
-    def wrap(fn):
-        try:
-            fn()
-            results.append(name)
-            print("ok " + name, flush=True)
-        except Exception as e:  # a failed check is reported, the others still run
-            why = "".join(traceback.format_exception_only(type(e), e)).strip().replace("\n", " | ")
-            print("FAIL %s: %s" % (name, why), flush=True)
-        return fn
-    return wrap
-
-
-def start():
-    km = KernelManager(kernel_name="monarch")
-    km.start_kernel(stderr=open(ERR, "a"))
-    kc = km.client()
-    kc.start_channels()
-    kc.wait_for_ready(timeout=RUN_TIMEOUT)
-    return km, kc
-
-
-def execute(kc, code, timeout=RUN_TIMEOUT):
-    """Runs code; returns the reply's content and the iopub messages of the cell (type, content)."""
-    out = []
-    reply = kc.execute_interactive(code, timeout=timeout, output_hook=lambda m: out.append((m["msg_type"], m["content"])))
-    return reply["content"], out
-
-
-def of_type(out, t):
-    return [c for mt, c in out if mt == t]
-
-
-def expect(cond, what):
-    if not cond:
-        raise AssertionError(what)
-
 
 km, kc = start()
 
@@ -323,24 +273,7 @@ def _():
 
 
 def proc_pids():
-    r, out = execute(kc, 'local t = {} for _, p in ipairs(procs:proc_list()) do t[#t + 1] = p.pid end '
-                         'return table.concat(t, " ")')
-    return [int(p) for p in of_type(out, "execute_result")[0]["data"]["text/plain"].split()]
-
-
-def alive(pid):
-    try:
-        os.kill(pid, 0)
-        return open("/proc/%d/stat" % pid).read().split()[2] != "Z"
-    except (OSError, IOError):
-        return False
-
-
-def wait_gone(pids, timeout=15):
-    deadline = time.time() + timeout
-    while time.time() < deadline and any(alive(p) for p in pids):
-        time.sleep(0.05)
-    return not any(alive(p) for p in pids)
+    return pids_of(kc)
 
 
 @check("restart")
@@ -380,7 +313,4 @@ def _():
     expect(wait_gone(pids), "the kernel's procs outlived its shutdown")
 
 
-kc.stop_channels()
-if km.has_kernel:
-    km.shutdown_kernel(now=True)
-print("done %d" % len(results), flush=True)
+finish(km, kc)
