@@ -10,6 +10,8 @@
 #     the difference is the cadence; the call timed inside the cell by the kernel shows
 #     what the kernel adds around it; a cell that spins in Lua as long as the call takes shows
 #     what any cell of that length costs beyond the empty one, apart from how the kernel waits;
+#     a cell that shows the call's value, kept from an earlier call, shows what its result
+#     (one more iopub message, the ValueMesh as text and HTML) costs without the call;
 #   - a cell printing 10,000 lines (target: under 1 s, every line received, in order).
 # Needs python3-jupyter-client.
 #   bench/jupyter.sh [rounds [blocks]]     (default 200 cells per figure, in 4 blocks)
@@ -45,6 +47,8 @@ printf "%-46s %8.3fms\n" "  the call back to back in monarch-run" "$tight"
 spin=$(get spin_ms)
 printf "%-46s %8.3fms %10.3fms %7.2fx  (control: no cluster, no wait)\n" "  a cell spinning ${spin} ms in Lua vs it + empty" \
   "$(get spin_cell_ms)" "$(echo "$spin + $empty" | bc -l)" "$(ratio "$(get spin_cell_ms)" "$spin + $empty")"
+printf "%-46s %8.3fms %10.3fms %7.2fx  (control: its result message, no call)\n" \
+  "  a cell showing the call's value vs empty" "$(get value_cell_ms)" "$empty" "$(ratio "$(get value_cell_ms)" "$empty")"
 printf "%-46s %9.3fs %11.3fs %7.2fx  (target < 1)\n" "$lines printed lines, to the cell's idle" "$(get lines_s)" 1 \
   "$(get lines_s)"
 echo "  lines received: $(get lines_received) of $lines, in order: $(get lines_in_order), in $(get lines_messages) stream messages"

@@ -66,11 +66,12 @@ def baseline(gap_ms):
 
 NOOP = 'procs:call("noop"):get()'
 TIMED = 'local t0 = monarch.now() local v = procs:call("noop"):get() bench_t[#bench_t + 1] = monarch.now() - t0 return v'
-round_trip('procs = hosts:spawn_procs{procs = 8}; procs:load "basic"; bench_t = {}')
+round_trip('procs = hosts:spawn_procs{procs = 8}; procs:load "basic"; bench_t = {}; '
+           'bench_v = procs:call("noop"):get()')
 for code in ("", NOOP, TIMED):  # warm: the JIT, the procs' connections
     cells(code, max(5, rounds // 10))
 round_trip("bench_t = {}")
-s = {"empty": [], "noop": [], "tight": [], "paced": [], "spin": []}
+s = {"empty": [], "noop": [], "tight": [], "paced": [], "spin": [], "value": []}
 spin_ms = None
 for _ in range(blocks):
     s["empty"] += cells("", per_block)
@@ -80,6 +81,7 @@ for _ in range(blocks):
     spin_ms = spin_ms or statistics.median(tight)
     s["noop"] += cells(NOOP, per_block)
     cells(TIMED, per_block)
+    s["value"] += cells("bench_v", per_block)  # the call's result shown, without the call
     s["spin"] += cells("local t = monarch.now() + %.6f while monarch.now() < t do end" % (spin_ms / 1e3), per_block)
 out = []
 kc.execute_interactive('print(table.concat(bench_t, " "))', timeout=60,
@@ -92,6 +94,7 @@ print("base_paced_ms %.3f" % statistics.median(s["paced"]))
 print("call_in_cell_ms %.3f" % statistics.median(inside))
 print("spin_cell_ms %.3f" % statistics.median(s["spin"]))
 print("spin_ms %.3f" % spin_ms)
+print("value_cell_ms %.3f" % statistics.median(s["value"]))
 print("samples %d" % len(s["noop"]))
 
 # 10,000 lines: drain iopub first, then time the cell and collect its stream text.
