@@ -7,7 +7,8 @@
 -- cells (the sockets wake it: host/cli/jupyter_lua.c), so heartbeats,
 -- failures and on_host_loss handlers run while the user thinks; what they
 -- print lands under the last cell. The stop button (interrupt_request, or
--- SIGINT) cancels the call a cell waits for, as Ctrl-C does in the REPL.
+-- SIGINT) cancels the call a cell waits for, as Ctrl-C does in the REPL;
+-- input() and io.read ask the front end for a line (the stdin channel).
 -- Also `monarch-run --install-kernel [--user | --prefix P]` (M.install).
 local cjson = require "cjson"
 local ffi = require "ffi"
@@ -162,6 +163,69 @@ local function stream_file(name)
   return f
 end
 
+-- ---- input ---------------------------------------------------------------------
+
+-- The input_reply to our input_request, from the stdin channel; nil while none has come.
+local function input_reply()
+  local idents, hdr, _, _, content, signed = k:recv("stdin")
+  if idents == nil then
+    if hdr ~= nil then log("ignored %s", hdr) end
+    return nil
+  end
+  local ok1, h = pcall(cjson.decode, hdr)
+  local ok2, c = pcall(cjson.decode, content)
+  if not signed or not (ok1 and ok2 and type(h) == "table" and h.msg_type == "input_reply" and type(c) == "table") then
+    log("ignored a message on the stdin channel that is not a signed input_reply")
+    return nil
+  end
+  return type(c.value) == "string" and c.value or ""
+end
+
+--- A line typed in the front end: an input_request on the stdin channel to
+-- the front end of the cell that runs, answered by its input_reply (as
+-- Python's input() in ipykernel). The stop button ends the wait; the
+-- cluster's loop turns meanwhile.
+local function read_line(prompt, password)
+  local req = in_cell
+  if not req then error("io.read: no cell is running", 0) end
+  if req.content.allow_stdin ~= true then
+    error("io.read: this front end does not take input for the cell (its allow_stdin is false)", 0)
+  end
+  flush_all()
+  send("stdin", req.idents, "input_request", req.header_raw, { prompt = prompt or "", password = password == true })
+  while true do
+    local line = input_reply()
+    if line then return line end
+    if leaving then error(errors.new { kind = "interrupted", message = "the kernel is stopping" }, 0) end
+    if runtime.initialized then runtime.pump(0.02) -- the stop button raises here (monarch.repl's hook)
+    else
+      k:wait(20)
+      if core.interrupted() then error(errors.new { kind = "interrupted", message = "stopped waiting for input" }, 0) end
+    end
+  end
+end
+
+-- io.read's formats on a typed line: "l"/"*l" (the default), "L", "n", "a", or a count of bytes.
+local function read_formats(...)
+  local n = select("#", ...)
+  local out = {}
+  for i = 1, math.max(n, 1) do
+    local f = (select(i, ...))
+    f = type(f) == "string" and f:gsub("^%*", "") or f or "l"
+    local line = read_line("")
+    if f == "l" or f == "a" then out[i] = line
+    elseif f == "L" then out[i] = line .. "\n"
+    elseif f == "n" then out[i] = tonumber(line)
+    elseif type(f) == "number" then out[i] = line:sub(1, f)
+    else error("io.read: bad format '" .. tostring(f) .. "' (l, L, n, a or a number)", 0) end
+  end
+  return unpack(out, 1, math.max(n, 1))
+end
+
+--- input([prompt [, password]]): a line typed in the front end (io.read
+-- without a prompt); password hides what is typed.
+function M.input(prompt, password) return read_line(prompt and tostring(prompt) or "", password) end
+
 -- print, io.write, io.stdout and io.stderr go to the notebook (the process's own stdout is the server's log).
 local function redirect()
   local out, err = stream_file("stdout"), stream_file("stderr")
@@ -172,7 +236,10 @@ local function redirect()
     return current
   end
   io.write = function(...) return current:write(...) end
-  io.read = function() error("io.read: a notebook cell cannot read input (the stdin channel is not supported)", 2) end
+  io.read = read_formats
+  io.stdin = setmetatable({ read = function(_, ...) return read_formats(...) end,
+    lines = function() return function() return read_line("") end end, close = function() return true end },
+    { __tostring = function() return "file (stdin, from the notebook)" end })
   rawset(_G, "print", function(...)
     local n = select("#", ...)
     local parts = {}
@@ -515,6 +582,7 @@ end
 -- The globals of a notebook: the REPL's, display, and a top() that draws in the cell.
 local function set_globals(monarch)
   rawset(_G, "display", M.display)
+  rawset(_G, "input", M.input)
   -- Not tail calls, so that their argument errors name the cell's line; Shift-Tab shows the real ones' docs.
   local function top(opts)
     show.top(monarch, M.display, opts)

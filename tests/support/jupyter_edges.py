@@ -182,6 +182,29 @@ def _():
         expect(c["found"] and want in c["data"]["text/plain"], (name, c))
 
 
+@check("stdin_input")
+def _():
+    prompts = []
+
+    def answer(msg):
+        prompts.append((msg["content"]["prompt"], msg["content"]["password"]))
+        kc.input("monarch" if len(prompts) == 1 else "42")
+    r, out = execute(kc, 'local name = input("name? ")\nlocal n = io.read("n")\n"hello " .. name .. " " .. n + 1',
+                     allow_stdin=True, stdin_hook=answer)
+    expect(r["status"] == "ok" and result_text(out) == "hello monarch 43", (r, out))
+    expect(prompts == [("name? ", False), ("", False)], prompts)
+    r, _ = execute(kc, "io.read()", allow_stdin=False)
+    expect(r["status"] == "error" and "allow_stdin is false" in r["evalue"], r)
+    # The stop button ends a wait for input; nobody answers this one.
+    msg_id = kc.execute("io.read()", allow_stdin=True)
+    kc.get_stdin_msg(timeout=10)
+    km.interrupt_kernel()
+    reply = kc.get_shell_msg(timeout=10)
+    expect(reply["parent_header"]["msg_id"] == msg_id and "interrupted" in reply["content"].get("evalue", ""),
+           reply["content"])
+    still_alive()
+
+
 # A front end that dies (SIGKILL) without a shutdown: its kernel stops, and the kernel's procs with it.
 ORPHAN = r"""
 import os, sys, time
